@@ -1,0 +1,298 @@
+//! The transport contract, [`Communicator`], and its backends.
+//!
+//! A communicator is a group of `size` ranks that exchange variable-length byte messages
+//! matched by (source, tag), in order per (source, tag) like MPI. **Sends are buffered**:
+//! `send` returns once the data is copied out and never waits for the receiver, so any
+//! pattern of sends followed by receives is deadlock-free on every backend.
+
+use bytemuck::Pod;
+
+use crate::{Error, Result};
+
+pub mod sim;
+pub mod thread;
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+/// A message tag. User code uses `0..=MAX_USER_TAG`; the rest is reserved for transports.
+pub type Tag = u32;
+
+/// Largest tag available to user code and algorithms. Tags above it, up to 32767 (the
+/// smallest `MPI_TAG_UB` the MPI standard allows), are reserved for the transports.
+pub const MAX_USER_TAG: Tag = 0x6FFE;
+
+/// The one tag above [`MAX_USER_TAG`] that base transports accept: wrapping communicators
+/// (such as [`sim::SimComm`]) use it for their own traffic over the transport they wrap.
+pub(crate) const WRAPPER_TAG: Tag = MAX_USER_TAG + 1;
+
+/// Reserved tag used by the transports' own barrier.
+pub(crate) const TAG_BARRIER: Tag = 0x7F00;
+/// Reserved tag used by the transports' own split.
+pub(crate) const TAG_SPLIT: Tag = 0x7F01;
+
+/// A group of ranks exchanging tagged byte messages. See the module docs for the ordering
+/// and buffering guarantees every backend gives.
+pub trait Communicator: Send {
+    /// This rank's index, `0..size`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn size(&self) -> usize;
+
+    /// Sends `data` to `dest` with `tag`. Buffered: returns without waiting for the receiver.
+    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()>;
+
+    /// Receives the next message from `src` with `tag`, of any length (including 0).
+    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>>;
+
+    /// Receives the next message from `src` with `tag` into `buf`; returns its length.
+    /// A message longer than `buf` is [`Error::MessageTooLarge`].
+    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        let msg = self.recv(src, tag)?;
+        copy_into(self.rank(), src, tag, &msg, buf)
+    }
+
+    /// Sends to `dest` and receives from `src` as one step (a "round").
+    fn sendrecv(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[u8],
+        src: usize,
+        recv_tag: Tag,
+    ) -> Result<Vec<u8>> {
+        self.send(dest, send_tag, data)?;
+        self.recv(src, recv_tag)
+    }
+
+    /// Like [`sendrecv`](Self::sendrecv), receiving into a fixed buffer; returns the length.
+    fn sendrecv_into(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[u8],
+        src: usize,
+        recv_tag: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        self.send(dest, send_tag, data)?;
+        self.recv_into(src, recv_tag, buf)
+    }
+
+    /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
+    /// (`key`, rank in this communicator), as `MPI_Comm_split`. Collective over all ranks.
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>>;
+
+    /// Waits until every rank has entered the barrier.
+    fn barrier(&self) -> Result<()>;
+
+    /// Short name of the backend (`"thread"`, `"mpi"`, `"sim(thread)"`).
+    fn backend(&self) -> String;
+}
+
+impl<C: Communicator + ?Sized> Communicator for Box<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
+        (**self).send(dest, tag, data)
+    }
+    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        (**self).recv(src, tag)
+    }
+    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        (**self).recv_into(src, tag, buf)
+    }
+    fn sendrecv(&self, d: usize, st: Tag, data: &[u8], s: usize, rt: Tag) -> Result<Vec<u8>> {
+        (**self).sendrecv(d, st, data, s, rt)
+    }
+    fn sendrecv_into(
+        &self,
+        d: usize,
+        st: Tag,
+        data: &[u8],
+        s: usize,
+        rt: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        (**self).sendrecv_into(d, st, data, s, rt, buf)
+    }
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
+        (**self).split(color, key)
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+    fn backend(&self) -> String {
+        (**self).backend()
+    }
+}
+
+/// Typed helpers over any communicator, through `bytemuck` (`f32`, `u32`, `f16`, `bf16`, ...).
+pub trait CommExt: Communicator {
+    /// Sends a slice of plain-old-data values.
+    fn send_slice<T: Pod>(&self, dest: usize, tag: Tag, data: &[T]) -> Result<()> {
+        self.send(dest, tag, bytemuck::cast_slice(data))
+    }
+
+    /// Receives a message as a vector of `T`; its length must be a multiple of `T`'s size.
+    fn recv_vec<T: Pod>(&self, src: usize, tag: Tag) -> Result<Vec<T>> {
+        let msg = self.recv(src, tag)?;
+        bytes_to_vec(self.rank(), src, tag, &msg)
+    }
+
+    /// Receives into a typed buffer; returns the number of elements received.
+    fn recv_slice_into<T: Pod>(&self, src: usize, tag: Tag, buf: &mut [T]) -> Result<usize> {
+        let n = self.recv_into(src, tag, bytemuck::cast_slice_mut(buf))?;
+        elems(self.rank(), src, tag, n, std::mem::size_of::<T>())
+    }
+
+    /// Send-receive of typed slices, receiving a vector of any length.
+    fn sendrecv_vec<T: Pod>(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[T],
+        src: usize,
+        recv_tag: Tag,
+    ) -> Result<Vec<T>> {
+        let msg = self.sendrecv(dest, send_tag, bytemuck::cast_slice(data), src, recv_tag)?;
+        bytes_to_vec(self.rank(), src, recv_tag, &msg)
+    }
+
+    /// Send-receive of typed slices into a fixed buffer; returns elements received.
+    fn sendrecv_slice_into<T: Pod>(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[T],
+        src: usize,
+        recv_tag: Tag,
+        buf: &mut [T],
+    ) -> Result<usize> {
+        let n = self.sendrecv_into(
+            dest,
+            send_tag,
+            bytemuck::cast_slice(data),
+            src,
+            recv_tag,
+            bytemuck::cast_slice_mut(buf),
+        )?;
+        elems(self.rank(), src, recv_tag, n, std::mem::size_of::<T>())
+    }
+}
+
+impl<C: Communicator + ?Sized> CommExt for C {}
+
+/// Checks a user tag: in range and not reserved.
+pub fn check_tag(tag: Tag) -> Result<()> {
+    if tag <= MAX_USER_TAG {
+        Ok(())
+    } else {
+        Err(Error::ReservedTag {
+            tag,
+            max: MAX_USER_TAG,
+        })
+    }
+}
+
+/// Checks a tag at a base transport: user tags plus the wrapper tag.
+pub(crate) fn check_transport_tag(tag: Tag) -> Result<()> {
+    if tag == WRAPPER_TAG {
+        Ok(())
+    } else {
+        check_tag(tag)
+    }
+}
+
+/// Checks a peer rank against the communicator size.
+pub fn check_rank(rank: usize, size: usize) -> Result<()> {
+    if rank < size {
+        Ok(())
+    } else {
+        Err(Error::InvalidRank { rank, size })
+    }
+}
+
+/// Copies a received message into a fixed buffer, or reports it does not fit.
+pub(crate) fn copy_into(rank: usize, src: usize, tag: Tag, msg: &[u8], buf: &mut [u8]) -> Result<usize> {
+    if msg.len() > buf.len() {
+        return Err(Error::MessageTooLarge {
+            rank,
+            src,
+            tag,
+            len: msg.len(),
+            capacity: buf.len(),
+        });
+    }
+    buf[..msg.len()].copy_from_slice(msg);
+    Ok(msg.len())
+}
+
+fn elems(rank: usize, src: usize, tag: Tag, bytes: usize, elem: usize) -> Result<usize> {
+    if elem == 0 || bytes % elem != 0 {
+        return Err(Error::MisalignedMessage {
+            rank,
+            src,
+            tag,
+            len: bytes,
+            elem,
+        });
+    }
+    Ok(bytes / elem)
+}
+
+fn bytes_to_vec<T: Pod>(rank: usize, src: usize, tag: Tag, msg: &[u8]) -> Result<Vec<T>> {
+    elems(rank, src, tag, msg.len(), std::mem::size_of::<T>())?;
+    Ok(bytemuck::pod_collect_to_vec(msg))
+}
+
+/// Members of a split, as `MPI_Comm_split` orders them: for each rank of the parent, its
+/// (color, key); returns the parent ranks that share `color`, sorted by (key, parent rank).
+pub(crate) fn split_members(all: &[(u32, u32)], color: u32) -> Vec<usize> {
+    let mut members: Vec<usize> = (0..all.len()).filter(|&r| all[r].0 == color).collect();
+    members.sort_by_key(|&r| (all[r].1, r));
+    members
+}
+
+/// Exchanges every rank's (color, key) over reserved tags: each rank sends its pair to
+/// every other rank, so the result is the same everywhere.
+pub(crate) fn exchange_color_keys<C: Communicator + ?Sized>(
+    comm: &C,
+    color: u32,
+    key: u32,
+    send_raw: impl Fn(usize, &[u8]) -> Result<()>,
+    recv_raw: impl Fn(usize) -> Result<Vec<u8>>,
+) -> Result<Vec<(u32, u32)>> {
+    let me = comm.rank();
+    let mut mine = [0u8; 8];
+    mine[..4].copy_from_slice(&color.to_le_bytes());
+    mine[4..].copy_from_slice(&key.to_le_bytes());
+    for r in 0..comm.size() {
+        if r != me {
+            send_raw(r, &mine)?;
+        }
+    }
+    let mut all = vec![(0u32, 0u32); comm.size()];
+    all[me] = (color, key);
+    for (r, slot) in all.iter_mut().enumerate() {
+        if r != me {
+            let m = recv_raw(r)?;
+            if m.len() != 8 {
+                return Err(Error::InvalidArgument(format!(
+                    "split message from rank {r} has {} bytes",
+                    m.len()
+                )));
+            }
+            *slot = (
+                u32::from_le_bytes(m[..4].try_into().expect("4 bytes")),
+                u32::from_le_bytes(m[4..].try_into().expect("4 bytes")),
+            );
+        }
+    }
+    Ok(all)
+}

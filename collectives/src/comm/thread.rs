@@ -1,0 +1,576 @@
+//! [`ThreadComm`]: `P` ranks as threads of one process, the embedded default transport.
+//!
+//! Every rank has a mailbox of per-(context, source, tag) FIFO queues behind a mutex and a
+//! condition variable. A send copies the bytes into the destination's queue and returns; a
+//! receive waits on its own mailbox, up to a timeout, and stops early when another rank has
+//! failed, so no test can hang. Sub-communicators from [`Communicator::split`] get a fresh
+//! context id from a registry shared by the whole world, so their traffic never mixes.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{
+    check_rank, check_transport_tag, exchange_color_keys, split_members, Communicator, Tag, TAG_BARRIER,
+    TAG_SPLIT,
+};
+use crate::{Error, Result};
+
+/// Options of a thread world.
+#[derive(Debug, Clone, Copy)]
+pub struct ThreadConfig {
+    /// How long a receive waits before it returns [`Error::Timeout`].
+    pub timeout: Duration,
+}
+
+impl Default for ThreadConfig {
+    /// A 60-second receive timeout, or `COLLECTIVES_TIMEOUT_S` seconds when that is set.
+    fn default() -> Self {
+        let secs = std::env::var("COLLECTIVES_TIMEOUT_S")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(60.0);
+        ThreadConfig {
+            timeout: Duration::from_secs_f64(secs),
+        }
+    }
+}
+
+impl ThreadConfig {
+    /// A configuration with the given receive timeout.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        ThreadConfig { timeout }
+    }
+}
+
+type QueueKey = (u64, usize, Tag);
+
+#[derive(Default)]
+struct Mailbox {
+    queues: Mutex<HashMap<QueueKey, VecDeque<Vec<u8>>>>,
+    arrived: Condvar,
+}
+
+const NO_FAILURE: usize = usize::MAX;
+
+struct World {
+    mailboxes: Vec<Mailbox>,
+    /// World rank of the first rank that failed, or `NO_FAILURE`.
+    failed: AtomicUsize,
+    /// (parent context, split sequence number, colour) → context id.
+    contexts: Mutex<HashMap<(u64, u64, u32), u64>>,
+    timeout: Duration,
+}
+
+impl World {
+    fn lock(&self, world_rank: usize) -> MutexGuard<'_, HashMap<QueueKey, VecDeque<Vec<u8>>>> {
+        // A poisoned lock only means another rank panicked while holding it; the queues
+        // themselves are always in a consistent state, so carry on.
+        self.mailboxes[world_rank]
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark_failed(&self, world_rank: usize) {
+        let _ = self.failed.compare_exchange(
+            NO_FAILURE,
+            world_rank,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        for (r, mb) in self.mailboxes.iter().enumerate() {
+            drop(self.lock(r));
+            mb.arrived.notify_all();
+        }
+    }
+
+    fn context_for(&self, parent: u64, seq: u64, color: u32) -> u64 {
+        let mut map = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let next = map.len() as u64 + 1;
+        *map.entry((parent, seq, color)).or_insert(next)
+    }
+}
+
+/// One rank of an in-process world. Created by [`ThreadComm::world`] or handed to the
+/// closure of [`ThreadComm::run`].
+pub struct ThreadComm {
+    world: Arc<World>,
+    context: u64,
+    /// This communicator's rank → world rank.
+    members: Arc<Vec<usize>>,
+    rank: usize,
+    splits: std::cell::Cell<u64>,
+}
+
+/// Why [`ThreadComm::run`] failed: the first rank that returned an error or panicked.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<E: std::fmt::Debug + std::fmt::Display> {
+    /// A rank's closure returned an error.
+    #[error("rank {rank} failed: {error}")]
+    Failed {
+        /// The rank.
+        rank: usize,
+        /// Its error.
+        error: E,
+    },
+    /// A rank's closure panicked.
+    #[error("rank {rank} panicked: {message}")]
+    Panicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// The world could not be created (for example zero ranks).
+    #[error("cannot start: {0}")]
+    Setup(Error),
+}
+
+impl ThreadComm {
+    /// Creates the `size` ranks of a new world. Usually [`ThreadComm::run`] is handier.
+    pub fn world(size: usize, config: ThreadConfig) -> Result<Vec<ThreadComm>> {
+        if size == 0 {
+            return Err(Error::InvalidArgument("a world needs at least one rank".into()));
+        }
+        let world = Arc::new(World {
+            mailboxes: (0..size).map(|_| Mailbox::default()).collect(),
+            failed: AtomicUsize::new(NO_FAILURE),
+            contexts: Mutex::new(HashMap::new()),
+            timeout: config.timeout,
+        });
+        let members = Arc::new((0..size).collect::<Vec<_>>());
+        Ok((0..size)
+            .map(|rank| ThreadComm {
+                world: world.clone(),
+                context: 0,
+                members: members.clone(),
+                rank,
+                splits: std::cell::Cell::new(0),
+            })
+            .collect())
+    }
+
+    /// Runs `f` on every rank of a new `size`-rank world (default configuration) and returns
+    /// the per-rank results in rank order, or the first failure.
+    pub fn run<T, E, F>(size: usize, f: F) -> std::result::Result<Vec<T>, RunError<E>>
+    where
+        T: Send,
+        E: Send + std::fmt::Debug + std::fmt::Display,
+        F: Fn(ThreadComm) -> std::result::Result<T, E> + Sync,
+    {
+        Self::run_with(size, ThreadConfig::default(), f)
+    }
+
+    /// [`run`](Self::run) with an explicit configuration.
+    pub fn run_with<T, E, F>(
+        size: usize,
+        config: ThreadConfig,
+        f: F,
+    ) -> std::result::Result<Vec<T>, RunError<E>>
+    where
+        T: Send,
+        E: Send + std::fmt::Debug + std::fmt::Display,
+        F: Fn(ThreadComm) -> std::result::Result<T, E> + Sync,
+    {
+        let (outcomes, first) = Self::run_inner(size, config, f).map_err(RunError::Setup)?;
+        let mut values = Vec::with_capacity(outcomes.len());
+        let mut first_err = None;
+        for (rank, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Outcome::Ok(v) => values.push(v),
+                Outcome::Err(error) => {
+                    if first_err.is_none() || first == Some(rank) {
+                        first_err = Some(RunError::Failed { rank, error });
+                    }
+                }
+                Outcome::Panic(message) => {
+                    if first_err.is_none() || first == Some(rank) {
+                        first_err = Some(RunError::Panicked { rank, message });
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(values),
+        }
+    }
+
+    /// Runs `f` on every rank and returns every rank's own result, errors included, so a
+    /// test can check that each rank reports a problem itself. A panic becomes
+    /// `Err(Error::PeerFailed)`-style propagation to the others and is re-raised here.
+    pub fn run_all<T, E, F>(size: usize, config: ThreadConfig, f: F) -> Result<Vec<std::result::Result<T, E>>>
+    where
+        T: Send,
+        E: Send,
+        F: Fn(ThreadComm) -> std::result::Result<T, E> + Sync,
+    {
+        let (outcomes, _) = Self::run_inner(size, config, f)?;
+        Ok(outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(rank, o)| match o {
+                Outcome::Ok(v) => Ok(v),
+                Outcome::Err(e) => Err(e),
+                Outcome::Panic(m) => panic!("rank {rank} panicked: {m}"),
+            })
+            .collect())
+    }
+
+    fn run_inner<T, E, F>(
+        size: usize,
+        config: ThreadConfig,
+        f: F,
+    ) -> Result<(Vec<Outcome<T, E>>, Option<usize>)>
+    where
+        T: Send,
+        E: Send,
+        F: Fn(ThreadComm) -> std::result::Result<T, E> + Sync,
+    {
+        let comms = Self::world(size, config)?;
+        let world = comms[0].world.clone();
+        let f = &f;
+        let outcomes = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|comm| {
+                    let world = world.clone();
+                    std::thread::Builder::new()
+                        .name(format!("rank-{}", comm.rank))
+                        .spawn_scoped(s, move || {
+                            let rank = comm.rank;
+                            let out = catch_unwind(AssertUnwindSafe(|| f(comm)));
+                            match out {
+                                Ok(Ok(v)) => Outcome::Ok(v),
+                                Ok(Err(e)) => {
+                                    world.mark_failed(rank);
+                                    Outcome::Err(e)
+                                }
+                                Err(p) => {
+                                    world.mark_failed(rank);
+                                    Outcome::Panic(panic_message(&p))
+                                }
+                            }
+                        })
+                        .expect("spawning a rank thread")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| Outcome::Panic(panic_message(&p))))
+                .collect::<Vec<_>>()
+        });
+        let failed = world.failed.load(Ordering::SeqCst);
+        Ok((outcomes, (failed != NO_FAILURE).then_some(failed)))
+    }
+
+    /// The world rank behind this communicator's rank `r`.
+    pub fn world_rank_of(&self, r: usize) -> usize {
+        self.members[r]
+    }
+
+    /// Marks this rank as failed, so that every rank waiting on a message stops promptly.
+    pub fn abort(&self) {
+        self.world.mark_failed(self.members[self.rank]);
+    }
+
+    fn push(&self, dest: usize, tag: Tag, data: Vec<u8>) -> Result<()> {
+        check_rank(dest, self.members.len())?;
+        let dest_world = self.members[dest];
+        let mut q = self.world.lock(dest_world);
+        q.entry((self.context, self.rank, tag)).or_default().push_back(data);
+        drop(q);
+        self.world.mailboxes[dest_world].arrived.notify_all();
+        Ok(())
+    }
+
+    fn pop(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        check_rank(src, self.members.len())?;
+        let me_world = self.members[self.rank];
+        let mailbox = &self.world.mailboxes[me_world];
+        let key = (self.context, src, tag);
+        let start = Instant::now();
+        let mut q = self.world.lock(me_world);
+        loop {
+            if let Some(queue) = q.get_mut(&key) {
+                if let Some(msg) = queue.pop_front() {
+                    if queue.is_empty() {
+                        q.remove(&key);
+                    }
+                    return Ok(msg);
+                }
+            }
+            let failed = self.world.failed.load(Ordering::SeqCst);
+            if failed != NO_FAILURE && failed != me_world {
+                return Err(Error::PeerFailed {
+                    rank: self.rank,
+                    failed,
+                });
+            }
+            let waited = start.elapsed();
+            if waited >= self.world.timeout {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    src,
+                    tag,
+                    waited,
+                });
+            }
+            let (guard, _) = mailbox
+                .arrived
+                .wait_timeout(q, self.world.timeout - waited)
+                .unwrap_or_else(|e| e.into_inner());
+            q = guard;
+        }
+    }
+}
+
+enum Outcome<T, E> {
+    Ok(T),
+    Err(E),
+    Panic(String),
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".into()
+    }
+}
+
+impl Communicator for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
+        check_transport_tag(tag)?;
+        self.push(dest, tag, data.to_vec())
+    }
+
+    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        check_transport_tag(tag)?;
+        self.pop(src, tag)
+    }
+
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
+        let all = exchange_color_keys(
+            self,
+            color,
+            key,
+            |r, b| self.push(r, TAG_SPLIT, b.to_vec()),
+            |r| self.pop(r, TAG_SPLIT),
+        )?;
+        let members = split_members(&all, color);
+        let seq = self.splits.get();
+        self.splits.set(seq + 1);
+        let context = self.world.context_for(self.context, seq, color);
+        let rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("a rank is a member of its own colour");
+        let world_members = members.iter().map(|&r| self.members[r]).collect();
+        Ok(Box::new(ThreadComm {
+            world: self.world.clone(),
+            context,
+            members: Arc::new(world_members),
+            rank,
+            splits: std::cell::Cell::new(0),
+        }))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        dissemination_barrier(self.rank, self.size(), |to, from| {
+            self.push(to, TAG_BARRIER, Vec::new())?;
+            self.pop(from, TAG_BARRIER).map(|_| ())
+        })
+    }
+
+    fn backend(&self) -> String {
+        "thread".into()
+    }
+}
+
+/// The dissemination barrier: in round `i` rank `r` signals `r + 2^i` and waits for
+/// `r − 2^i` (mod P); after ⌈log2 P⌉ rounds everyone has heard from everyone.
+pub(crate) fn dissemination_barrier(
+    rank: usize,
+    size: usize,
+    mut signal_and_wait: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
+    let mut gap = 1;
+    while gap < size {
+        signal_and_wait((rank + gap) % size, (rank + size - gap) % size)?;
+        gap *= 2;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::CommExt;
+
+    fn quick() -> ThreadConfig {
+        ThreadConfig::with_timeout(Duration::from_secs(10))
+    }
+
+    #[test]
+    fn every_pair_exchanges_0_1_and_1mib_bytes() {
+        for p in [1, 2, 3, 5] {
+            let sizes = [0usize, 1, 1 << 20];
+            ThreadComm::run_with(p, quick(), |c| -> Result<()> {
+                let me = c.rank();
+                for (t, &n) in sizes.iter().enumerate() {
+                    for peer in 0..c.size() {
+                        let msg: Vec<u8> = (0..n).map(|i| (i + me * 7 + peer) as u8).collect();
+                        c.send(peer, t as Tag, &msg)?;
+                    }
+                    for peer in 0..c.size() {
+                        let got = c.recv(peer, t as Tag)?;
+                        let want: Vec<u8> = (0..n).map(|i| (i + peer * 7 + me) as u8).collect();
+                        assert_eq!(got, want, "rank {me} from {peer}, {n} bytes");
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn missing_message_times_out_within_the_timeout() {
+        let timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let res = ThreadComm::run_all(2, ThreadConfig::with_timeout(timeout), |c| {
+            if c.rank() == 0 {
+                c.recv(1, 7).map(|_| ())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+        let elapsed = start.elapsed();
+        match &res[0] {
+            Err(Error::Timeout { rank: 0, src: 1, tag: 7, waited }) => {
+                assert!(*waited >= timeout)
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(elapsed < timeout * 10, "took {elapsed:?}");
+    }
+
+    #[test]
+    fn a_failing_rank_stops_the_others_promptly() {
+        let start = Instant::now();
+        let err = ThreadComm::run_with(4, ThreadConfig::with_timeout(Duration::from_secs(30)), |c| {
+            if c.rank() == 2 {
+                return Err(Error::InvalidArgument("rank 2 gives up".into()));
+            }
+            c.recv(2, 0).map(|_| ())
+        })
+        .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(matches!(err, RunError::Failed { rank: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_panicking_rank_is_reported() {
+        let err = ThreadComm::run_with(3, quick(), |c| -> Result<()> {
+            if c.rank() == 1 {
+                panic!("boom");
+            }
+            c.recv(1, 0).map(|_| ())
+        })
+        .unwrap_err();
+        assert!(matches!(err, RunError::Panicked { rank: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_ranks_and_tags_are_typed_errors() {
+        ThreadComm::run_with(2, quick(), |c| -> Result<()> {
+            assert!(matches!(c.send(2, 0, &[]), Err(Error::InvalidRank { rank: 2, size: 2 })));
+            assert!(matches!(c.recv(5, 0), Err(Error::InvalidRank { .. })));
+            assert!(matches!(c.send(0, TAG_BARRIER, &[]), Err(Error::ReservedTag { .. })));
+            let peer = 1 - c.rank();
+            c.send(peer, 1, &[1, 2, 3, 4, 5])?;
+            let mut small = [0u8; 4];
+            assert!(matches!(
+                c.recv_into(peer, 1, &mut small),
+                Err(Error::MessageTooLarge { len: 5, capacity: 4, .. })
+            ));
+            c.send_slice(peer, 2, &[1u8, 2, 3])?;
+            assert!(matches!(c.recv_vec::<f32>(peer, 2), Err(Error::MisalignedMessage { .. })));
+            Ok(())
+        })
+        .unwrap();
+        assert!(matches!(
+            ThreadComm::world(0, quick()),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn messages_are_matched_by_tag_and_fifo_per_tag() {
+        ThreadComm::run_with(2, quick(), |c| -> Result<()> {
+            if c.rank() == 0 {
+                c.send_slice(1, 5, &[1.0f32])?;
+                c.send_slice(1, 6, &[2.0f32])?;
+                c.send_slice(1, 5, &[3.0f32])?;
+            } else {
+                assert_eq!(c.recv_vec::<f32>(0, 6)?, vec![2.0]);
+                assert_eq!(c.recv_vec::<f32>(0, 5)?, vec![1.0]);
+                assert_eq!(c.recv_vec::<f32>(0, 5)?, vec![3.0]);
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn split_orders_by_key_and_isolates_traffic() {
+        let out = ThreadComm::run_with(6, quick(), |c| -> Result<(usize, usize, Vec<u32>)> {
+            let color = (c.rank() % 2) as u32;
+            let key = (10 - c.rank()) as u32; // reverse order inside each colour
+            let sub = c.split(color, key)?;
+            // Everyone sends its world rank to every member of its sub-communicator.
+            for peer in 0..sub.size() {
+                sub.send_slice(peer, 0, &[c.rank() as u32])?;
+            }
+            let mut seen = Vec::new();
+            for peer in 0..sub.size() {
+                seen.extend(sub.recv_vec::<u32>(peer, 0)?);
+            }
+            sub.barrier()?;
+            c.barrier()?;
+            Ok((sub.rank(), sub.size(), seen))
+        })
+        .unwrap();
+        assert_eq!(out[0], (2, 3, vec![4, 2, 0]));
+        assert_eq!(out[5], (0, 3, vec![5, 3, 1]));
+    }
+
+    #[test]
+    fn barrier_works_at_odd_sizes() {
+        for p in [1, 2, 3, 7] {
+            ThreadComm::run_with(p, quick(), |c| -> Result<()> {
+                for _ in 0..3 {
+                    c.barrier()?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+}

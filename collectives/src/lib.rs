@@ -1,0 +1,36 @@
+//! # collectives
+//!
+//! Transports and collective algorithms for data-parallel training.
+//!
+//! - [`Communicator`]: the transport contract (tagged, buffered byte messages, split,
+//!   barrier) with backends [`ThreadComm`] (ranks as threads, the embedded default),
+//!   `MpiComm` (feature `mpi`, one rank per process under `mpirun`) and [`SimComm`] (wraps
+//!   any transport and accounts for time, rounds and bytes on a modelled cluster).
+//! - Dense collectives (allreduce, allgather, reduce-scatter, broadcast, reduce) with the
+//!   classic algorithms and the linear pipeline of paper 004.
+//! - Sparse allreduce of top-k gradients: TopkA, TopkDSA, gTopk, CLT-k, SparDL (paper 003),
+//!   HiTopKComm (paper 001 §3.2), ExDyna (paper 002).
+//!
+//! ```
+//! use collectives::{CommExt, Communicator, ThreadComm};
+//! let sums = ThreadComm::run(3, |comm| -> collectives::Result<f32> {
+//!     let right = (comm.rank() + 1) % comm.size();
+//!     let left = (comm.rank() + comm.size() - 1) % comm.size();
+//!     let got: Vec<f32> = comm.sendrecv_vec(right, 0, &[comm.rank() as f32], left, 0)?;
+//!     Ok(got[0])
+//! })
+//! .unwrap();
+//! assert_eq!(sums, vec![2.0, 0.0, 1.0]);
+//! ```
+#![deny(missing_docs)]
+
+pub mod comm;
+mod error;
+
+pub use comm::sim::{ClockMode, SimComm, SimStats};
+pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
+pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};
+pub use error::{Error, Result};
+
+#[cfg(feature = "mpi")]
+pub use comm::mpi::MpiComm;

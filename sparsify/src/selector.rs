@@ -1,0 +1,48 @@
+//! The [`Selector`] contract: pick about or exactly `k` entries of largest magnitude.
+
+use crate::{Result, SparseGrad};
+
+/// What a selection produced besides the entries themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SelectInfo {
+    /// The magnitude threshold the selector settled on (0 when it has none).
+    pub threshold: f32,
+    /// Entries selected (equals `k` for exact-count selectors).
+    pub selected: usize,
+}
+
+/// A top-k selector. Exact-count selectors return exactly `min(k, d)` entries; threshold
+/// selectors return the entries above their threshold and report the count.
+///
+/// `select` reads a dense slice and returns the chosen entries with their values. Fused
+/// error feedback is [`crate::ErrorFeedback`]'s job, which drives [`Selector::select_fused`].
+pub trait Selector: Send {
+    /// Short lower-case name used in reports (`"exact"`, `"mstopk"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// True when the selector returns exactly `min(k, d)` entries.
+    fn exact_count(&self) -> bool;
+
+    /// Selects from `x`. A NaN or infinite entry is an error naming its index.
+    fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)>;
+
+    /// Fused error feedback: `acc = residual + grad` (written into `residual`), select from
+    /// `acc`, zero the selected entries of `residual`. The default does it in two steps;
+    /// selectors override it with a one-pass kernel.
+    fn select_fused(
+        &mut self,
+        residual: &mut [f32],
+        grad: &[f32],
+        k: usize,
+    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+        crate::check_same_len(residual.len(), grad.len())?;
+        for (r, g) in residual.iter_mut().zip(grad) {
+            *r += *g;
+        }
+        let (sg, info) = self.select(residual, k)?;
+        for &i in sg.indices() {
+            residual[i as usize] = 0.0;
+        }
+        Ok((sg, info))
+    }
+}

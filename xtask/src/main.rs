@@ -1,0 +1,2 @@
+//! `cargo xtask`: the project's command line.
+fn main() {}
