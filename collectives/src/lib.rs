@@ -24,13 +24,21 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod calibrate;
 pub mod comm;
+pub mod dense;
 mod error;
+pub mod sparse;
 
 pub use comm::sim::{ClockMode, SimComm, SimStats};
 pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
 pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};
 pub use error::{Error, Result};
+pub use sparse::{SparseAllreduce, SparseOptions, StepStats};
+pub use dense::{
+    allgather, allgatherv, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo,
+    BroadcastAlgo, DenseOptions, Gathered, ReduceAlgo, ReduceScatterAlgo, WireType,
+};
 
 #[cfg(feature = "mpi")]
 pub use comm::mpi::MpiComm;

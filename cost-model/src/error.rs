@@ -8,7 +8,9 @@ pub enum Error {
     #[error("invalid topology: {0}")]
     InvalidTopology(String),
     /// A topology that does not describe the number of ranks it is used with.
-    #[error("topology of {nodes} nodes × {ranks_per_node} ranks per node does not match {ranks} ranks")]
+    #[error(
+        "topology of {nodes} nodes × {ranks_per_node} ranks per node does not match {ranks} ranks"
+    )]
     TopologyMismatch {
         /// Nodes in the topology.
         nodes: usize,

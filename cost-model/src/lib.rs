@@ -18,8 +18,19 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod algorithm;
+pub mod calibration;
+pub mod dense;
 mod error;
+pub mod fit;
+pub mod models;
+pub mod presets;
+pub mod schedule;
 pub mod topology;
 
+pub use algorithm::{Algorithm, Collective};
+pub use calibration::Calibration;
 pub use error::{Error, Result};
+pub use fit::{FitQuality, Fitted, Sample};
+pub use models::{LinearModel, ReductionModel, SparseAllgatherModel, TopkModel};
 pub use topology::{Link, Topology};

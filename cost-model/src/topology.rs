@@ -145,8 +145,13 @@ mod tests {
 
     #[test]
     fn links_follow_block_placement() {
-        let t = Topology::new(2, 4, Link::from_gbit(1e-6, 100.0), Link::from_gbit(5e-5, 1.0))
-            .unwrap();
+        let t = Topology::new(
+            2,
+            4,
+            Link::from_gbit(1e-6, 100.0),
+            Link::from_gbit(5e-5, 1.0),
+        )
+        .unwrap();
         assert_eq!(t.ranks(), 8);
         assert_eq!(t.link(0, 3), &t.intra);
         assert_eq!(t.link(3, 4), &t.inter);
@@ -156,11 +161,20 @@ mod tests {
     #[test]
     fn bad_topologies_are_typed_errors() {
         let l = Link::from_gbit(1e-6, 10.0);
-        assert!(matches!(Topology::new(0, 4, l, l), Err(Error::InvalidTopology(_))));
-        let bad = Link { alpha_s: f64::NAN, beta_s_per_byte: 0.0 };
+        assert!(matches!(
+            Topology::new(0, 4, l, l),
+            Err(Error::InvalidTopology(_))
+        ));
+        let bad = Link {
+            alpha_s: f64::NAN,
+            beta_s_per_byte: 0.0,
+        };
         assert!(Topology::new(1, 1, bad, l).is_err());
         let t = Topology::flat(4, l).unwrap();
-        assert!(matches!(t.check_ranks(5), Err(Error::TopologyMismatch { .. })));
+        assert!(matches!(
+            t.check_ranks(5),
+            Err(Error::TopologyMismatch { .. })
+        ));
     }
 
     #[test]

@@ -1,6 +1,56 @@
 //! # lars-pto
 //!
 //! LARS and LAMB layer-wise adaptive optimizers, and the parallel tensor operator (PTO) of
-//! paper 001 §4.2 (Eq. 11-14) that splits their per-layer work across ranks and
-//! all-gathers the small results.
+//! paper 001 §4.2 (Shi et al., MLSys 2021, Eq. 11-14) that splits their per-layer work across
+//! ranks and all-gathers the small results.
+//!
+//! After gradient aggregation every rank holds the same gradients and weights, so a
+//! per-layer computation whose inputs are identical everywhere (norms, trust ratios) can be
+//! done once in total instead of once per rank: [`Pto`] gives each rank a contiguous range
+//! of layers balanced by element count, runs the per-layer function there, and all-gathers
+//! the outputs. [`Lars`], [`Lamb`] and [`clip_grad_norm`] use it; the result is bit-identical
+//! to computing every layer locally ([`Mode::Local`]).
+//!
+//! ```
+//! use collectives::ThreadComm;
+//! use lars_pto::{Lars, LarsConfig, LayerSpec};
+//!
+//! let layers = vec![LayerSpec::new("conv.weight", 6), LayerSpec::new("conv.bias", 2)];
+//! let out = ThreadComm::run(2, |comm| -> lars_pto::Result<Vec<f64>> {
+//!     let mut opt = Lars::new(&comm, LarsConfig::default(), &layers)?;
+//!     let mut w = vec![vec![0.5f32; 6], vec![0.1f32; 2]];
+//!     let g = vec![vec![0.01f32; 6], vec![0.02f32; 2]];
+//!     let coeffs = opt.step(&comm, &mut w, &g, 0.1)?;
+//!     Ok(coeffs.iter().map(|c| c.trust_ratio).collect())
+//! })
+//! .unwrap();
+//! assert_eq!(out[0], out[1]); // identical on every rank
+//! assert_eq!(out[0][1], 1.0); // the bias is on the skip list
+//! ```
 #![deny(missing_docs)]
+
+pub mod bench_support;
+mod clip;
+mod error;
+mod fingerprint;
+mod gather;
+pub mod kernels;
+mod lamb;
+mod lars;
+mod layers;
+pub mod partition;
+mod pto;
+
+#[cfg(test)]
+mod tests;
+
+pub use clip::{clip_grad_norm, grad_norm_info, ClipInfo};
+pub use error::{Error, Param, Quantity, Result, Status, Tensor};
+pub use fingerprint::Fingerprint;
+pub use lamb::{lamb_coeff, Lamb, LambCoeff, LambConfig};
+pub use lars::{lars_coeff, Lars, LarsCoeff, LarsConfig};
+pub use layers::{LayerSpec, SkipList};
+pub use partition::balanced_ranges;
+pub use pto::{Exchange, Mode, Pto, DEFAULT_TAG};
+/// The all-gather algorithms [`Exchange::Allgatherv`] can use.
+pub use collectives::dense::AllgatherAlgo;

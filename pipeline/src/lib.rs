@@ -2,7 +2,28 @@
 //!
 //! Composes the workspace into a data-parallel training step: layer profiles, merge
 //! planners (LAGS layer-wise, TopK-SGD single group, MGS threshold, OMGS optimal merge of
-//! paper 000 Algorithm 1, MG-WFBP for dense), the iteration timeline of paper 000
-//! (Eq. 2-9, 17), and the runtime that a framework drives from its backward hooks
+//! paper 000 Algorithm 1, MG-WFBP for dense, an exact planner), the iteration timeline of
+//! paper 000 (Eq. 2-9, 17), and the runtime that a framework drives from its backward hooks
 //! (paper 000 Algorithm 2; paper 004 BSP-SGD Algorithms 1-3; paper 001 §4).
+//!
+//! ```
+//! use pipeline::{predict, zoo, OmgsCosts, Planner};
+//! let profile = zoo::profile("resnet50").unwrap();
+//! let costs = OmgsCosts::preset(16).unwrap();
+//! let plan = Planner::default().plan(&profile, &costs).unwrap();
+//! let topk = Planner::TopK.plan(&profile, &costs).unwrap();
+//! let t = predict(&profile, &plan, &costs).unwrap();
+//! assert!(t.iteration_s <= predict(&profile, &topk, &costs).unwrap().iteration_s);
+//! ```
 #![deny(missing_docs)]
+
+mod error;
+pub mod plan;
+pub mod profile;
+pub mod timeline;
+pub mod zoo;
+
+pub use error::{Error, Result};
+pub use plan::{MergePlan, Planner};
+pub use profile::{Layer, LayerProfile};
+pub use timeline::{predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline};

@@ -16,14 +16,25 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
+pub mod exact;
+pub mod feedback;
+mod kernel;
+pub mod mstopk;
 pub mod selector;
 pub mod sparse;
+pub mod threshold;
 mod value;
 
 pub use error::{Error, Result};
+pub use exact::ExactTopK;
+pub use feedback::ErrorFeedback;
+pub use mstopk::MsTopK;
 pub use selector::{SelectInfo, Selector};
 pub use sparse::SparseGrad;
+pub use threshold::{DgcSampling, ExDyna, GaussianK, HardThreshold};
 pub use value::Value;
 
 /// Checks that a residual and a gradient have the same length.
@@ -36,5 +47,109 @@ pub(crate) fn check_same_len(residual: usize, grad: usize) -> Result<()> {
             got: residual,
             expected: grad,
         })
+    }
+}
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// Names accepted by [`selector_by_name`], in report order.
+pub const SELECTOR_NAMES: [&str; 6] =
+    ["exact", "mstopk", "dgc", "threshold", "exdyna", "gaussiank"];
+
+/// A selector by its report name with default settings (`seed` drives the random parts:
+/// MSTopK's tie-filling offset, DGC's sample offset). `"threshold"` calibrates its fixed
+/// threshold from a sample on the first call. Used by benches and `cargo xtask bench`.
+pub fn selector_by_name(name: &str, seed: u64) -> Result<Box<dyn Selector>> {
+    Ok(match name {
+        "exact" => Box::new(ExactTopK::new()),
+        "mstopk" => Box::new(MsTopK::with_seed(seed)),
+        "dgc" => Box::new(DgcSampling::new(seed)),
+        "threshold" => Box::new(HardThreshold::auto()),
+        "exdyna" => Box::new(ExDyna::new()),
+        "gaussiank" => Box::new(GaussianK::new()),
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "unknown selector {other:?}; known: {}",
+                SELECTOR_NAMES.join(", ")
+            )))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exact::tests::{gen_vec, vec_strategy};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Every selector, plain and fused: valid SparseGrad, values taken from the
+        /// accumulated vector, exact count where promised, mass conserved exactly.
+        #[test]
+        fn every_selector_is_valid_and_conserves_mass(
+            (g, k) in vec_strategy(), seed in any::<u64>()
+        ) {
+            let r0 = gen_vec(seed, g.len(), 3);
+            let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+            for name in SELECTOR_NAMES {
+                let mut sel = selector_by_name(name, seed).unwrap();
+                let (sg, info) = sel.select(&acc, k).unwrap();
+                sparse::validate_indices(sg.indices(), acc.len()).unwrap();
+                prop_assert_eq!(sg.len(), acc.len());
+                prop_assert_eq!(info.selected, sg.nnz());
+                for (&i, &v) in sg.indices().iter().zip(sg.values()) {
+                    prop_assert_eq!(v.to_bits(), acc[i as usize].to_bits());
+                }
+                if sel.exact_count() {
+                    prop_assert_eq!(sg.nnz(), k.min(acc.len()));
+                }
+                let mut fresh = selector_by_name(name, seed).unwrap();
+                let mut ef = ErrorFeedback::from_residual(r0.clone());
+                let (fs, _) = ef.step(fresh.as_mut(), &g, k).unwrap();
+                prop_assert_eq!(&fs, &sg, "{} fused differs from plain", name);
+                let mut back = ef.residual().to_vec();
+                fs.scatter_add_into(&mut back).unwrap();
+                for (a, b) in back.iter().zip(&acc) {
+                    prop_assert_eq!(a.to_bits(), b.to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_selector_handles_bad_input() {
+        for name in SELECTOR_NAMES {
+            let mut sel = selector_by_name(name, 1).unwrap();
+            assert_eq!(sel.select(&[], 4).unwrap().0.nnz(), 0, "{name}");
+            assert_eq!(sel.select(&[1.0, -2.0], 0).unwrap().0.nnz(), 0, "{name}");
+            let mut x = gen_vec(3, 5_000, 0);
+            x[4_321] = f32::NAN;
+            assert!(
+                matches!(
+                    sel.select(&x, 50),
+                    Err(Error::NonFinite { index: 4_321, .. })
+                ),
+                "{name}"
+            );
+            let mut ef = ErrorFeedback::new(5_000);
+            let mut sel = selector_by_name(name, 1).unwrap();
+            assert!(
+                matches!(
+                    ef.step(sel.as_mut(), &x, 50),
+                    Err(Error::NonFinite { index: 4_321, .. })
+                ),
+                "{name}"
+            );
+            assert!(matches!(
+                ef.step(sel.as_mut(), &x[..10], 5),
+                Err(Error::LengthMismatch { .. })
+            ));
+        }
+        assert!(selector_by_name("nope", 0).is_err());
     }
 }

@@ -175,7 +175,11 @@ impl<V: Value> SparseGrad<V> {
     pub fn cast<W: Value>(&self) -> SparseGrad<W> {
         SparseGrad {
             indices: self.indices.clone(),
-            values: self.values.iter().map(|v| W::from_f32(v.to_f32())).collect(),
+            values: self
+                .values
+                .iter()
+                .map(|v| W::from_f32(v.to_f32()))
+                .collect(),
             len: self.len,
         }
     }

@@ -1,12 +1,211 @@
-//! `cargo xtask calibrate`.
+//! `cargo xtask calibrate`: measures α, β (ping-pong and collective sweeps), γ (local
+//! reduction) and the top-k model on this machine (`--ranks P` threads) or a cluster
+//! (`--mpi` under `mpirun`), saves the calibration JSON, and prints how well the fits
+//! predict an all-reduce and an all-gather measured right after.
+
+use std::path::PathBuf;
+
+use collectives::calibrate::{calibrate, validate, CalibrateOptions, Validation};
+use collectives::{Communicator, ThreadComm};
+use cost_model::Calibration;
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::CliResult;
 
 /// Options of `cargo xtask calibrate`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Ranks (threads of this process) to calibrate with; ignored with `--mpi`.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Run on `collectives::MpiComm::world()` (start under `mpirun`; needs the `mpi` feature).
+    #[arg(long)]
+    pub mpi: bool,
+    /// Where to write the calibration JSON.
+    #[arg(long, default_value = "calibration.json")]
+    pub out: PathBuf,
+    /// Repeats per size (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Largest message size of the sweeps, MiB (sizes go 1 KiB, 4 KiB, … up to it).
+    #[arg(long, default_value_t = 16)]
+    pub max_mib: usize,
+    /// Validation sizes, MiB.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
+    pub validate_mib: Vec<usize>,
+    /// Skip the top-k sweep.
+    #[arg(long)]
+    pub no_topk: bool,
+}
+
+fn options(args: &Args) -> CalibrateOptions {
+    let max = args.max_mib.max(1) << 20;
+    let mut sizes = Vec::new();
+    let mut n = 1024usize;
+    while n <= max {
+        sizes.push(n);
+        n *= 4;
+    }
+    if sizes.last() != Some(&max) {
+        sizes.push(max);
+    }
+    let mut o = CalibrateOptions {
+        sizes,
+        reps: args.reps.max(1),
+        ..Default::default()
+    };
+    if args.no_topk {
+        o.topk_sizes.clear();
+    }
+    o
+}
+
+/// Runs the sweeps on `comm`; rank 0 prints and saves. Returns the validation table.
+fn run_on<C: Communicator + ?Sized>(
+    comm: &C,
+    args: &Args,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    let opts = options(args);
+    let root = comm.rank() == 0;
+    let mut progress = |stage: &str, done: usize, total: usize| {
+        if root {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(stage.to_string());
+        }
+    };
+    let cal = calibrate(comm, &opts, &mut progress).map_err(|e| e.to_string())?;
+    let sizes: Vec<usize> = args.validate_mib.iter().map(|m| m << 20).collect();
+    if root {
+        bar.set_message("validation");
+    }
+    let table = validate(comm, &cal, &opts, &sizes).map_err(|e| e.to_string())?;
+    if root {
+        bar.finish_and_clear();
+        cal.save(&args.out).map_err(|e| e.to_string())?;
+        report(&cal, &table, args);
+    }
+    Ok(())
+}
+
+fn report(cal: &Calibration, table: &[Validation], args: &Args) {
+    println!(
+        "calibration of {} ranks on {} written to {}",
+        cal.ranks,
+        cal.backend,
+        args.out.display()
+    );
+    println!();
+    println!(
+        "{:<28} {:>12} {:>14} {:>8} {:>10}",
+        "fit", "α (µs)", "β (ns/byte)", "R²", "max rel"
+    );
+    let line = |name: &str, a: f64, b: f64, q: &cost_model::FitQuality| {
+        println!(
+            "{name:<28} {:>12.3} {:>14.5} {:>8.4} {:>10.3}",
+            a * 1e6,
+            b * 1e9,
+            q.r2,
+            q.max_rel_residual
+        );
+    };
+    line(
+        "ping-pong (one way)",
+        cal.pingpong.model.alpha_s,
+        cal.pingpong.model.beta_s,
+        &cal.pingpong.quality,
+    );
+    for c in &cal.collectives {
+        line(
+            &format!("{} {}", c.op.name(), c.algo.name()),
+            c.fit.model.alpha_s,
+            c.fit.model.beta_s,
+            &c.fit.quality,
+        );
+    }
+    if let Some(r) = &cal.reduction {
+        println!(
+            "{:<28} {:>12} {:>14.5} {:>8.4} {:>10.3}",
+            "reduction γ",
+            "",
+            r.model.gamma_s * 1e9,
+            r.quality.r2,
+            r.quality.max_rel_residual
+        );
+    }
+    for t in &cal.topk {
+        let m = match t.fit.model {
+            cost_model::TopkModel::Omgs { gamma_rho } => {
+                format!("γρ = {gamma_rho:.4e} s per d·log2 d")
+            }
+            cost_model::TopkModel::Linear { a_s, b_s } => {
+                format!("a = {a_s:.3e} s, b = {b_s:.3e} s/elem")
+            }
+        };
+        println!(
+            "top-k {:<22} {m}  (ρ = {}, R² {:.4}, max rel {:.3})",
+            t.selector, t.density, t.fit.quality.r2, t.fit.quality.max_rel_residual
+        );
+    }
+    println!();
+    println!("validation (measured right after calibrating):");
+    println!(
+        "{:<12} {:<10} {:>10} {:>14} {:>14} {:>8}",
+        "op", "algorithm", "size", "predicted ms", "measured ms", "error"
+    );
+    for v in table {
+        println!(
+            "{:<12} {:<10} {:>10} {:>14.4} {:>14.4} {:>7.1}%",
+            v.op,
+            v.algo.name(),
+            format!("{} MiB", v.bytes >> 20),
+            v.predicted_s * 1e3,
+            v.measured_s * 1e3,
+            v.rel_error() * 100.0
+        );
+    }
+}
 
 /// Runs `cargo xtask calibrate`.
-pub fn run(_args: Args) -> CliResult {
-    Err("`cargo xtask calibrate` is not implemented yet".into())
+pub fn run(args: Args) -> CliResult {
+    let bar = ProgressBar::new(1);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} calibrating [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    if args.mpi {
+        return run_mpi(&args, &bar);
+    }
+    if args.ranks < 2 {
+        return Err(format!(
+            "--ranks {} : calibration needs at least 2 ranks",
+            args.ranks
+        )
+        .into());
+    }
+    ThreadComm::run(args.ranks, |c| run_on(&c, &args, &bar))?;
+    Ok(())
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &Args, bar: &ProgressBar) -> CliResult {
+    let comm = collectives::MpiComm::world()?;
+    if comm.rank() != 0 {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    if comm.size() < 2 {
+        return Err("calibration needs at least 2 MPI ranks (mpirun -n P, P ≥ 2)".into());
+    }
+    run_on(&comm, args, bar)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_args: &Args, _bar: &ProgressBar) -> CliResult {
+    Err(
+        "--mpi needs the `mpi` feature: cargo xtask --features mpi calibrate --mpi (under mpirun)"
+            .into(),
+    )
 }

@@ -219,7 +219,13 @@ pub fn check_rank(rank: usize, size: usize) -> Result<()> {
 }
 
 /// Copies a received message into a fixed buffer, or reports it does not fit.
-pub(crate) fn copy_into(rank: usize, src: usize, tag: Tag, msg: &[u8], buf: &mut [u8]) -> Result<usize> {
+pub(crate) fn copy_into(
+    rank: usize,
+    src: usize,
+    tag: Tag,
+    msg: &[u8],
+    buf: &mut [u8],
+) -> Result<usize> {
     if msg.len() > buf.len() {
         return Err(Error::MessageTooLarge {
             rank,

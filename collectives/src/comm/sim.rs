@@ -82,7 +82,9 @@ impl<C: Communicator> SimComm<C> {
     /// In real-time mode this is collective: the ranks agree on a start with a barrier.
     pub fn new(inner: C, topology: Topology, mode: ClockMode) -> Result<Self> {
         topology.validate()?;
-        topology.check_ranks(inner.size()).map_err(|e| Error::Topology(e.to_string()))?;
+        topology
+            .check_ranks(inner.size())
+            .map_err(|e| Error::Topology(e.to_string()))?;
         if mode == ClockMode::RealTime {
             inner.barrier()?;
         }
@@ -126,6 +128,11 @@ impl<C: Communicator> SimComm<C> {
     /// The wrapped communicator.
     pub fn inner(&self) -> &C {
         &self.inner
+    }
+
+    /// Unwraps, returning the wrapped communicator.
+    pub fn into_inner(self) -> C {
+        self.inner
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SimStats> {
@@ -244,9 +251,13 @@ impl<C: Communicator> Communicator for SimComm<C> {
         check_rank(dest, self.size())?;
         let start = self.start_op();
         let sent_arrival = self.record_send(start, dest, data.len());
-        let raw = self
-            .inner
-            .sendrecv(dest, send_tag, &Self::frame(sent_arrival, data), src, recv_tag)?;
+        let raw = self.inner.sendrecv(
+            dest,
+            send_tag,
+            &Self::frame(sent_arrival, data),
+            src,
+            recv_tag,
+        )?;
         let (arrival, msg) = self.unframe(src, recv_tag, raw)?;
         self.finish(sent_arrival.max(arrival), Some(msg.len()));
         Ok(msg)
@@ -341,8 +352,14 @@ mod tests {
     use cost_model::Link;
 
     fn topo(nodes: usize, per: usize) -> Topology {
-        let intra = Link { alpha_s: 1e-6, beta_s_per_byte: 1e-10 };
-        let inter = Link { alpha_s: 1e-4, beta_s_per_byte: 1e-8 };
+        let intra = Link {
+            alpha_s: 1e-6,
+            beta_s_per_byte: 1e-10,
+        };
+        let inter = Link {
+            alpha_s: 1e-4,
+            beta_s_per_byte: 1e-8,
+        };
         Topology::new(nodes, per, intra, inter).unwrap()
     }
 
@@ -386,7 +403,11 @@ mod tests {
                     .map(|&n| (p as f64 - 1.0) * t.intra.time(n))
                     .sum();
                 for st in &stats {
-                    assert!((st.clock_s - want).abs() < 1e-12, "{} vs {want}", st.clock_s);
+                    assert!(
+                        (st.clock_s - want).abs() < 1e-12,
+                        "{} vs {want}",
+                        st.clock_s
+                    );
                 }
             }
         }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{
-    check_rank, check_transport_tag, exchange_color_keys, split_members, Communicator, Tag, TAG_BARRIER,
-    TAG_SPLIT,
+    check_rank, check_transport_tag, exchange_color_keys, split_members, Communicator, Tag,
+    TAG_BARRIER, TAG_SPLIT,
 };
 use crate::{Error, Result};
 
@@ -134,7 +134,9 @@ impl ThreadComm {
     /// Creates the `size` ranks of a new world. Usually [`ThreadComm::run`] is handier.
     pub fn world(size: usize, config: ThreadConfig) -> Result<Vec<ThreadComm>> {
         if size == 0 {
-            return Err(Error::InvalidArgument("a world needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "a world needs at least one rank".into(),
+            ));
         }
         let world = Arc::new(World {
             mailboxes: (0..size).map(|_| Mailbox::default()).collect(),
@@ -203,7 +205,11 @@ impl ThreadComm {
     /// Runs `f` on every rank and returns every rank's own result, errors included, so a
     /// test can check that each rank reports a problem itself. A panic becomes
     /// `Err(Error::PeerFailed)`-style propagation to the others and is re-raised here.
-    pub fn run_all<T, E, F>(size: usize, config: ThreadConfig, f: F) -> Result<Vec<std::result::Result<T, E>>>
+    pub fn run_all<T, E, F>(
+        size: usize,
+        config: ThreadConfig,
+        f: F,
+    ) -> Result<Vec<std::result::Result<T, E>>>
     where
         T: Send,
         E: Send,
@@ -221,11 +227,7 @@ impl ThreadComm {
             .collect())
     }
 
-    fn run_inner<T, E, F>(
-        size: usize,
-        config: ThreadConfig,
-        f: F,
-    ) -> Result<(Vec<Outcome<T, E>>, Option<usize>)>
+    fn run_inner<T, E, F>(size: usize, config: ThreadConfig, f: F) -> Result<Outcomes<T, E>>
     where
         T: Send,
         E: Send,
@@ -261,7 +263,10 @@ impl ThreadComm {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| Outcome::Panic(panic_message(&p))))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|p| Outcome::Panic(panic_message(&p)))
+                })
                 .collect::<Vec<_>>()
         });
         let failed = world.failed.load(Ordering::SeqCst);
@@ -282,7 +287,9 @@ impl ThreadComm {
         check_rank(dest, self.members.len())?;
         let dest_world = self.members[dest];
         let mut q = self.world.lock(dest_world);
-        q.entry((self.context, self.rank, tag)).or_default().push_back(data);
+        q.entry((self.context, self.rank, tag))
+            .or_default()
+            .push_back(data);
         drop(q);
         self.world.mailboxes[dest_world].arrived.notify_all();
         Ok(())
@@ -328,6 +335,9 @@ impl ThreadComm {
         }
     }
 }
+
+/// Every rank's outcome, and the world rank that failed first, if any.
+type Outcomes<T, E> = (Vec<Outcome<T, E>>, Option<usize>);
 
 enum Outcome<T, E> {
     Ok(T),
@@ -463,7 +473,12 @@ mod tests {
         .unwrap();
         let elapsed = start.elapsed();
         match &res[0] {
-            Err(Error::Timeout { rank: 0, src: 1, tag: 7, waited }) => {
+            Err(Error::Timeout {
+                rank: 0,
+                src: 1,
+                tag: 7,
+                waited,
+            }) => {
                 assert!(*waited >= timeout)
             }
             other => panic!("expected a timeout, got {other:?}"),
@@ -474,12 +489,16 @@ mod tests {
     #[test]
     fn a_failing_rank_stops_the_others_promptly() {
         let start = Instant::now();
-        let err = ThreadComm::run_with(4, ThreadConfig::with_timeout(Duration::from_secs(30)), |c| {
-            if c.rank() == 2 {
-                return Err(Error::InvalidArgument("rank 2 gives up".into()));
-            }
-            c.recv(2, 0).map(|_| ())
-        })
+        let err = ThreadComm::run_with(
+            4,
+            ThreadConfig::with_timeout(Duration::from_secs(30)),
+            |c| {
+                if c.rank() == 2 {
+                    return Err(Error::InvalidArgument("rank 2 gives up".into()));
+                }
+                c.recv(2, 0).map(|_| ())
+            },
+        )
         .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(5));
         assert!(matches!(err, RunError::Failed { rank: 2, .. }), "{err}");
@@ -500,18 +519,31 @@ mod tests {
     #[test]
     fn bad_ranks_and_tags_are_typed_errors() {
         ThreadComm::run_with(2, quick(), |c| -> Result<()> {
-            assert!(matches!(c.send(2, 0, &[]), Err(Error::InvalidRank { rank: 2, size: 2 })));
+            assert!(matches!(
+                c.send(2, 0, &[]),
+                Err(Error::InvalidRank { rank: 2, size: 2 })
+            ));
             assert!(matches!(c.recv(5, 0), Err(Error::InvalidRank { .. })));
-            assert!(matches!(c.send(0, TAG_BARRIER, &[]), Err(Error::ReservedTag { .. })));
+            assert!(matches!(
+                c.send(0, TAG_BARRIER, &[]),
+                Err(Error::ReservedTag { .. })
+            ));
             let peer = 1 - c.rank();
             c.send(peer, 1, &[1, 2, 3, 4, 5])?;
             let mut small = [0u8; 4];
             assert!(matches!(
                 c.recv_into(peer, 1, &mut small),
-                Err(Error::MessageTooLarge { len: 5, capacity: 4, .. })
+                Err(Error::MessageTooLarge {
+                    len: 5,
+                    capacity: 4,
+                    ..
+                })
             ));
             c.send_slice(peer, 2, &[1u8, 2, 3])?;
-            assert!(matches!(c.recv_vec::<f32>(peer, 2), Err(Error::MisalignedMessage { .. })));
+            assert!(matches!(
+                c.recv_vec::<f32>(peer, 2),
+                Err(Error::MisalignedMessage { .. })
+            ));
             Ok(())
         })
         .unwrap();

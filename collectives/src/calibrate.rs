@@ -1,0 +1,461 @@
+//! Calibration on a live communicator: a ping-pong sweep for the link's α and β, sweeps of
+//! the collectives (time against bytes, fitted by `cost_model::fit`), a local reduction
+//! sweep for γ and a top-k timing sweep for the OMGS γ·ρ (paper 000 §V-B: d ∈ [1K, 1M],
+//! ρ = 0.001). The result is a [`cost_model::Calibration`] that the planner and the dense
+//! chooser read; [`Calibration`] implements [`Predictor`](crate::dense::Predictor) here.
+//!
+//! Timing: every measurement is `barrier; start; op; barrier; stop` on every rank and the
+//! sample is rank 0's median over the repeats, so one slow repeat on a shared machine does
+//! not skew the fit. Top-k and reduction sweeps run on rank 0 while the others wait.
+
+use std::time::Instant;
+
+use cost_model::dense::{predict_dense, DenseCase};
+use cost_model::fit::{fit_linear, fit_reduction, fit_topk_linear, fit_topk_omgs, Fitted, Sample};
+use cost_model::{Algorithm, Calibration, Collective, CollectiveFit, Link, TopkFit, Topology};
+use sparsify::Selector;
+
+use crate::dense::{allgather, allreduce, AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor};
+use crate::{Communicator, Error, Result};
+
+/// Tag of the ping-pong messages.
+const PING: crate::Tag = 0x6F00;
+
+/// What to sweep.
+#[derive(Debug, Clone)]
+pub struct CalibrateOptions {
+    /// Message sizes in bytes for the ping-pong and the collective sweeps.
+    pub sizes: Vec<usize>,
+    /// Repeats per size (the median is kept).
+    pub reps: usize,
+    /// All-reduce algorithms to sweep.
+    pub allreduce: Vec<AllreduceAlgo>,
+    /// All-gather algorithms to sweep (bytes = each rank's contribution).
+    pub allgather: Vec<AllgatherAlgo>,
+    /// Tensor sizes (elements) for the top-k sweep; empty skips it.
+    pub topk_sizes: Vec<usize>,
+    /// Density of the top-k sweep.
+    pub density: f64,
+}
+
+impl Default for CalibrateOptions {
+    /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, ring all-reduce and ring all-gather, top-k
+    /// over 1K … 1M elements at ρ = 0.001 (paper 000 §V-B).
+    fn default() -> Self {
+        CalibrateOptions {
+            sizes: (0..8).map(|i| 1024usize << (2 * i)).collect(),
+            reps: 5,
+            allreduce: vec![AllreduceAlgo::Ring],
+            allgather: vec![AllgatherAlgo::Ring],
+            topk_sizes: (10..=20).step_by(2).map(|e| 1usize << e).collect(),
+            density: 0.001,
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Times `op` `reps` times between barriers and returns the median seconds (each rank its
+/// own; they agree to within a barrier).
+pub fn time_op<C: Communicator + ?Sized>(
+    comm: &C,
+    reps: usize,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    let mut t = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        comm.barrier()?;
+        let start = Instant::now();
+        op()?;
+        comm.barrier()?;
+        t.push(start.elapsed().as_secs_f64());
+    }
+    Ok(median(t))
+}
+
+/// One-way time between ranks 0 and 1 (half the round trip) for each size; every rank
+/// returns the samples, meaningful on rank 0. Needs P ≥ 2.
+pub fn pingpong<C: Communicator + ?Sized>(
+    comm: &C,
+    sizes: &[usize],
+    reps: usize,
+) -> Result<Vec<Sample>> {
+    if comm.size() < 2 {
+        return Err(Error::InvalidArgument(
+            "a ping-pong needs at least 2 ranks".into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for &n in sizes {
+        let msg = vec![0u8; n];
+        let t = time_op(comm, reps, || {
+            match comm.rank() {
+                0 => {
+                    comm.send(1, PING, &msg)?;
+                    comm.recv(1, PING)?;
+                }
+                1 => {
+                    let m = comm.recv(0, PING)?;
+                    comm.send(0, PING, &m)?;
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        out.push(Sample::new(n as f64, t / 2.0));
+    }
+    Ok(out)
+}
+
+/// Times an all-reduce of `bytes` (f32) with `algo`.
+pub fn time_allreduce<C: Communicator + ?Sized>(
+    comm: &C,
+    algo: AllreduceAlgo,
+    bytes: usize,
+    reps: usize,
+) -> Result<f64> {
+    let mut buf = vec![1.0f32; bytes / 4];
+    let opts = DenseOptions::default().unchecked();
+    time_op(comm, reps, || allreduce(comm, &mut buf, algo, &opts))
+}
+
+/// Times an all-gather where each rank contributes `bytes` bytes.
+pub fn time_allgather<C: Communicator + ?Sized>(
+    comm: &C,
+    algo: AllgatherAlgo,
+    bytes: usize,
+    reps: usize,
+) -> Result<f64> {
+    let mine = vec![comm.rank() as u8; bytes];
+    let mut out = vec![0u8; bytes * comm.size()];
+    let opts = DenseOptions::default().unchecked();
+    time_op(comm, reps, || allgather(comm, &mine, &mut out, algo, &opts))
+}
+
+/// Local `f32` summation time against bytes (γ of paper 004 Table 1).
+pub fn reduction_sweep(sizes: &[usize], reps: usize) -> Vec<Sample> {
+    sizes
+        .iter()
+        .map(|&n| {
+            let x = vec![1.0f32; n / 4];
+            let mut acc = vec![0.5f32; n / 4];
+            let t = (0..reps.max(1))
+                .map(|_| {
+                    let s = Instant::now();
+                    for (a, b) in acc.iter_mut().zip(&x) {
+                        *a += *b;
+                    }
+                    std::hint::black_box(&mut acc);
+                    s.elapsed().as_secs_f64()
+                })
+                .collect();
+            Sample::new(n as f64, median(t).max(1e-9))
+        })
+        .collect()
+}
+
+/// Top-k selection time of `selector` against tensor size (elements) at `density`.
+pub fn topk_sweep(
+    selector: &mut dyn Selector,
+    sizes: &[usize],
+    density: f64,
+    reps: usize,
+) -> Result<Vec<Sample>> {
+    let mut out = Vec::new();
+    for &d in sizes {
+        // A deterministic pseudo-random gradient (xorshift), magnitudes spread out.
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let x: Vec<f32> = (0..d)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        let k = ((d as f64 * density).round() as usize).max(1);
+        let mut t = Vec::new();
+        for _ in 0..reps.max(1) {
+            let st = Instant::now();
+            std::hint::black_box(selector.select(&x, k)?);
+            t.push(st.elapsed().as_secs_f64());
+        }
+        out.push(Sample::new(d as f64, median(t).max(1e-9)));
+    }
+    Ok(out)
+}
+
+/// Progress reports of [`calibrate`]: `(stage, done, total)`.
+pub type Progress<'a> = &'a mut dyn FnMut(&str, usize, usize);
+
+/// Runs every sweep on `comm` and fits the models. Collective on all ranks; every rank
+/// returns a calibration, rank 0's is the one to save. P must be at least 2.
+pub fn calibrate<C: Communicator + ?Sized>(
+    comm: &C,
+    opts: &CalibrateOptions,
+    progress: Progress,
+) -> Result<Calibration> {
+    let p = comm.size();
+    let total = opts.sizes.len() * (1 + opts.allreduce.len() + opts.allgather.len()) + 2;
+    let mut done = 0;
+    let mut tick = |stage: &str, done: &mut usize| {
+        *done += 1;
+        progress(stage, *done, total);
+    };
+    let mut pp = Vec::new();
+    for &n in &opts.sizes {
+        pp.extend(pingpong(comm, &[n], opts.reps)?);
+        tick("ping-pong", &mut done);
+    }
+    let pingpong = fit_linear(&pp)?;
+    let link = Link {
+        alpha_s: pingpong.model.alpha_s.max(0.0),
+        beta_s_per_byte: pingpong.model.beta_s.max(0.0),
+    };
+    let mut collectives = Vec::new();
+    for &algo in &opts.allreduce {
+        let mut s = Vec::new();
+        for &n in &opts.sizes {
+            s.push(Sample::new(
+                n as f64,
+                time_allreduce(comm, algo, n, opts.reps)?,
+            ));
+            tick("allreduce", &mut done);
+        }
+        collectives.push(CollectiveFit {
+            op: Collective::Allreduce,
+            algo: allreduce_name(&algo),
+            fit: fit_linear(&s)?,
+        });
+    }
+    for &algo in &opts.allgather {
+        let mut s = Vec::new();
+        for &n in &opts.sizes {
+            s.push(Sample::new(
+                n as f64,
+                time_allgather(comm, algo, n, opts.reps)?,
+            ));
+            tick("allgather", &mut done);
+        }
+        collectives.push(CollectiveFit {
+            op: Collective::Allgather,
+            algo: allgather_name(&algo),
+            fit: fit_linear(&s)?,
+        });
+    }
+    // Local sweeps on rank 0 only; the others wait at the barrier.
+    let mut reduction = None;
+    let mut topk = Vec::new();
+    if comm.rank() == 0 {
+        reduction = Some(fit_reduction(
+            &reduction_sweep(&opts.sizes, opts.reps),
+            0.0,
+        )?);
+        tick("reduction", &mut done);
+        if !opts.topk_sizes.is_empty() {
+            let mut exact = sparsify::ExactTopK::new();
+            let s = topk_sweep(&mut exact, &opts.topk_sizes, opts.density, opts.reps)?;
+            topk.push(TopkFit {
+                selector: "exact".into(),
+                density: opts.density,
+                fit: fit_topk_omgs(&s)?,
+            });
+            let mut ms = sparsify::MsTopK::with_seed(1);
+            let s = topk_sweep(&mut ms, &opts.topk_sizes, opts.density, opts.reps)?;
+            topk.push(TopkFit {
+                selector: "mstopk".into(),
+                density: opts.density,
+                fit: fit_topk_linear(&s)?,
+            });
+        }
+        tick("top-k", &mut done);
+    }
+    comm.barrier()?;
+    let gamma = reduction.map(|r: Fitted<_>| r.model.gamma_s).unwrap_or(0.0);
+    let topology = Topology::flat(p, link)?.with_gamma(gamma)?;
+    Ok(Calibration {
+        schema: cost_model::calibration::SCHEMA,
+        backend: comm.backend(),
+        ranks: p,
+        topology,
+        pingpong,
+        reduction,
+        collectives,
+        topk,
+    })
+}
+
+/// The cost model's name of an all-reduce algorithm.
+pub fn allreduce_name(a: &AllreduceAlgo) -> Algorithm {
+    match a {
+        AllreduceAlgo::Ring => Algorithm::Ring,
+        AllreduceAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
+        AllreduceAlgo::Rabenseifner => Algorithm::Rabenseifner,
+        AllreduceAlgo::BidirectionalExchange => Algorithm::Be,
+        AllreduceAlgo::Binomial => Algorithm::Binomial,
+        AllreduceAlgo::LinearPipeline { .. } => Algorithm::Lp,
+        AllreduceAlgo::Torus2d { .. } => Algorithm::Torus2d,
+    }
+}
+
+/// The cost model's name of an all-gather algorithm.
+pub fn allgather_name(a: &AllgatherAlgo) -> Algorithm {
+    match a {
+        AllgatherAlgo::Ring => Algorithm::Ring,
+        AllgatherAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
+        AllgatherAlgo::Bruck => Algorithm::Bruck,
+    }
+}
+
+/// The calibration's topology for `p` ranks, `ranks_per_node` per node (flat links).
+fn topo_for(cal: &Calibration, p: usize, ranks_per_node: usize) -> Option<Topology> {
+    let l = cal.topology.inter;
+    let rpn = ranks_per_node.max(1);
+    if p % rpn != 0 {
+        return None;
+    }
+    Topology::new(p / rpn, rpn, cal.topology.intra, l)
+        .and_then(|t| t.with_gamma(cal.topology.gamma_s_per_byte))
+        .ok()
+}
+
+/// Direct fit when this algorithm was swept at this P, else the exact schedule on the
+/// calibrated links. This is what `choose_allreduce(p, bytes, Some(&calibration))` ranks by.
+impl Predictor for Calibration {
+    fn allreduce_s(&self, algo: &AllreduceAlgo, p: usize, bytes: usize) -> Option<f64> {
+        let name = allreduce_name(algo);
+        if p == self.ranks {
+            // A direct fit is only for the parameters it was swept with; LP and torus
+            // carry parameters the fit does not record, so they use the schedule.
+            if !matches!(name, Algorithm::Lp | Algorithm::Torus2d) {
+                if let Some(c) = self.collective_fit(Collective::Allreduce, name) {
+                    return Some(c.fit.model.time(bytes));
+                }
+            }
+        }
+        let (rpn, block) = match *algo {
+            AllreduceAlgo::Torus2d { ranks_per_node } => (ranks_per_node, 64 << 10),
+            AllreduceAlgo::LinearPipeline { block_bytes } => (1, block_bytes),
+            _ => (1, 64 << 10),
+        };
+        let topo = topo_for(self, p, rpn)?;
+        let case = DenseCase::new(Collective::Allreduce, name, bytes / 4).with_block_bytes(block);
+        predict_dense(&case, &topo).ok().map(|p| p.time_s)
+    }
+
+    fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64> {
+        let name = allgather_name(algo);
+        if p == self.ranks {
+            if let Some(c) = self.collective_fit(Collective::Allgather, name) {
+                return Some(c.fit.model.time(bytes));
+            }
+        }
+        let topo = topo_for(self, p, 1)?;
+        let case = DenseCase::new(Collective::Allgather, name, bytes).with_elem_bytes(1);
+        predict_dense(&case, &topo).ok().map(|p| p.time_s)
+    }
+}
+
+/// A line of the validation table: predicted against measured right after calibrating.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validation {
+    /// `"allreduce"` or `"allgather"`.
+    pub op: &'static str,
+    /// Algorithm name.
+    pub algo: Algorithm,
+    /// Bytes (buffer for all-reduce, per rank for all-gather).
+    pub bytes: usize,
+    /// Predicted seconds.
+    pub predicted_s: f64,
+    /// Measured seconds (median of the repeats).
+    pub measured_s: f64,
+}
+
+impl Validation {
+    /// `|predicted − measured| / measured`.
+    pub fn rel_error(&self) -> f64 {
+        (self.predicted_s - self.measured_s).abs() / self.measured_s
+    }
+}
+
+/// Measures every swept all-reduce and all-gather at each of `sizes` and pairs the time
+/// with the calibration's prediction. Collective.
+pub fn validate<C: Communicator + ?Sized>(
+    comm: &C,
+    cal: &Calibration,
+    opts: &CalibrateOptions,
+    sizes: &[usize],
+) -> Result<Vec<Validation>> {
+    let p = comm.size();
+    let mut out = Vec::new();
+    for &n in sizes {
+        for algo in &opts.allreduce {
+            let measured_s = time_allreduce(comm, *algo, n, opts.reps)?;
+            let predicted_s = cal.allreduce_s(algo, p, n).unwrap_or(f64::NAN);
+            out.push(Validation {
+                op: "allreduce",
+                algo: allreduce_name(algo),
+                bytes: n,
+                predicted_s,
+                measured_s,
+            });
+        }
+        for algo in &opts.allgather {
+            let measured_s = time_allgather(comm, *algo, n, opts.reps)?;
+            let predicted_s = cal.allgather_s(algo, p, n).unwrap_or(f64::NAN);
+            out.push(Validation {
+                op: "allgather",
+                algo: allgather_name(algo),
+                bytes: n,
+                predicted_s,
+                measured_s,
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ThreadComm;
+
+    #[test]
+    fn calibrate_small_sweep_on_threads() {
+        let opts = CalibrateOptions {
+            sizes: vec![1 << 10, 1 << 14, 1 << 18],
+            reps: 3,
+            topk_sizes: vec![1 << 10, 1 << 14],
+            ..Default::default()
+        };
+        let cals = ThreadComm::run(3, |c| -> Result<Calibration> {
+            let cal = calibrate(&c, &opts, &mut |_, _, _| {})?;
+            let v = validate(&c, &cal, &opts, &[1 << 14])?;
+            assert_eq!(v.len(), 2);
+            Ok(cal)
+        })
+        .unwrap();
+        let cal = &cals[0];
+        assert_eq!(cal.ranks, 3);
+        assert_eq!(cal.collectives.len(), 2);
+        assert_eq!(cal.topk.len(), 2);
+        let back = Calibration::from_json(&cal.to_json(), "mem").unwrap();
+        assert_eq!(&back, cal);
+        // The chooser accepts it and prices every algorithm.
+        let a = crate::dense::choose_allreduce(3, 1 << 20, Some(cal as &dyn Predictor));
+        assert!(AllreduceAlgo::all(3).contains(&a));
+    }
+
+    #[test]
+    fn pingpong_needs_two_ranks() {
+        let r = ThreadComm::run(1, |c| pingpong(&c, &[8], 1));
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! [`MpiComm`]: the [`Communicator`] contract over a real MPI world (rsmpi), one rank per
+//! process started by `mpirun`. This is how the project runs on a cluster.
+//!
+//! - `send` is buffered, as the contract requires: the bytes are copied and sent with an
+//!   immediate send that completes in the background; completed sends are reaped on every
+//!   later call and all are waited for before the communicator is dropped.
+//! - `sendrecv` sends straight from the caller's buffer (no copy) while it receives.
+//! - Receives probe for the matching message first (`MPI_Improbe`), so messages of any
+//!   length (including empty) arrive into a buffer of the right size, a fixed buffer that is
+//!   too small is a typed error instead of `MPI_ERR_TRUNCATE`, and a peer that never answers
+//!   ends in [`Error::Timeout`] instead of a hang.
+//! - The world communicator is duplicated, so our traffic never matches the application's.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mpi::collective::CommunicatorCollectives;
+use mpi::datatype::Equivalence;
+use mpi::environment::Universe;
+use mpi::point_to_point::{Destination, Message, Source};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
+use mpi::Threading;
+
+use super::{check_rank, check_transport_tag, copy_into, Communicator, Tag};
+use crate::{Error, Result};
+
+/// Keeps MPI initialised while any communicator lives; finalises when the last one drops.
+struct UniverseGuard(#[allow(dead_code)] Universe);
+// SAFETY: the universe is only dropped (MPI_Finalize) once, by the last owner; it is never
+// otherwise touched after initialisation.
+unsafe impl Send for UniverseGuard {}
+unsafe impl Sync for UniverseGuard {}
+
+/// A buffered send in flight: the request and the heap copy it reads from.
+struct PendingSend {
+    request: Request<'static, [u8], StaticScope>,
+    buffer: *mut [u8],
+}
+
+impl PendingSend {
+    /// Frees a send's copy once the request reading it has completed.
+    fn free(buffer: *mut [u8]) {
+        // SAFETY: `buffer` came from `Box::into_raw` in `send`, and the request that read it
+        // has completed, so nothing refers to it any more.
+        drop(unsafe { Box::from_raw(buffer) });
+    }
+}
+
+/// One rank of an MPI communicator. See the module docs.
+pub struct MpiComm {
+    comm: SimpleCommunicator,
+    pending: RefCell<Vec<PendingSend>>,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    threading: Threading,
+    _universe: Arc<UniverseGuard>,
+}
+
+// SAFETY: MPI is initialised with `MPI_THREAD_MULTIPLE` where the library provides it, and an
+// `MpiComm` is used by one thread at a time (it is `Send`, not `Sync`).
+unsafe impl Send for MpiComm {}
+
+impl MpiComm {
+    /// Initialises MPI (once per process) and returns the world, duplicated for our own use.
+    /// The receive timeout is `COLLECTIVES_TIMEOUT_S` seconds (default 60).
+    pub fn world() -> Result<MpiComm> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| {
+                Error::Mpi(
+                    "MPI is already initialised in this process: call MpiComm::world() once and \
+                     use split() for more communicators"
+                        .into(),
+                )
+            })?;
+        let comm = universe.world().duplicate();
+        let timeout = super::thread::ThreadConfig::default().timeout;
+        Ok(Self::wrap(
+            comm,
+            threading,
+            timeout,
+            Arc::new(UniverseGuard(universe)),
+        ))
+    }
+
+    fn wrap(
+        comm: SimpleCommunicator,
+        threading: Threading,
+        timeout: Duration,
+        universe: Arc<UniverseGuard>,
+    ) -> MpiComm {
+        MpiComm {
+            rank: comm.rank() as usize,
+            size: comm.size() as usize,
+            comm,
+            pending: RefCell::new(Vec::new()),
+            timeout,
+            threading,
+            _universe: universe,
+        }
+    }
+
+    /// Sets how long a receive waits before it returns [`Error::Timeout`].
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// The underlying rsmpi communicator, for calling the MPI library's own collectives
+    /// (for example `MPI_Allreduce` as a baseline in the same run).
+    pub fn raw(&self) -> &SimpleCommunicator {
+        &self.comm
+    }
+
+    /// The thread support level the MPI library provided.
+    pub fn threading(&self) -> Threading {
+        self.threading
+    }
+
+    /// Aborts the whole MPI job with `code` (all processes end).
+    pub fn abort(&self, code: i32) -> ! {
+        self.comm.abort(code)
+    }
+
+    fn check_len(len: usize) -> Result<()> {
+        if len > i32::MAX as usize {
+            Err(Error::InvalidArgument(format!(
+                "an MPI message of {len} bytes exceeds the {} bytes one message can carry",
+                i32::MAX
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Reaps completed buffered sends.
+    fn progress(&self) {
+        let mut pending = self.pending.borrow_mut();
+        if pending.is_empty() {
+            return;
+        }
+        let mut still = Vec::with_capacity(pending.len());
+        for p in pending.drain(..) {
+            let PendingSend { request, buffer } = p;
+            match request.test() {
+                Ok(_) => PendingSend::free(buffer),
+                Err(request) => still.push(PendingSend { request, buffer }),
+            }
+        }
+        *pending = still;
+    }
+
+    /// Waits for the matching message's envelope, polling so that a timeout is possible.
+    fn probe(&self, src: usize, tag: Tag) -> Result<(Message, usize)> {
+        let start = Instant::now();
+        let process = self.comm.process_at_rank(src as i32);
+        let mut spins: u64 = 0;
+        loop {
+            if let Some((msg, status)) = process.immediate_matched_probe_with_tag(tag as i32) {
+                let count = status.count(u8::equivalent_datatype());
+                return Ok((msg, count.max(0) as usize));
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                self.progress();
+                let waited = start.elapsed();
+                if waited >= self.timeout {
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        src,
+                        tag,
+                        waited,
+                    });
+                }
+            }
+            if spins > 2_000 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn recv_vec_raw(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        let (msg, len) = self.probe(src, tag)?;
+        let mut buf = vec![0u8; len];
+        msg.matched_receive_into(&mut buf[..]);
+        Ok(buf)
+    }
+
+    fn recv_into_raw(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        let (msg, len) = self.probe(src, tag)?;
+        if len > buf.len() {
+            // Take the message off the queue so the stream stays consistent, then report.
+            let mut sink = vec![0u8; len];
+            msg.matched_receive_into(&mut sink[..]);
+            return copy_into(self.rank, src, tag, &sink, buf);
+        }
+        msg.matched_receive_into(&mut buf[..len]);
+        Ok(len)
+    }
+
+    fn checks(&self, peer: usize, tag: Tag) -> Result<()> {
+        check_transport_tag(tag)?;
+        check_rank(peer, self.size)
+    }
+
+    /// Runs `receive` while `data` goes to `dest` from the caller's buffer, then waits for
+    /// the send. A receive that fails leaves a send MPI cannot withdraw; if it does not
+    /// complete within the timeout the job is aborted rather than left hanging.
+    fn with_send<R>(
+        &self,
+        dest: usize,
+        tag: Tag,
+        data: &[u8],
+        receive: impl FnOnce() -> Result<R>,
+    ) -> Result<R> {
+        mpi::request::scope(|scope| {
+            let mut request = Some(
+                self.comm
+                    .process_at_rank(dest as i32)
+                    .immediate_send_with_tag(scope, data, tag as i32),
+            );
+            let out = receive();
+            let start = Instant::now();
+            while let Some(r) = request.take() {
+                match r.test() {
+                    Ok(_) => {}
+                    Err(r) => {
+                        if out.is_err() && start.elapsed() > self.timeout {
+                            eprintln!(
+                                "rank {}: a send to rank {dest} (tag {tag}) never completed after \
+                                 {:?}; aborting the MPI job",
+                                self.rank,
+                                out.as_ref().err()
+                            );
+                            self.comm.abort(70);
+                        }
+                        request = Some(r);
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            out
+        })
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        let start = Instant::now();
+        for p in self.pending.get_mut().drain(..) {
+            let PendingSend { request, buffer } = p;
+            let mut request = Some(request);
+            while let Some(r) = request.take() {
+                match r.test() {
+                    Ok(_) => PendingSend::free(buffer),
+                    Err(r) => {
+                        if start.elapsed() > self.timeout {
+                            eprintln!(
+                                "rank {}: buffered sends never received after {:?}; aborting",
+                                self.rank, self.timeout
+                            );
+                            self.comm.abort(71);
+                        }
+                        request = Some(r);
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
+        self.checks(dest, tag)?;
+        Self::check_len(data.len())?;
+        self.progress();
+        let buffer: *mut [u8] = Box::into_raw(data.to_vec().into_boxed_slice());
+        // SAFETY: the copy lives until `free` after the request completes.
+        let data: &'static [u8] = unsafe { &*buffer };
+        let request = self
+            .comm
+            .process_at_rank(dest as i32)
+            .immediate_send_with_tag(StaticScope, data, tag as i32);
+        self.pending
+            .borrow_mut()
+            .push(PendingSend { request, buffer });
+        Ok(())
+    }
+
+    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        self.checks(src, tag)?;
+        self.recv_vec_raw(src, tag)
+    }
+
+    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        self.checks(src, tag)?;
+        self.recv_into_raw(src, tag, buf)
+    }
+
+    fn sendrecv(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[u8],
+        src: usize,
+        recv_tag: Tag,
+    ) -> Result<Vec<u8>> {
+        self.checks(dest, send_tag)?;
+        self.checks(src, recv_tag)?;
+        Self::check_len(data.len())?;
+        self.with_send(dest, send_tag, data, || self.recv_vec_raw(src, recv_tag))
+    }
+
+    fn sendrecv_into(
+        &self,
+        dest: usize,
+        send_tag: Tag,
+        data: &[u8],
+        src: usize,
+        recv_tag: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        self.checks(dest, send_tag)?;
+        self.checks(src, recv_tag)?;
+        Self::check_len(data.len())?;
+        self.with_send(dest, send_tag, data, || {
+            self.recv_into_raw(src, recv_tag, buf)
+        })
+    }
+
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
+        let c = i32::try_from(color)
+            .map_err(|_| Error::InvalidArgument(format!("split colour {color} exceeds i32")))?;
+        let k = i32::try_from(key)
+            .map_err(|_| Error::InvalidArgument(format!("split key {key} exceeds i32")))?;
+        self.progress();
+        let sub = self
+            .comm
+            .split_by_color_with_key(Color::with_value(c), k)
+            .ok_or_else(|| Error::Mpi("MPI_Comm_split returned no communicator".into()))?;
+        Ok(Box::new(Self::wrap(
+            sub,
+            self.threading,
+            self.timeout,
+            self._universe.clone(),
+        )))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.progress();
+        self.comm.barrier();
+        Ok(())
+    }
+
+    fn backend(&self) -> String {
+        "mpi".into()
+    }
+}

@@ -1,0 +1,70 @@
+//! Picks an algorithm from (P, bytes). A simple rule for now; a [`Predictor`] (the cost
+//! model, fitted to a machine) can rank the candidates by predicted time instead.
+
+use crate::dense::{AllgatherAlgo, AllreduceAlgo};
+
+/// Predicted time of a collective, from a calibrated cost model. Implemented outside this
+/// crate (for example by a wrapper over `cost_model`); returning `None` for an algorithm
+/// it cannot price leaves that algorithm out.
+pub trait Predictor {
+    /// Predicted seconds of an all-reduce of `bytes` on `p` ranks.
+    fn allreduce_s(&self, algo: &AllreduceAlgo, p: usize, bytes: usize) -> Option<f64>;
+    /// Predicted seconds of an all-gather where each rank contributes `bytes`.
+    fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64>;
+}
+
+/// Below this many bytes latency dominates (Open MPI's tuned component switches from
+/// recursive doubling to Rabenseifner at 8 KiB for 4-7 ranks; PAPERS.md).
+const SMALL: usize = 8 << 10;
+
+/// The all-reduce algorithm for `p` ranks and `bytes` bytes. With a predictor, the
+/// candidate with the smallest predicted time (ties: the earlier candidate); without, or
+/// when it prices none: recursive doubling for small messages, Rabenseifner for larger
+/// ones on powers of two, ring otherwise.
+pub fn choose_allreduce(p: usize, bytes: usize, calibration: Option<&dyn Predictor>) -> AllreduceAlgo {
+    if let Some(pred) = calibration {
+        let best = AllreduceAlgo::all(p)
+            .into_iter()
+            .filter_map(|a| pred.allreduce_s(&a, p, bytes).filter(|t| t.is_finite()).map(|t| (a, t)))
+            .fold(None::<(AllreduceAlgo, f64)>, |best, (a, t)| match best {
+                Some((_, bt)) if bt <= t => best,
+                _ => Some((a, t)),
+            });
+        if let Some((a, _)) = best {
+            return a;
+        }
+    }
+    if p <= 1 || bytes < SMALL {
+        AllreduceAlgo::RecursiveDoubling
+    } else if p.is_power_of_two() {
+        AllreduceAlgo::Rabenseifner
+    } else {
+        AllreduceAlgo::Ring
+    }
+}
+
+/// The all-gather algorithm for `p` ranks each contributing `bytes`: by predictor as in
+/// [`choose_allreduce`], else Bruck for small totals, recursive doubling for larger ones
+/// on powers of two, ring otherwise.
+pub fn choose_allgather(p: usize, bytes: usize, calibration: Option<&dyn Predictor>) -> AllgatherAlgo {
+    if let Some(pred) = calibration {
+        let best = AllgatherAlgo::ALL
+            .into_iter()
+            .filter_map(|a| pred.allgather_s(&a, p, bytes).filter(|t| t.is_finite()).map(|t| (a, t)))
+            .fold(None::<(AllgatherAlgo, f64)>, |best, (a, t)| match best {
+                Some((_, bt)) if bt <= t => best,
+                _ => Some((a, t)),
+            });
+        if let Some((a, _)) = best {
+            return a;
+        }
+    }
+    let total = bytes.saturating_mul(p);
+    if total < SMALL {
+        AllgatherAlgo::Bruck
+    } else if p.is_power_of_two() && total < (512 << 10) {
+        AllgatherAlgo::RecursiveDoubling
+    } else {
+        AllgatherAlgo::Ring
+    }
+}

@@ -1,0 +1,376 @@
+//! Wire element types: what travels between ranks. Sums are always accumulated in `f32`;
+//! `f16`/`bf16` halve the bytes on the wire (paper 001 §4 uses FP16 communication).
+
+use bytemuck::Pod;
+use half::{bf16, f16};
+
+use crate::{CommExt, Communicator, Error, Result, Tag};
+
+/// The element type sent on the wire by the reducing collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WireType {
+    /// Full precision (no conversion, no extra copies).
+    #[default]
+    F32,
+    /// IEEE half precision on the wire, `f32` accumulation.
+    F16,
+    /// bfloat16 on the wire, `f32` accumulation.
+    Bf16,
+}
+
+impl WireType {
+    /// Bytes per element on the wire.
+    pub fn size(self) -> usize {
+        match self {
+            WireType::F32 => 4,
+            WireType::F16 | WireType::Bf16 => 2,
+        }
+    }
+
+    /// Short name (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WireType::F32 => "f32",
+            WireType::F16 => "f16",
+            WireType::Bf16 => "bf16",
+        }
+    }
+
+    pub(crate) fn code(self) -> u64 {
+        match self {
+            WireType::F32 => 0,
+            WireType::F16 => 1,
+            WireType::Bf16 => 2,
+        }
+    }
+}
+
+/// An element type that can carry `f32` partial sums on the wire.
+pub(crate) trait WireElem: Pod + Send + Sync {
+    /// True for `f32` itself: no conversion, no scratch copies.
+    const IS_F32: bool;
+    fn from_f32(x: f32) -> Self;
+    fn to_f32(self) -> f32;
+
+    /// Rounds `buf` in place to what the wire can carry, so a rank that keeps a value it
+    /// computed holds the same bits as the ranks that receive it.
+    fn round_in_place(buf: &mut [f32]) {
+        if !Self::IS_F32 {
+            for x in buf {
+                *x = Self::from_f32(*x).to_f32();
+            }
+        }
+    }
+}
+
+impl WireElem for f32 {
+    const IS_F32: bool = true;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl WireElem for f16 {
+    const IS_F32: bool = false;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl WireElem for bf16 {
+    const IS_F32: bool = false;
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// Reusable send and receive scratch for one collective call (no per-step allocation).
+pub(crate) struct Scratch<W> {
+    send: Vec<W>,
+    recv: Vec<W>,
+    /// `f32` receive space for the reducing steps when the wire is `f32`.
+    recv32: Vec<f32>,
+}
+
+impl<W: WireElem> Scratch<W> {
+    /// Scratch for messages of up to `max_elems` elements.
+    pub(crate) fn new(max_elems: usize) -> Self {
+        if W::IS_F32 {
+            Scratch {
+                send: Vec::new(),
+                recv: Vec::new(),
+                recv32: vec![0.0; max_elems],
+            }
+        } else {
+            Scratch {
+                send: vec![W::from_f32(0.0); max_elems],
+                recv: vec![W::from_f32(0.0); max_elems],
+                recv32: Vec::new(),
+            }
+        }
+    }
+
+    fn encode<'a>(send: &'a mut Vec<W>, data: &'a [f32]) -> &'a [u8] {
+        if W::IS_F32 {
+            bytemuck::cast_slice(data)
+        } else {
+            if send.len() < data.len() {
+                send.resize(data.len(), W::from_f32(0.0));
+            }
+            for (w, &x) in send.iter_mut().zip(data) {
+                *w = W::from_f32(x);
+            }
+            bytemuck::cast_slice(&send[..data.len()])
+        }
+    }
+
+    /// Sends `data` (encoded) to `dest`.
+    pub(crate) fn send<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        dest: usize,
+        tag: Tag,
+        data: &[f32],
+    ) -> Result<()> {
+        let bytes = Self::encode(&mut self.send, data);
+        comm.send(dest, tag, bytes)
+    }
+
+    /// Receives exactly `out.len()` elements from `src` and stores them in `out`.
+    pub(crate) fn recv_copy<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        src: usize,
+        tag: Tag,
+        out: &mut [f32],
+    ) -> Result<()> {
+        if W::IS_F32 {
+            let n = comm.recv_slice_into(src, tag, out)?;
+            expect_len(comm, src, tag, n, out.len())
+        } else {
+            let n = comm.recv_slice_into(src, tag, &mut self.recv[..out.len()])?;
+            expect_len(comm, src, tag, n, out.len())?;
+            decode_copy(out, &self.recv[..n]);
+            Ok(())
+        }
+    }
+
+    /// Receives exactly `out.len()` elements from `src` and adds them: `out = out + recv`
+    /// (or `recv + out` when `recv_first`, to fix the operand order across ranks).
+    pub(crate) fn recv_add<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        src: usize,
+        tag: Tag,
+        out: &mut [f32],
+    ) -> Result<()> {
+        if W::IS_F32 {
+            let n = comm.recv_slice_into(src, tag, &mut self.recv32[..out.len()])?;
+            expect_len(comm, src, tag, n, out.len())?;
+            add_into(out, &self.recv32[..n]);
+        } else {
+            let n = comm.recv_slice_into(src, tag, &mut self.recv[..out.len()])?;
+            expect_len(comm, src, tag, n, out.len())?;
+            decode_add(out, &self.recv[..n]);
+        }
+        Ok(())
+    }
+
+    /// One round: send `data` to `dest` and receive `out.len()` elements from `src` into
+    /// `out` (copy).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sendrecv_copy<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        dest: usize,
+        stag: Tag,
+        data: &[f32],
+        src: usize,
+        rtag: Tag,
+        out: &mut [f32],
+    ) -> Result<()> {
+        if W::IS_F32 {
+            let n = comm.sendrecv_slice_into(dest, stag, data, src, rtag, out)?;
+            expect_len(comm, src, rtag, n, out.len())
+        } else {
+            let bytes = Self::encode(&mut self.send, data);
+            let n = comm.sendrecv_into(
+                dest,
+                stag,
+                bytes,
+                src,
+                rtag,
+                bytemuck::cast_slice_mut(&mut self.recv[..out.len()]),
+            )?;
+            let n = n / std::mem::size_of::<W>();
+            expect_len(comm, src, rtag, n, out.len())?;
+            decode_copy(out, &self.recv[..n]);
+            Ok(())
+        }
+    }
+
+    /// One round: send `buf` to `dest`, receive as many elements from `src` and add them
+    /// into `buf` (recursive doubling); `lower_first` as in [`Self::sendrecv_add`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sendrecv_add_inplace<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        dest: usize,
+        stag: Tag,
+        src: usize,
+        rtag: Tag,
+        buf: &mut [f32],
+        lower_first: bool,
+    ) -> Result<()> {
+        let n = buf.len();
+        if W::IS_F32 {
+            let got = comm.sendrecv_slice_into(dest, stag, &*buf, src, rtag, &mut self.recv32[..n])?;
+            expect_len(comm, src, rtag, got, n)?;
+            if lower_first {
+                add_into_rev(buf, &self.recv32[..n]);
+            } else {
+                add_into(buf, &self.recv32[..n]);
+            }
+        } else {
+            let bytes = Self::encode(&mut self.send, buf);
+            let got = comm.sendrecv_into(
+                dest,
+                stag,
+                bytes,
+                src,
+                rtag,
+                bytemuck::cast_slice_mut(&mut self.recv[..n]),
+            )?;
+            let got = got / std::mem::size_of::<W>();
+            expect_len(comm, src, rtag, got, n)?;
+            if lower_first {
+                for (o, &r) in buf.iter_mut().zip(&self.recv[..n]) {
+                    *o = r.to_f32() + *o;
+                }
+            } else {
+                decode_add(buf, &self.recv[..n]);
+            }
+        }
+        Ok(())
+    }
+
+    /// One round: send `data` to `dest`, receive `out.len()` elements from `src`, and
+    /// combine. `lower_first` says whether the received values come from the lower-ranked
+    /// operand: the sum is then `recv + out`, else `out + recv` (operands in a fixed order).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sendrecv_add<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        dest: usize,
+        stag: Tag,
+        data: &[f32],
+        src: usize,
+        rtag: Tag,
+        out: &mut [f32],
+        lower_first: bool,
+    ) -> Result<()> {
+        if W::IS_F32 {
+            let n = comm.sendrecv_slice_into(
+                dest,
+                stag,
+                data,
+                src,
+                rtag,
+                &mut self.recv32[..out.len()],
+            )?;
+            expect_len(comm, src, rtag, n, out.len())?;
+            if lower_first {
+                add_into_rev(out, &self.recv32[..n]);
+            } else {
+                add_into(out, &self.recv32[..n]);
+            }
+        } else {
+            let bytes = Self::encode(&mut self.send, data);
+            let n = comm.sendrecv_into(
+                dest,
+                stag,
+                bytes,
+                src,
+                rtag,
+                bytemuck::cast_slice_mut(&mut self.recv[..out.len()]),
+            )?;
+            let n = n / std::mem::size_of::<W>();
+            expect_len(comm, src, rtag, n, out.len())?;
+            if lower_first {
+                for (o, &r) in out.iter_mut().zip(&self.recv[..n]) {
+                    *o = r.to_f32() + *o;
+                }
+            } else {
+                decode_add(out, &self.recv[..n]);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A message of the wrong length means the ranks disagree on the call.
+pub(crate) fn expect_len<C: Communicator + ?Sized>(
+    comm: &C,
+    src: usize,
+    tag: Tag,
+    got: usize,
+    want: usize,
+) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Mismatch {
+            what: "message length",
+            detail: format!(
+                "rank {} expected {want} elements from rank {src} (tag {tag}), got {got}",
+                comm.rank()
+            ),
+        })
+    }
+}
+
+/// `out[i] += x[i]`, a plain loop the compiler vectorises.
+#[inline]
+pub(crate) fn add_into(out: &mut [f32], x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += v;
+    }
+}
+
+/// `out[i] = x[i] + out[i]` (operand order fixed; IEEE addition is commutative, so this is
+/// bitwise the same as [`add_into`], kept explicit to document the order).
+#[inline]
+pub(crate) fn add_into_rev(out: &mut [f32], x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v + *o;
+    }
+}
+
+#[inline]
+fn decode_copy<W: WireElem>(out: &mut [f32], x: &[W]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v.to_f32();
+    }
+}
+
+#[inline]
+fn decode_add<W: WireElem>(out: &mut [f32], x: &[W]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += v.to_f32();
+    }
+}

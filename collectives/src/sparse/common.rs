@@ -1,0 +1,643 @@
+//! Plumbing shared by the sparse algorithms: the collective construction check, a counting
+//! adapter over the communicator, sparse entry blocks and their wire form, deterministic
+//! sparse top-k and ordered sums, and a Bruck all-gather over a group of ranks.
+
+use std::cell::Cell;
+
+use sparsify::{ExactTopK, MsTopK, Selector};
+
+use super::{SelectorKind, SparseOptions, StepStats, NAMES};
+use crate::{Communicator, Error, Result, Tag};
+
+/// Tags of the sparse algorithms (`0x6100..=0x613F`), one per phase.
+pub(crate) mod tags {
+    use crate::Tag;
+    pub const CHECK: Tag = 0x6100;
+    pub const SRS: Tag = 0x6101;
+    pub const AG: Tag = 0x6102;
+    pub const SAG: Tag = 0x6103;
+    pub const TOPKA: Tag = 0x6105;
+    pub const GT_REDUCE: Tag = 0x6106;
+    pub const GT_BCAST: Tag = 0x6107;
+    pub const DSA_RS: Tag = 0x6108;
+    pub const DSA_AG: Tag = 0x6109;
+    pub const EX_COUNTS: Tag = 0x610B;
+    pub const EX_IDX: Tag = 0x610C;
+    pub const HI_INTER: Tag = 0x610D;
+    pub const HI_INTRA: Tag = 0x610E;
+}
+
+/// Code of an algorithm name for the agreement check (`u64::MAX` when unknown).
+pub(crate) fn name_code(name: &str) -> u64 {
+    NAMES
+        .iter()
+        .position(|n| *n == name)
+        .map_or(u64::MAX, |i| i as u64 + 1)
+}
+
+/// The agreed configuration an algorithm is built from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Config {
+    pub p: usize,
+    pub rank: usize,
+    pub d: usize,
+    pub density: f64,
+    pub opts: SparseOptions,
+}
+
+impl Config {
+    /// Target number of entries `k = ⌈density · d⌉`, in `1..=d`.
+    pub fn k(&self) -> usize {
+        ((self.density * self.d as f64).ceil() as usize).clamp(1, self.d)
+    }
+
+    /// Same size and rank as at construction, and a gradient of length `d`.
+    pub fn check_step(&self, comm: &dyn Communicator, grad: &[f32]) -> Result<()> {
+        if comm.size() != self.p || comm.rank() != self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "step on a communicator of size {} rank {}, built for size {} rank {}",
+                comm.size(),
+                comm.rank(),
+                self.p,
+                self.rank
+            )));
+        }
+        if grad.len() != self.d {
+            return Err(Error::InvalidArgument(format!(
+                "gradient has {} elements, the algorithm was built for d = {}",
+                grad.len(),
+                self.d
+            )));
+        }
+        Ok(())
+    }
+}
+
+const FIELDS: [&str; 7] = [
+    "algorithm",
+    "dense length d",
+    "density",
+    "selector",
+    "teams",
+    "ranks per node",
+    "f16 wire",
+];
+
+fn selector_code(s: SelectorKind) -> u64 {
+    match s {
+        SelectorKind::Default => 0,
+        SelectorKind::Exact => 1,
+        SelectorKind::MsTopK => 2,
+    }
+}
+
+/// Collective construction check: every rank learns every rank's (algorithm, d, density,
+/// options) through one Bruck all-gather, so a disagreement or an invalid value is the
+/// same error everywhere. Then the values are validated against P.
+pub(crate) fn setup(
+    comm: &dyn Communicator,
+    code: u64,
+    d: usize,
+    density: f64,
+    opts: &SparseOptions,
+) -> Result<Config> {
+    setup_inner(comm, code, d, density, opts).map_err(|e| fail_together(comm, e))
+}
+
+/// Every rank reaches the same verdict from the same table; before returning it, the ranks
+/// meet at a barrier so that none stops while another still waits for its part of the
+/// exchange (a transport may cut such waits short once a peer has failed).
+pub(crate) fn fail_together(comm: &dyn Communicator, e: Error) -> Error {
+    if comm.size() > 1 && !matches!(e, Error::Timeout { .. } | Error::PeerFailed { .. }) {
+        let _ = comm.barrier();
+    }
+    e
+}
+
+fn setup_inner(
+    comm: &dyn Communicator,
+    code: u64,
+    d: usize,
+    density: f64,
+    opts: &SparseOptions,
+) -> Result<Config> {
+    let p = comm.size();
+    let words: [u64; 7] = [
+        code,
+        d as u64,
+        density.to_bits(),
+        selector_code(opts.selector),
+        opts.teams.map_or(0, |t| t as u64),
+        opts.ranks_per_node.map_or(0, |t| t as u64),
+        opts.f16_wire as u64,
+    ];
+    if p > 1 {
+        let mine: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let cc = Counting::new(comm);
+        let g = Group::world(p, comm.rank());
+        let sizes = vec![mine.len(); p];
+        let all = bruck(&cc, &g, mine, Some(&sizes), tags::CHECK)?;
+        let get = |r: usize, f: usize| -> u64 {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&all[r][8 * f..8 * f + 8]);
+            u64::from_le_bytes(b)
+        };
+        for (f, what) in FIELDS.iter().enumerate() {
+            if (1..p).any(|r| get(r, f) != get(0, f)) {
+                let detail = (0..p)
+                    .map(|r| {
+                        let v = get(r, f);
+                        if f == 2 {
+                            format!("rank {r}: {}", f64::from_bits(v))
+                        } else {
+                            format!("rank {r}: {v}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(Error::Mismatch { what, detail });
+            }
+        }
+    }
+    if code == u64::MAX || code == 0 || code as usize > NAMES.len() {
+        return Err(Error::InvalidArgument(format!(
+            "unknown sparse allreduce; known: {}",
+            NAMES.join(", ")
+        )));
+    }
+    if !(density.is_finite() && density > 0.0 && density <= 1.0) {
+        return Err(Error::InvalidArgument(format!(
+            "density {density} is outside (0, 1]"
+        )));
+    }
+    if d < p {
+        return Err(Error::InvalidArgument(format!(
+            "dense length d = {d} is smaller than P = {p}"
+        )));
+    }
+    if d as u64 > u64::from(u32::MAX) {
+        return Err(Error::InvalidArgument(format!(
+            "dense length d = {d} exceeds the u32 index range"
+        )));
+    }
+    Ok(Config {
+        p,
+        rank: comm.rank(),
+        d,
+        density,
+        opts: *opts,
+    })
+}
+
+/// The selector `kind` asks for (`default` standing for [`SelectorKind::Default`]).
+pub(crate) fn make_selector(kind: SelectorKind, default: SelectorKind) -> Box<dyn Selector> {
+    let kind = if kind == SelectorKind::Default {
+        default
+    } else {
+        kind
+    };
+    match kind {
+        SelectorKind::MsTopK => Box::new(MsTopK::default()),
+        _ => Box::new(ExactTopK::new()),
+    }
+}
+
+/// Traffic counters of one step.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub messages: u64,
+    pub rounds: u64,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    pub entries_recv: u64,
+}
+
+/// A communicator adapter that counts what passes through it (messages, rounds as
+/// `SimComm` counts them, payload bytes), so step stats exist on every transport.
+pub(crate) struct Counting<'a> {
+    inner: &'a dyn Communicator,
+    c: Cell<Counts>,
+}
+
+// SAFETY: `Counting` is created, used and dropped inside one `step` call on the calling
+// thread and is never moved to or shared with another thread; `Send` is only required by
+// the `Communicator` trait bound so that it can be handed to the generic dense collectives.
+unsafe impl Send for Counting<'_> {}
+
+impl<'a> Counting<'a> {
+    pub fn new(inner: &'a dyn Communicator) -> Self {
+        Counting {
+            inner,
+            c: Cell::new(Counts::default()),
+        }
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut Counts)) {
+        let mut c = self.c.get();
+        f(&mut c);
+        self.c.set(c);
+    }
+
+    /// Adds `n` received sparse entries to the counters.
+    pub fn add_entries(&self, n: usize) {
+        self.bump(|c| c.entries_recv += n as u64);
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.c.get()
+    }
+
+    /// Step stats with the traffic filled in.
+    pub fn stats(&self) -> StepStats {
+        let c = self.counts();
+        StepStats {
+            messages: c.messages,
+            rounds: c.rounds,
+            bytes_sent: c.bytes_sent,
+            bytes_recv: c.bytes_recv,
+            entries_recv: c.entries_recv,
+            ..StepStats::default()
+        }
+    }
+}
+
+impl Communicator for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
+        self.inner.send(dest, tag, data)?;
+        self.bump(|c| {
+            c.messages += 1;
+            c.rounds += 1;
+            c.bytes_sent += data.len() as u64;
+        });
+        Ok(())
+    }
+    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
+        let m = self.inner.recv(src, tag)?;
+        self.bump(|c| {
+            c.rounds += 1;
+            c.bytes_recv += m.len() as u64;
+        });
+        Ok(m)
+    }
+    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        let n = self.inner.recv_into(src, tag, buf)?;
+        self.bump(|c| {
+            c.rounds += 1;
+            c.bytes_recv += n as u64;
+        });
+        Ok(n)
+    }
+    fn sendrecv(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag) -> Result<Vec<u8>> {
+        let m = self.inner.sendrecv(dest, st, data, src, rt)?;
+        self.bump(|c| {
+            c.messages += 1;
+            c.rounds += 1;
+            c.bytes_sent += data.len() as u64;
+            c.bytes_recv += m.len() as u64;
+        });
+        Ok(m)
+    }
+    fn sendrecv_into(
+        &self,
+        dest: usize,
+        st: Tag,
+        data: &[u8],
+        src: usize,
+        rt: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let n = self.inner.sendrecv_into(dest, st, data, src, rt, buf)?;
+        self.bump(|c| {
+            c.messages += 1;
+            c.rounds += 1;
+            c.bytes_sent += data.len() as u64;
+            c.bytes_recv += n as u64;
+        });
+        Ok(n)
+    }
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
+        self.inner.split(color, key)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+    fn backend(&self) -> String {
+        self.inner.backend()
+    }
+}
+
+/// A group of ranks of one communicator, listed by world rank, and this rank's position.
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub members: Vec<usize>,
+    pub me: usize,
+}
+
+impl Group {
+    pub fn world(p: usize, rank: usize) -> Self {
+        Group {
+            members: (0..p).collect(),
+            me: rank,
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// World rank of the member at position `(me + off) mod size`.
+    pub fn at(&self, off: isize) -> usize {
+        let n = self.size() as isize;
+        self.members[((self.me as isize + off).rem_euclid(n)) as usize]
+    }
+}
+
+/// `⌈log2 p⌉` for `p ≥ 1`.
+pub(crate) fn ceil_log2(p: usize) -> u32 {
+    if p <= 1 {
+        0
+    } else {
+        usize::BITS - (p - 1).leading_zeros()
+    }
+}
+
+/// Bruck all-gather of one byte block per group member (paper 003 §2, Fig. 2b): in step
+/// `s`, with `gap = 2^s`, send the first `min(gap, n − gap)` held blocks to position
+/// `me − gap` and receive as many from `me + gap`; `⌈log2 n⌉` send-receive rounds for
+/// any `n`. `sizes` gives every member's block length when all ranks know them (no
+/// framing on the wire); otherwise each block travels behind a 4-byte length. Returns the
+/// blocks by group position.
+pub(crate) fn bruck(
+    comm: &Counting,
+    g: &Group,
+    mine: Vec<u8>,
+    sizes: Option<&[usize]>,
+    tag: Tag,
+) -> Result<Vec<Vec<u8>>> {
+    let n = g.size();
+    let mut held: Vec<Vec<u8>> = Vec::with_capacity(n);
+    held.push(mine);
+    let mut gap = 1usize;
+    while gap < n {
+        let cnt = gap.min(n - gap);
+        let mut msg = Vec::new();
+        for b in &held[..cnt] {
+            if sizes.is_none() {
+                msg.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            }
+            msg.extend_from_slice(b);
+        }
+        let dest = g.at(-(gap as isize));
+        let src = g.at(gap as isize);
+        let got = comm.sendrecv(dest, tag, &msg, src, tag)?;
+        let mut off = 0usize;
+        for j in 0..cnt {
+            let len = match sizes {
+                Some(s) => s[(g.me + gap + j) % n],
+                None => {
+                    let h = got.get(off..off + 4).ok_or_else(|| short(comm, src, tag))?;
+                    off += 4;
+                    u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize
+                }
+            };
+            let b = got
+                .get(off..off + len)
+                .ok_or_else(|| short(comm, src, tag))?;
+            held.push(b.to_vec());
+            off += len;
+        }
+        if off != got.len() {
+            return Err(short(comm, src, tag));
+        }
+        gap *= 2;
+    }
+    let mut out = vec![Vec::new(); n];
+    for (i, b) in held.into_iter().enumerate() {
+        out[(g.me + i) % n] = b;
+    }
+    Ok(out)
+}
+
+fn short(comm: &Counting, src: usize, tag: Tag) -> Error {
+    Error::Mismatch {
+        what: "message length",
+        detail: format!(
+            "rank {} got a message of unexpected length from rank {src} (tag {tag})",
+            comm.rank()
+        ),
+    }
+}
+
+/// A block of sparse entries: global indices (strictly increasing inside one block) with
+/// one `f32` value each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Entries {
+    pub idx: Vec<u32>,
+    pub val: Vec<f32>,
+}
+
+impl Entries {
+    pub fn len(&self) -> usize {
+        self.idx.len()
+    }
+
+    /// Wire form: the indices, then the values (8 bytes per entry, no header).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(bytemuck::cast_slice(&self.idx));
+        out.extend_from_slice(bytemuck::cast_slice(&self.val));
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(8 * self.len());
+        self.encode_into(&mut v);
+        v
+    }
+
+    /// Decodes `n` entries from the front of `bytes`, checking every index lies in
+    /// `range`; returns the entries and the bytes used.
+    pub fn decode(
+        bytes: &[u8],
+        n: usize,
+        range: std::ops::Range<usize>,
+    ) -> Result<(Entries, usize)> {
+        let need = 8 * n;
+        if bytes.len() < need {
+            return Err(Error::Mismatch {
+                what: "message length",
+                detail: format!(
+                    "sparse block of {n} entries needs {need} bytes, got {}",
+                    bytes.len()
+                ),
+            });
+        }
+        let idx: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes[..4 * n]);
+        let val: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes[4 * n..need]);
+        if let Some(&bad) = idx.iter().find(|&&i| !range.contains(&(i as usize))) {
+            return Err(Error::InvalidArgument(format!(
+                "received index {bad} outside its block {range:?}"
+            )));
+        }
+        Ok((Entries { idx, val }, need))
+    }
+
+    /// Decodes a whole message of entries (its length must be a multiple of 8).
+    pub fn decode_all(bytes: &[u8], range: std::ops::Range<usize>) -> Result<Entries> {
+        if bytes.len() % 8 != 0 {
+            return Err(Error::Mismatch {
+                what: "message length",
+                detail: format!(
+                    "{} bytes is not a whole number of sparse entries",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(Entries::decode(bytes, bytes.len() / 8, range)?.0)
+    }
+
+    /// From a selection over a slice that starts at global index `base`.
+    pub fn from_local(idx: &[u32], val: &[f32], base: usize) -> Entries {
+        Entries {
+            idx: idx.iter().map(|&i| i + base as u32).collect(),
+            val: val.to_vec(),
+        }
+    }
+}
+
+/// Sum of several entry blocks in the given order: each index's value is
+/// `((0 + v_first) + v_second) + …` over the parts that hold it, so every rank that sums
+/// the same parts in the same order gets the same bits. Result sorted by index.
+pub(crate) fn sum_ordered(parts: &[&Entries]) -> Entries {
+    if parts.len() == 1 {
+        let mut e = parts[0].clone();
+        sort_by_index(&mut e);
+        return e;
+    }
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut pairs: Vec<(u32, f32)> = Vec::with_capacity(total);
+    for p in parts {
+        pairs.extend(p.idx.iter().copied().zip(p.val.iter().copied()));
+    }
+    pairs.sort_by_key(|x| x.0); // stable: keeps the part order within an index
+    let mut out = Entries::default();
+    for (i, v) in pairs {
+        if out.idx.last() == Some(&i) {
+            if let Some(s) = out.val.last_mut() {
+                *s += v;
+            }
+        } else {
+            out.idx.push(i);
+            out.val.push(0.0 + v);
+        }
+    }
+    out
+}
+
+fn sort_by_index(e: &mut Entries) {
+    if e.idx.windows(2).all(|w| w[0] < w[1]) {
+        return;
+    }
+    let mut pairs: Vec<(u32, f32)> = e.idx.iter().copied().zip(e.val.iter().copied()).collect();
+    pairs.sort_by_key(|x| x.0);
+    e.idx = pairs.iter().map(|x| x.0).collect();
+    e.val = pairs.iter().map(|x| x.1).collect();
+}
+
+/// Deterministic top-`k` of a sparse block by (magnitude desc, index asc): returns the
+/// kept and the dropped entries, both sorted by index. Ranks holding the same block keep
+/// the same entries.
+pub(crate) fn topk_entries(e: &Entries, k: usize) -> (Entries, Entries) {
+    if e.len() <= k {
+        return (e.clone(), Entries::default());
+    }
+    let mut order: Vec<u32> = (0..e.len() as u32).collect();
+    let key = |j: &u32| {
+        let j = *j as usize;
+        (std::cmp::Reverse(e.val[j].abs().to_bits()), e.idx[j])
+    };
+    if k > 0 {
+        order.select_nth_unstable_by_key(k - 1, key);
+    }
+    let mut keep: Vec<u32> = order[..k].to_vec();
+    let mut drop: Vec<u32> = order[k..].to_vec();
+    keep.sort_unstable();
+    drop.sort_unstable();
+    let pick = |js: &[u32]| Entries {
+        idx: js.iter().map(|&j| e.idx[j as usize]).collect(),
+        val: js.iter().map(|&j| e.val[j as usize]).collect(),
+    };
+    (pick(&keep), pick(&drop))
+}
+
+/// The final update: entries (sorted, distinct, `< d`) divided by P, zeros dropped.
+pub(crate) fn finish_update(e: &Entries, d: usize, p: usize) -> sparsify::SparseGrad<f32> {
+    let pf = p as f32;
+    let mut idx = Vec::with_capacity(e.len());
+    let mut val = Vec::with_capacity(e.len());
+    for (&i, &v) in e.idx.iter().zip(&e.val) {
+        if (i as usize) < d && v != 0.0 {
+            idx.push(i);
+            val.push(v / pf);
+        }
+    }
+    sparsify::SparseGrad::from_parts_unchecked(idx, val, d)
+}
+
+/// Fills the update fields of the stats.
+pub(crate) fn with_update(
+    mut s: StepStats,
+    u: &sparsify::SparseGrad<f32>,
+    selected: usize,
+) -> StepStats {
+    s.selected = selected;
+    s.nnz = u.nnz();
+    s.density = u.density();
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topk_entries_is_deterministic_and_splits() {
+        let e = Entries {
+            idx: vec![1, 3, 5, 7, 9],
+            val: vec![1.0, -3.0, 3.0, 0.5, 2.0],
+        };
+        let (k, d) = topk_entries(&e, 2);
+        assert_eq!(k.idx, vec![3, 5]);
+        assert_eq!(d.idx, vec![1, 7, 9]);
+        let (k0, d0) = topk_entries(&e, 0);
+        assert!(k0.idx.is_empty());
+        assert_eq!(d0.len(), 5);
+    }
+
+    #[test]
+    fn sum_ordered_sums_in_part_order() {
+        let a = Entries {
+            idx: vec![0, 2],
+            val: vec![1.0, 2.0],
+        };
+        let b = Entries {
+            idx: vec![2, 4],
+            val: vec![3.0, 4.0],
+        };
+        let s = sum_ordered(&[&a, &b]);
+        assert_eq!(s.idx, vec![0, 2, 4]);
+        assert_eq!(s.val, vec![1.0, 5.0, 4.0]);
+    }
+
+    #[test]
+    fn ceil_log2_values() {
+        assert_eq!(
+            (1..=9).map(ceil_log2).collect::<Vec<_>>(),
+            vec![0, 1, 2, 2, 3, 3, 3, 3, 4]
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! ExDyna (paper 002 §IV, Algorithms 1-5): block-based partitioning of the gradient vector,
+//! dynamic partition allocation with a cyclic assignment, partition-wise threshold
+//! selection and online threshold scaling; then an all-gather of the counts and of the
+//! (padded) indices and an all-reduce of every rank's accumulated values at their union.
+//!
+//! Constants (PAPERS.md, from the authors' code): `num_blk = 1024`, `sz_blk = a − a % 32`
+//! with `a = d / 1024`, the remainder to the last partition, `min_blk = num_blk / (4P)`;
+//! partition of rank `r` at step `t` is `(t mod P + r) mod P`; adjustment with α = 1.05,
+//! `blk_move = 1`; threshold starts at `1 / (2√k)` and scales by ×1.005 (`k'/k > 1.1`),
+//! ×1.00125 (`> 1/1.1`) or ×0.995 (Algorithm 5, β = 1.1, γ = 0.005).
+//!
+//! Where `d < 32 · 1024` the block size would be 0: blocks then hold `max(1, d / 1024)`
+//! elements and there are at most `d / sz_blk` of them; with P > 1024 there are P blocks;
+//! `min_blk` is at least 1 so no partition empties. At density 1 the threshold is 0 (every
+//! entry selected). Conserves mass: each rank zeroes its residual exactly at the union it
+//! contributed to.
+
+use sparsify::SparseGrad;
+
+use super::common::{self, bruck, tags, Config, Counting, Group};
+use super::{SparseAllreduce, SparseOptions, StepStats};
+use crate::dense::{allreduce, choose_allreduce, DenseOptions};
+use crate::{Communicator, Error, Result};
+
+/// Paper 002 Algorithm 3's α (PAPERS.md: 1.05 and 1/1.05 = 0.95238).
+const ALPHA: f64 = 1.05;
+/// Paper 002 Algorithm 5's β and γ (PAPERS.md: 1.1, 0.005).
+const BETA: f64 = 1.1;
+const GAMMA: f64 = 0.005;
+/// Blocks in the gradient vector (PAPERS.md, `num_blk`).
+const NUM_BLK: usize = 1024;
+
+/// ExDyna; see the module docs.
+pub struct ExDyna {
+    cfg: Config,
+    resid: Vec<f32>,
+    sz_blk: usize,
+    min_blk: usize,
+    blk_part: Vec<usize>,
+    blk_pos: Vec<usize>,
+    threshold: f32,
+    /// Per-worker counts of the previous step.
+    kt: Vec<usize>,
+    t: u64,
+}
+
+impl ExDyna {
+    /// Builds ExDyna (collective; see [`super::build`]).
+    pub fn new(
+        comm: &dyn Communicator,
+        d: usize,
+        density: f64,
+        opts: &SparseOptions,
+    ) -> Result<Self> {
+        let cfg = common::setup(comm, common::name_code("exdyna"), d, density, opts)?;
+        Ok(Self::from_config(cfg))
+    }
+
+    pub(crate) fn from_config(cfg: Config) -> Self {
+        let (p, d) = (cfg.p, cfg.d);
+        let mut num_blk = NUM_BLK.max(p);
+        let a = d / num_blk;
+        let mut sz_blk = a - a % 32;
+        if sz_blk == 0 {
+            sz_blk = a.max(1);
+            num_blk = num_blk.min(d / sz_blk);
+        }
+        // Algorithm 2.
+        let quotient = num_blk / p;
+        let rem = num_blk % p;
+        let blk_part: Vec<usize> = (0..p).map(|i| quotient + usize::from(i < rem)).collect();
+        let mut blk_pos = vec![0usize; p];
+        for i in 1..p {
+            blk_pos[i] = blk_pos[i - 1] + blk_part[i - 1];
+        }
+        let k = cfg.k();
+        ExDyna {
+            resid: vec![0.0; d],
+            sz_blk,
+            min_blk: (num_blk / (4 * p)).max(1),
+            blk_part,
+            blk_pos,
+            threshold: if k >= d {
+                0.0
+            } else {
+                (1.0 / (2.0 * (k as f64).sqrt())) as f32
+            },
+            kt: vec![0; p],
+            t: 0,
+            cfg,
+        }
+    }
+
+    /// The current selection threshold.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+
+    /// Blocks in each partition (partition order).
+    pub fn partition_blocks(&self) -> &[usize] {
+        &self.blk_part
+    }
+
+    fn part_range(&self, i: usize) -> std::ops::Range<usize> {
+        let s = self.blk_pos[i] * self.sz_blk;
+        let e = if i + 1 == self.cfg.p {
+            self.cfg.d
+        } else {
+            (self.blk_pos[i] + self.blk_part[i]) * self.sz_blk
+        };
+        s.min(self.cfg.d)..e.min(self.cfg.d)
+    }
+
+    /// Algorithm 3 lines 1-28: re-map last step's per-worker counts to partitions and move
+    /// one block between unbalanced neighbours.
+    fn adjust(&mut self) {
+        let p = self.cfg.p;
+        let prev = (self.t - 1) % p as u64;
+        let mut k = vec![0f64; p];
+        for i in 0..p {
+            k[(prev as usize + i) % p] = self.kt[i] as f64;
+        }
+        let sum: f64 = k.iter().sum();
+        if sum <= 0.0 {
+            return;
+        }
+        let pk_prev = sum / p as f64;
+        let den_prev = sum / self.cfg.d as f64;
+        let k_move = self.sz_blk as f64 * den_prev;
+        for i in 0..p.saturating_sub(1) {
+            let det = k[i] / pk_prev;
+            let det2 = k[i + 1] / pk_prev;
+            if det > ALPHA && det2 < 1.0 / ALPHA {
+                if self.blk_part[i] < self.min_blk + 1 {
+                    continue;
+                }
+                self.blk_part[i] -= 1;
+                self.blk_part[i + 1] += 1;
+                self.blk_pos[i + 1] -= 1;
+                k[i] -= k_move;
+                k[i + 1] += k_move;
+            }
+            if det < 1.0 / ALPHA && det2 > ALPHA {
+                if self.blk_part[i + 1] < self.min_blk + 1 {
+                    continue;
+                }
+                self.blk_part[i] += 1;
+                self.blk_part[i + 1] -= 1;
+                self.blk_pos[i + 1] += 1;
+                k[i] += k_move;
+                k[i + 1] -= k_move;
+            }
+        }
+    }
+}
+
+impl SparseAllreduce for ExDyna {
+    fn name(&self) -> &'static str {
+        "exdyna"
+    }
+    fn len(&self) -> usize {
+        self.cfg.d
+    }
+    fn density(&self) -> f64 {
+        self.cfg.density
+    }
+    fn residual(&self) -> &[f32] {
+        &self.resid
+    }
+
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        grad: &[f32],
+    ) -> Result<(SparseGrad<f32>, StepStats)> {
+        self.cfg.check_step(comm, grad)?;
+        let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
+        let cc = Counting::new(comm);
+        for (r, &g) in self.resid.iter_mut().zip(grad) {
+            *r += g;
+        }
+        if let Some((i, v)) = self.resid.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(sparsify::Error::NonFinite {
+                index: i,
+                value: *v,
+            }
+            .into());
+        }
+        if self.t >= 1 {
+            self.adjust();
+        }
+        // Algorithm 3 line 29 and Algorithm 4: threshold selection in the own partition.
+        let alloc = ((self.t % p as u64) as usize + rank) % p;
+        let range = self.part_range(alloc);
+        let thr = self.threshold;
+        let mut mine: Vec<u32> = range
+            .clone()
+            .filter(|&i| self.resid[i].abs() >= thr)
+            .map(|i| i as u32)
+            .collect();
+        if mine.is_empty() && !range.is_empty() {
+            // PAPERS.md: if nothing is selected, take one index (the largest magnitude).
+            let best = range
+                .clone()
+                .max_by(|&a, &b| {
+                    self.resid[a]
+                        .abs()
+                        .total_cmp(&self.resid[b].abs())
+                        .then(b.cmp(&a))
+                })
+                .unwrap_or(range.start);
+            mine.push(best as u32);
+        }
+        // All-gather of the counts, then of the indices padded to the largest count.
+        let g = Group::world(p, rank);
+        let counts_b = bruck(
+            &cc,
+            &g,
+            (mine.len() as u32).to_le_bytes().to_vec(),
+            Some(&vec![4; p]),
+            tags::EX_COUNTS,
+        )?;
+        let kt: Vec<usize> = counts_b
+            .iter()
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .collect();
+        let m_t = kt.iter().copied().max().unwrap_or(0);
+        let mut padded = mine.clone();
+        padded.resize(m_t, u32::MAX);
+        let idx_b = bruck(
+            &cc,
+            &g,
+            bytemuck::cast_slice(&padded).to_vec(),
+            Some(&vec![4 * m_t; p]),
+            tags::EX_IDX,
+        )?;
+        let mut union: Vec<u32> = Vec::with_capacity(kt.iter().sum());
+        for (r, b) in idx_b.iter().enumerate() {
+            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(b);
+            let part = self.part_range(((self.t % p as u64) as usize + r) % p);
+            let own = ids.get(..kt[r]).unwrap_or(&[]);
+            if own.len() != kt[r]
+                || own.iter().any(|&i| !part.contains(&(i as usize)))
+                || own.windows(2).any(|w| w[0] >= w[1])
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "exdyna: rank {r}'s indices are not in its partition {part:?}"
+                )));
+            }
+            if r != rank {
+                cc.add_entries(kt[r]);
+            }
+            union.extend_from_slice(own);
+        }
+        // Every rank's accumulated values at the union, summed (Algorithm 1).
+        let mut vals: Vec<f32> = union.iter().map(|&i| self.resid[i as usize]).collect();
+        for &i in &union {
+            self.resid[i as usize] = 0.0;
+        }
+        let dense = DenseOptions::default().unchecked();
+        let algo = choose_allreduce(p, 4 * vals.len(), None);
+        allreduce(&cc, &mut vals, algo, &dense)?;
+        let mut pairs: Vec<(u32, f32)> = union.into_iter().zip(vals).collect();
+        pairs.sort_unstable_by_key(|x| x.0);
+        let sum = common::Entries {
+            idx: pairs.iter().map(|x| x.0).collect(),
+            val: pairs.iter().map(|x| x.1).collect(),
+        };
+        // Algorithm 5: online threshold scaling.
+        let k_actual: usize = kt.iter().sum();
+        if k < d {
+            let exam = k_actual as f64 / k as f64;
+            let sf = if exam > BETA {
+                1.0 + GAMMA
+            } else if exam > 1.0 / BETA {
+                1.0 + GAMMA / 4.0
+            } else {
+                1.0 - GAMMA
+            };
+            self.threshold = (self.threshold as f64 * sf) as f32;
+        }
+        self.kt = kt;
+        self.t += 1;
+        let update = common::finish_update(&sum, d, p);
+        let mut stats = common::with_update(cc.stats(), &update, mine.len());
+        // Paper 002 Eq. 5.
+        stats.padding = Some(if k_actual == 0 {
+            1.0
+        } else {
+            (p * m_t) as f64 / k_actual as f64
+        });
+        Ok((update, stats))
+    }
+}

@@ -1,0 +1,129 @@
+//! gTopk (Shi et al., ICDCS 2019; paper 003 §4 baseline [42]): local top-k with error
+//! feedback, a binomial-tree reduction to rank 0 that keeps only the top-k of each
+//! pairwise sum, and a binomial-tree broadcast of the global top-k.
+//!
+//! Paper 003 Table 1: `2 log P` rounds and `4k log P` numbers on the critical path (rank 0
+//! receives and sends `log P` messages of `k` indices and `k` values). The tree is
+//! binomial, so any P works with `⌈log2 P⌉` levels. As in gTopk, a rank puts back into its
+//! residual the entries it selected locally that are not in the global top-k; the
+//! contributions a merge discards at indices that *are* in the global top-k are lost by
+//! design and reported as [`StepStats::mass_dropped`] by the rank that discarded them.
+
+use sparsify::{ErrorFeedback, SparseGrad};
+
+use super::common::{self, ceil_log2, sum_ordered, tags, topk_entries, Config, Counting, Entries};
+use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use crate::{Communicator, Error, Result};
+
+/// gTopk: tree merge keeping the global top-k.
+pub struct GTopk {
+    cfg: Config,
+    fb: ErrorFeedback,
+    sel: Box<dyn sparsify::Selector>,
+}
+
+impl GTopk {
+    /// Builds gTopk (collective; see [`super::build`]).
+    pub fn new(
+        comm: &dyn Communicator,
+        d: usize,
+        density: f64,
+        opts: &SparseOptions,
+    ) -> Result<Self> {
+        let cfg = common::setup(comm, common::name_code("gtopk"), d, density, opts)?;
+        Ok(Self::from_config(cfg))
+    }
+
+    pub(crate) fn from_config(cfg: Config) -> Self {
+        GTopk {
+            fb: ErrorFeedback::new(cfg.d),
+            sel: common::make_selector(cfg.opts.selector, SelectorKind::Exact),
+            cfg,
+        }
+    }
+}
+
+impl SparseAllreduce for GTopk {
+    fn name(&self) -> &'static str {
+        "gtopk"
+    }
+    fn len(&self) -> usize {
+        self.cfg.d
+    }
+    fn density(&self) -> f64 {
+        self.cfg.density
+    }
+    fn residual(&self) -> &[f32] {
+        self.fb.residual()
+    }
+
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        grad: &[f32],
+    ) -> Result<(SparseGrad<f32>, StepStats)> {
+        self.cfg.check_step(comm, grad)?;
+        let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
+        let cc = Counting::new(comm);
+        let (sg, _) = self.fb.step(self.sel.as_mut(), grad, k)?;
+        let local = Entries {
+            idx: sg.indices().to_vec(),
+            val: sg.values().to_vec(),
+        };
+        let levels = ceil_log2(p);
+        let mut cur = local.clone();
+        let mut dropped: Vec<Entries> = Vec::new();
+        // Binomial reduction to rank 0 with a top-k merge at every level.
+        for s in 0..levels {
+            let mask = 1usize << s;
+            if rank & mask != 0 {
+                cc.send(rank - mask, tags::GT_REDUCE, &cur.encode())?;
+                break;
+            } else if rank + mask < p {
+                let got = cc.recv(rank + mask, tags::GT_REDUCE)?;
+                let other = Entries::decode_all(&got, 0..d)?;
+                cc.add_entries(other.len());
+                let (keep, drop) = topk_entries(&sum_ordered(&[&cur, &other]), k);
+                dropped.push(drop);
+                cur = keep;
+            }
+        }
+        // Binomial broadcast of the global top-k from rank 0.
+        for s in (0..levels).rev() {
+            let mask = 1usize << s;
+            if rank % (2 * mask) == 0 {
+                if rank + mask < p {
+                    cc.send(rank + mask, tags::GT_BCAST, &cur.encode())?;
+                }
+            } else if rank % (2 * mask) == mask {
+                let got = cc.recv(rank - mask, tags::GT_BCAST)?;
+                cur = Entries::decode_all(&got, 0..d)?;
+                cc.add_entries(cur.len());
+            }
+        }
+        let global = cur;
+        if global.idx.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::InvalidArgument(
+                "gtopk: broadcast indices not increasing".into(),
+            ));
+        }
+        let in_global = |i: u32| global.idx.binary_search(&i).is_ok();
+        // Put back the locally selected entries that did not make the global top-k.
+        let resid = self.fb.residual_mut();
+        for (&i, &v) in local.idx.iter().zip(&local.val) {
+            if !in_global(i) {
+                resid[i as usize] += v;
+            }
+        }
+        let mass_dropped: f64 = dropped
+            .iter()
+            .flat_map(|e| e.idx.iter().zip(&e.val))
+            .filter(|(&i, _)| in_global(i))
+            .map(|(_, &v)| v as f64)
+            .sum();
+        let update = common::finish_update(&global, d, p);
+        let mut stats = common::with_update(cc.stats(), &update, k);
+        stats.mass_dropped = mass_dropped;
+        Ok((update, stats))
+    }
+}

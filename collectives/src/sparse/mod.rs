@@ -1,0 +1,190 @@
+//! Sparse allreduce of top-k gradients: one trait, [`SparseAllreduce`], for TopkA, TopkDSA,
+//! gTopk, CLT-k (baselines of paper 003 §4 and paper 002 §III), SparDL with its
+//! Spar-Reduce-Scatter, global residual collection, R-SAG and B-SAG (paper 003 §3),
+//! HiTopKComm (paper 001 §3.2, Algorithm 2) and ExDyna (paper 002 §IV, Algorithms 1-5).
+//!
+//! Every algorithm is built for a dense length `d`, a density in (0, 1] and its own
+//! [`SparseOptions`], on a communicator: construction is collective and exchanges the
+//! configuration, so a rank that disagrees (another `d`, density, algorithm or option) or
+//! an option that does not fit `P` is a typed error on **every** rank instead of a hang.
+//! Each [`SparseAllreduce::step`] takes this rank's new dense gradient, adds its residual
+//! (error feedback), selects, communicates, updates the residuals and returns the
+//! aggregated update, **the sum over ranks divided by P (an average)**, bit-identical on
+//! every rank, with [`StepStats`]. Messages, rounds and bytes are counted by the algorithm
+//! as it sends, so they are available on any transport.
+//!
+//! Mass conservation: across all ranks, `Σ (grad + residual before) = P · update + Σ
+//! residual after` (up to `f32` rounding) for every algorithm except gTopk, which drops
+//! mass by design and reports it in [`StepStats::mass_dropped`].
+//!
+//! Tags: `0x6100..=0x613F` (the dense collectives use `0x6000..=0x603F`).
+//!
+//! ```
+//! use collectives::sparse::{build, SparseOptions};
+//! use collectives::{Communicator, ThreadComm};
+//! let updates = ThreadComm::run(3, |comm| -> collectives::Result<Vec<f32>> {
+//!     let mut alg = build("spardl", &comm, 12, 0.5, &SparseOptions::default())?;
+//!     let grad: Vec<f32> = (0..12).map(|i| (i * (comm.rank() + 1)) as f32).collect();
+//!     let (update, _stats) = alg.step(&comm, &grad)?;
+//!     Ok(update.to_dense())
+//! })
+//! .unwrap();
+//! assert_eq!(updates[0], updates[1]);
+//! assert_eq!(updates[1], updates[2]);
+//! ```
+
+mod cltk;
+mod common;
+mod exdyna;
+mod gtopk;
+mod hitopk;
+mod spardl;
+mod topka;
+mod topkdsa;
+
+pub use cltk::CltK;
+pub use exdyna::ExDyna;
+pub use gtopk::GTopk;
+pub use hitopk::HiTopK;
+pub use spardl::{Sag, SparDl};
+pub use topka::TopkA;
+pub use topkdsa::TopkDsa;
+
+use sparsify::SparseGrad;
+
+use crate::{Communicator, Result};
+
+/// Short lower-case names of every algorithm, as [`build`] accepts them.
+pub const NAMES: [&str; 9] = [
+    "topka",
+    "topkdsa",
+    "gtopk",
+    "cltk",
+    "spardl",
+    "spardl_rsag",
+    "spardl_bsag",
+    "hitopk",
+    "exdyna",
+];
+
+/// Which top-k selector an algorithm runs where it selects from a dense vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SelectorKind {
+    /// The algorithm's own default (exact top-k; MSTopK for HiTopKComm, paper 001 §3.2).
+    #[default]
+    Default,
+    /// Exact top-k (`sparsify::ExactTopK`).
+    Exact,
+    /// MSTopK (`sparsify::MsTopK`, paper 001 Algorithm 1, N = 30 rounds).
+    MsTopK,
+}
+
+/// Options of the sparse allreduce algorithms; each algorithm reads the ones it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SparseOptions {
+    /// Top-k selector for the dense selections.
+    pub selector: SelectorKind,
+    /// SparDL's number of teams `d` for R-SAG (a power of two dividing P) and B-SAG (any
+    /// divisor of P). `None`: 2 for R-SAG when P is even, else 1; the smallest prime
+    /// factor of P for B-SAG.
+    pub teams: Option<usize>,
+    /// HiTopKComm's GPUs per node `n` (must divide P). `None`: P (one node).
+    pub ranks_per_node: Option<usize>,
+    /// HiTopKComm: send values as `f16` (paper 001 §5.3 uses FP16 on the wire).
+    pub f16_wire: bool,
+}
+
+/// What one step did, as seen by this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepStats {
+    /// Entries this rank selected locally (from its own dense data) in this step.
+    pub selected: usize,
+    /// Non-zero entries of the returned update.
+    pub nnz: usize,
+    /// `nnz / d`: the actual density of the update.
+    pub density: f64,
+    /// Messages this rank sent.
+    pub messages: u64,
+    /// Communication rounds of this rank: one per send, receive or send-receive pair (the
+    /// same count as `SimComm`'s).
+    pub rounds: u64,
+    /// Payload bytes this rank sent.
+    pub bytes_sent: u64,
+    /// Payload bytes this rank received.
+    pub bytes_recv: u64,
+    /// Sparse entries (index + value) this rank received, the unit of paper 003 Table 1's
+    /// bandwidth terms (`k` counts entries).
+    pub entries_recv: u64,
+    /// Padding overhead `f(t) = P · max_i k_i / Σ_i k_i` of paper 002 Eq. 5 where the
+    /// all-gather pads to the largest count (ExDyna); `None` where nothing is padded.
+    pub padding: Option<f64>,
+    /// Gradient mass (sum of values) this rank's merges discarded for good: non-zero only
+    /// for gTopk, whose tree merges drop contributions by design (paper 003 §5).
+    pub mass_dropped: f64,
+}
+
+/// A sparse allreduce: owns its residuals, thresholds and partitions across steps.
+pub trait SparseAllreduce: Send {
+    /// Short lower-case name (one of [`NAMES`]).
+    fn name(&self) -> &'static str;
+
+    /// Dense length `d` it was built for.
+    fn len(&self) -> usize;
+
+    /// True when built for `d = 0` (never: construction rejects it; here for clippy).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Target density it was built for.
+    fn density(&self) -> f64;
+
+    /// One step: error feedback, selection, communication, residual update. Returns the
+    /// aggregated update (sum over ranks / P), bit-identical on every rank, and this rank's
+    /// stats. `comm` must be the communicator (or an equivalent wrapper of it) the
+    /// algorithm was built on; `grad.len()` must be `d`.
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        grad: &[f32],
+    ) -> Result<(SparseGrad<f32>, StepStats)>;
+
+    /// This rank's residual (length `d`): everything it holds back for later steps.
+    fn residual(&self) -> &[f32];
+}
+
+/// Builds the algorithm called `name` (one of [`NAMES`]). Collective: every rank must call
+/// it; disagreement on any argument is an error on every rank.
+pub fn build(
+    name: &str,
+    comm: &dyn Communicator,
+    d: usize,
+    density: f64,
+    opts: &SparseOptions,
+) -> Result<Box<dyn SparseAllreduce>> {
+    let code = common::name_code(name);
+    let cfg = common::setup(comm, code, d, density, opts)?;
+    if name == "hitopk" {
+        return Ok(Box::new(HiTopK::from_config(comm, cfg)?));
+    }
+    build_from(name, cfg).map_err(|e| common::fail_together(comm, e))
+}
+
+fn build_from(name: &str, cfg: common::Config) -> Result<Box<dyn SparseAllreduce>> {
+    Ok(match name {
+        "cltk" => Box::new(CltK::from_config(cfg)),
+        "exdyna" => Box::new(ExDyna::from_config(cfg)),
+        "topka" => Box::new(TopkA::from_config(cfg)),
+        "topkdsa" => Box::new(TopkDsa::from_config(cfg)),
+        "gtopk" => Box::new(GTopk::from_config(cfg)),
+        "spardl" => Box::new(SparDl::from_config(cfg, Sag::None)?),
+        "spardl_rsag" => Box::new(SparDl::from_config(cfg, Sag::Recursive)?),
+        "spardl_bsag" => Box::new(SparDl::from_config(cfg, Sag::Bruck)?),
+        other => {
+            return Err(crate::Error::InvalidArgument(format!(
+                "unknown sparse allreduce {other:?}; known: {}",
+                NAMES.join(", ")
+            )))
+        }
+    })
+}

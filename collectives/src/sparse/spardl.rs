@@ -1,0 +1,375 @@
+//! SparDL (paper 003 §3): Spar-Reduce-Scatter (SRS) with the non-recursive partner
+//! structure for any P, global residual collection (Algorithm 1), a final Bruck
+//! all-gather, and the Spar-All-Gather variants R-SAG (teams a power of two) and B-SAG
+//! (any team count, with Algorithm 2's adjustment of `h`).
+//!
+//! Blocks (PAPERS.md, from the authors' code): `chunk = ⌈d / m⌉` for `m` ranks per team,
+//! padded to `chunk · m`; `k_block = ⌊chunk · density⌋`. SRS partners: `rounds =
+//! ⌈log2 m⌉`, bag sizes `[2^i for i < rounds − 1] + [m − 2^(rounds−1)]` reversed, `gap =
+//! m − sizes[0]`; in round `i` send bag `(pos + gap) …` (`sizes[i]` blocks) to `pos + gap`
+//! and receive blocks `pos …` from `pos − gap`, then `gap /= 2`. A block is top-k'd just
+//! before it is sent, after everything received for it was added (§3.1 "Optimization for
+//! SRS"), so every message holds exactly `k_block` entries per block and SparDL moves
+//! `2⌈log2 P⌉` rounds and `4k(P − 1)/P` numbers: Table 1, Eq. 3.
+//!
+//! Global residual collection (§3.2, Algorithm 1 lines 3, 8, 12-14): every selection keeps
+//! what it discarded in the selecting rank's work buffer (local and in-procedure
+//! residuals); at the end the residual is that buffer at the indices of the final global
+//! gradient, and the rank's own accumulated gradient elsewhere (local and end-procedure
+//! residuals). Across ranks nothing is lost. R-SAG and B-SAG discard after sums that
+//! several ranks hold identically; each holder keeps its share (`1/2^(s+1)` at R-SAG step
+//! `s`, generalising the paper's "half" of the first step; `1/d` after B-SAG, §3.3).
+
+use sparsify::{Selector, SparseGrad};
+
+use super::common::{
+    self, bruck, ceil_log2, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
+};
+use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use crate::{Communicator, Error, Result};
+
+/// Which Spar-All-Gather SparDL runs between its teams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sag {
+    /// One team: SRS then Bruck all-gather (`spardl`).
+    None,
+    /// R-SAG: recursive doubling between teams with a top-L after each exchange; the team
+    /// count must be a power of two (`spardl_rsag`).
+    Recursive,
+    /// B-SAG: top-h, Bruck all-gather between teams, top-L; any team count that divides P
+    /// (`spardl_bsag`).
+    Bruck,
+}
+
+/// SparDL with its global residual collection; see the module docs.
+pub struct SparDl {
+    cfg: Config,
+    sag: Sag,
+    teams: usize,
+    /// Ranks per team.
+    m: usize,
+    chunk: usize,
+    kb: usize,
+    resid: Vec<f32>,
+    work: Vec<f32>,
+    sel: Box<dyn Selector>,
+    /// B-SAG's `h`, its step and the same-direction flag (Algorithm 2).
+    h: f64,
+    h_step: f64,
+    h_flag: bool,
+    /// Entries in the B-SAG sum of the last step (`N_t` of Algorithm 2).
+    last_n: usize,
+}
+
+fn smallest_prime_factor(p: usize) -> usize {
+    (2..=p).find(|f| p % f == 0).unwrap_or(1)
+}
+
+impl SparDl {
+    /// Builds SparDL with the given Spar-All-Gather (collective; see [`super::build`]).
+    pub fn new(
+        comm: &dyn Communicator,
+        d: usize,
+        density: f64,
+        sag: Sag,
+        opts: &SparseOptions,
+    ) -> Result<Self> {
+        let name = match sag {
+            Sag::None => "spardl",
+            Sag::Recursive => "spardl_rsag",
+            Sag::Bruck => "spardl_bsag",
+        };
+        let cfg = common::setup(comm, common::name_code(name), d, density, opts)?;
+        Self::from_config(cfg, sag).map_err(|e| common::fail_together(comm, e))
+    }
+
+    pub(crate) fn from_config(cfg: Config, sag: Sag) -> Result<Self> {
+        let p = cfg.p;
+        let teams = match sag {
+            Sag::None => 1,
+            Sag::Recursive => cfg.opts.teams.unwrap_or(if p % 2 == 0 { 2 } else { 1 }),
+            Sag::Bruck => cfg.opts.teams.unwrap_or_else(|| smallest_prime_factor(p)),
+        };
+        if teams == 0 || p % teams != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "SparDL: {teams} teams do not divide P = {p}"
+            )));
+        }
+        if sag == Sag::Recursive && !teams.is_power_of_two() {
+            return Err(Error::InvalidArgument(format!(
+                "SparDL R-SAG needs a power-of-two team count, got {teams} (use spardl_bsag)"
+            )));
+        }
+        let m = p / teams;
+        let chunk = cfg.d.div_ceil(m);
+        // PAPERS.md (SparDL code): k_block = floor(chunk · density).
+        let kb = ((chunk as f64 * cfg.density).floor() as usize).min(chunk);
+        let l = kb as f64;
+        Ok(SparDl {
+            sag,
+            teams,
+            m,
+            chunk,
+            kb,
+            resid: vec![0.0; cfg.d],
+            work: vec![0.0; chunk * m],
+            sel: common::make_selector(cfg.opts.selector, SelectorKind::Exact),
+            // Algorithm 2 line 1: h = k/P, step = 0.01·k(d−1)/P (in team-block units L = dk/P).
+            h: l / teams as f64,
+            h_step: 0.01 * l * (teams as f64 - 1.0) / teams as f64,
+            h_flag: false,
+            last_n: 0,
+            cfg,
+        })
+    }
+
+    /// Number of teams `d` of the Spar-All-Gather (1 without SAG).
+    pub fn teams(&self) -> usize {
+        self.teams
+    }
+
+    /// Entries per block, `k_block = ⌊⌈d/m⌉ · density⌋`.
+    pub fn k_block(&self) -> usize {
+        self.kb
+    }
+
+    /// B-SAG's current `h` (entries each rank contributes to the all-gather between teams).
+    pub fn h(&self) -> f64 {
+        self.h
+    }
+
+    /// B-SAG: entries after the last all-gather between teams (`N_t`, Algorithm 2).
+    pub fn last_gathered(&self) -> usize {
+        self.last_n
+    }
+
+    fn block(&self, b: usize) -> std::ops::Range<usize> {
+        b * self.chunk..(b + 1) * self.chunk
+    }
+
+    /// Top-k_block of block `b` of the work buffer; the rest stays there as residual.
+    fn select_block(&mut self, b: usize) -> Result<Entries> {
+        let r = self.block(b);
+        let base = r.start;
+        let (sg, _) = self.sel.select(&self.work[r], self.kb)?;
+        if sg.nnz() != self.kb {
+            return Err(Error::InvalidArgument(format!(
+                "SparDL needs an exact-count selector: got {} entries for k = {}",
+                sg.nnz(),
+                self.kb
+            )));
+        }
+        for &i in sg.indices() {
+            self.work[base + i as usize] = 0.0;
+        }
+        Ok(Entries::from_local(sg.indices(), sg.values(), base))
+    }
+
+    /// Spar-Reduce-Scatter over the team; returns this rank's reduced, selected block.
+    fn srs(&mut self, cc: &Counting, team: &Group) -> Result<Entries> {
+        let m = team.size();
+        let q = team.me;
+        if m > 1 {
+            let rounds = ceil_log2(m);
+            let mut sizes: Vec<usize> = (0..rounds - 1).map(|i| 1usize << i).collect();
+            sizes.push(m - (1usize << (rounds - 1)));
+            sizes.reverse();
+            let mut gap = m - sizes[0];
+            for &sz in &sizes {
+                let mut msg = Vec::with_capacity(8 * self.kb * sz);
+                for j in 0..sz {
+                    self.select_block((q + gap + j) % m)?.encode_into(&mut msg);
+                }
+                let got = cc.sendrecv(
+                    team.at(gap as isize),
+                    tags::SRS,
+                    &msg,
+                    team.at(-(gap as isize)),
+                    tags::SRS,
+                )?;
+                if got.len() != 8 * self.kb * sz {
+                    return Err(Error::Mismatch {
+                        what: "message length",
+                        detail: format!(
+                            "SparDL SRS: rank {} expected {} bytes, got {}",
+                            cc.rank(),
+                            8 * self.kb * sz,
+                            got.len()
+                        ),
+                    });
+                }
+                let mut off = 0;
+                for j in 0..sz {
+                    let r = self.block((q + j) % m);
+                    let (e, used) = Entries::decode(&got[off..], self.kb, r)?;
+                    off += used;
+                    for (&i, &v) in e.idx.iter().zip(&e.val) {
+                        self.work[i as usize] += v;
+                    }
+                }
+                cc.add_entries(self.kb * sz);
+                gap /= 2;
+            }
+        }
+        self.select_block(q)
+    }
+
+    /// R-SAG (§3.3 1): recursive doubling between teams, top-L after each sum.
+    fn rsag(&mut self, cc: &Counting, own: Entries) -> Result<Entries> {
+        let t = self.cfg.rank / self.m;
+        let q = self.cfg.rank % self.m;
+        let mut cur = own;
+        let steps = self.teams.trailing_zeros();
+        for s in 0..steps {
+            let other_team = t ^ (1usize << s);
+            let partner = other_team * self.m + q;
+            let got = cc.sendrecv(partner, tags::SAG, &cur.encode(), partner, tags::SAG)?;
+            let other = Entries::decode_all(&got, self.block(q))?;
+            cc.add_entries(other.len());
+            let sum = if t < other_team {
+                sum_ordered(&[&cur, &other])
+            } else {
+                sum_ordered(&[&other, &cur])
+            };
+            let (keep, drop) = topk_entries(&sum, self.kb);
+            // 2^(s+1) ranks hold this sum; each keeps its share of what is discarded.
+            let share = 0.5f32.powi(s as i32 + 1);
+            for (&i, &v) in drop.idx.iter().zip(&drop.val) {
+                self.work[i as usize] += v * share;
+            }
+            cur = keep;
+        }
+        Ok(cur)
+    }
+
+    /// B-SAG (§3.3 2, Algorithm 2): top-h, Bruck all-gather between teams, sum, top-L.
+    fn bsag(&mut self, cc: &Counting, own: Entries) -> Result<Entries> {
+        let t = self.cfg.rank / self.m;
+        let q = self.cfg.rank % self.m;
+        let cross = Group {
+            members: (0..self.teams).map(|x| x * self.m + q).collect(),
+            me: t,
+        };
+        // At full density every team's block holds every index, the all-overlap bound h = L
+        // of §3.3 applies.
+        let h = if self.kb == self.chunk {
+            self.kb
+        } else {
+            (self.h.round() as usize).clamp(self.kb.min(1), self.kb)
+        };
+        let (keep_h, drop_h) = topk_entries(&own, h);
+        for (&i, &v) in drop_h.idx.iter().zip(&drop_h.val) {
+            self.work[i as usize] += v;
+        }
+        let blocks = bruck(cc, &cross, keep_h.encode(), None, tags::SAG)?;
+        let mut parts = Vec::with_capacity(self.teams);
+        for (x, b) in blocks.iter().enumerate() {
+            let e = Entries::decode_all(b, self.block(q))?;
+            if x != t {
+                cc.add_entries(e.len());
+            }
+            parts.push(e);
+        }
+        let refs: Vec<&Entries> = parts.iter().collect();
+        let sum = sum_ordered(&refs);
+        let n_t = sum.len();
+        let (keep, drop) = topk_entries(&sum, self.kb);
+        let share = 1.0 / self.teams as f32;
+        for (&i, &v) in drop.idx.iter().zip(&drop.val) {
+            self.work[i as usize] += v * share;
+        }
+        // Algorithm 2 lines 3-12 (applied after the step, for the next one).
+        let l = self.kb as f64;
+        if (n_t as f64 > l) ^ (self.h_step > 0.0) {
+            if self.h_flag {
+                self.h_step *= 2.0;
+                self.h_flag = false;
+            } else {
+                self.h_flag = true;
+            }
+        } else {
+            self.h_step = -self.h_step / 2.0;
+            self.h_flag = false;
+        }
+        self.h = (self.h + self.h_step).clamp(l / self.teams as f64, l.max(l / self.teams as f64));
+        self.last_n = n_t;
+        Ok(keep)
+    }
+}
+
+impl SparseAllreduce for SparDl {
+    fn name(&self) -> &'static str {
+        match self.sag {
+            Sag::None => "spardl",
+            Sag::Recursive => "spardl_rsag",
+            Sag::Bruck => "spardl_bsag",
+        }
+    }
+    fn len(&self) -> usize {
+        self.cfg.d
+    }
+    fn density(&self) -> f64 {
+        self.cfg.density
+    }
+    fn residual(&self) -> &[f32] {
+        &self.resid
+    }
+
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        grad: &[f32],
+    ) -> Result<(SparseGrad<f32>, StepStats)> {
+        self.cfg.check_step(comm, grad)?;
+        let (p, d) = (self.cfg.p, self.cfg.d);
+        let cc = Counting::new(comm);
+        // Algorithm 1 lines 1-3: acc = residual + grad; `resid` keeps acc (the copy), `work`
+        // is what the selections consume.
+        for ((r, w), &g) in self.resid.iter_mut().zip(self.work.iter_mut()).zip(grad) {
+            *r += g;
+            *w = *r;
+        }
+        self.work[d..].fill(0.0);
+        let t = self.cfg.rank / self.m;
+        let q = self.cfg.rank % self.m;
+        let team = Group {
+            members: (0..self.m).map(|j| t * self.m + j).collect(),
+            me: q,
+        };
+        let own = self.srs(&cc, &team)?;
+        let selected = self.kb * self.m;
+        let fin = match self.sag {
+            Sag::None => own,
+            Sag::Recursive => self.rsag(&cc, own)?,
+            Sag::Bruck => self.bsag(&cc, own)?,
+        };
+        // Final Bruck all-gather inside the team (Algorithm 1 line 11).
+        let sizes = vec![8 * self.kb; self.m];
+        let known = if self.sag == Sag::Bruck {
+            None
+        } else {
+            Some(&sizes[..])
+        };
+        let blocks = bruck(&cc, &team, fin.encode(), known, tags::AG)?;
+        let mut all = Entries::default();
+        for (j, b) in blocks.iter().enumerate() {
+            let e = Entries::decode_all(b, self.block(j))?;
+            if j != q {
+                cc.add_entries(e.len());
+            }
+            all.idx.extend_from_slice(&e.idx);
+            all.val.extend_from_slice(&e.val);
+        }
+        // Algorithm 1 lines 12-14: at the final indices the residual is what this rank
+        // discarded there; elsewhere it stays the accumulated gradient.
+        for &i in &all.idx {
+            let i = i as usize;
+            if i < d {
+                self.resid[i] = self.work[i];
+            }
+        }
+        let update = common::finish_update(&all, d, p);
+        let stats = common::with_update(cc.stats(), &update, selected);
+        Ok((update, stats))
+    }
+}

@@ -1,0 +1,167 @@
+//! TopkDSA (SparCML's dynamic sparse allreduce, paper 003 §4 baseline [36]): local top-k
+//! with error feedback, a split reduce-scatter that sends each rank's entries of block `j`
+//! straight to rank `j` (`P − 1` rounds), then a Bruck all-gather of the reduced blocks in
+//! which a block that has filled in travels **dense** (values only) once that is smaller
+//! than its sparse form. Paper 003 Table 1: `(P + 2 log P)α` and between `4k(P−1)/P` and
+//! `(2k + n)(P−1)/P` numbers. Conserves mass: every selected entry reaches the update.
+
+use sparsify::{ErrorFeedback, SparseGrad};
+
+use super::common::{self, bruck, sum_ordered, tags, Config, Counting, Entries, Group};
+use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use crate::{Communicator, Error, Result};
+
+/// TopkDSA: sparse reduce-scatter plus an all-gather that switches to dense blocks.
+pub struct TopkDsa {
+    cfg: Config,
+    fb: ErrorFeedback,
+    sel: Box<dyn sparsify::Selector>,
+    dense_blocks: usize,
+}
+
+/// Start of block `j` of `d` split into `p` nearly equal blocks.
+fn start(d: usize, p: usize, j: usize) -> usize {
+    j * (d / p) + j.min(d % p)
+}
+
+impl TopkDsa {
+    /// Builds TopkDSA (collective; see [`super::build`]).
+    pub fn new(
+        comm: &dyn Communicator,
+        d: usize,
+        density: f64,
+        opts: &SparseOptions,
+    ) -> Result<Self> {
+        let cfg = common::setup(comm, common::name_code("topkdsa"), d, density, opts)?;
+        Ok(Self::from_config(cfg))
+    }
+
+    pub(crate) fn from_config(cfg: Config) -> Self {
+        TopkDsa {
+            fb: ErrorFeedback::new(cfg.d),
+            sel: common::make_selector(cfg.opts.selector, SelectorKind::Exact),
+            dense_blocks: 0,
+            cfg,
+        }
+    }
+
+    /// Blocks that travelled dense in the last step's all-gather.
+    pub fn dense_blocks(&self) -> usize {
+        self.dense_blocks
+    }
+}
+
+fn encode_block(e: &Entries, range: std::ops::Range<usize>) -> Vec<u8> {
+    let len = range.len();
+    let mut out = Vec::new();
+    if 8 * e.len() > 4 * len {
+        out.extend_from_slice(&1u32.to_le_bytes());
+        let mut dense = vec![0.0f32; len];
+        for (&i, &v) in e.idx.iter().zip(&e.val) {
+            dense[i as usize - range.start] = v;
+        }
+        out.extend_from_slice(bytemuck::cast_slice(&dense));
+    } else {
+        out.extend_from_slice(&0u32.to_le_bytes());
+        e.encode_into(&mut out);
+    }
+    out
+}
+
+fn decode_block(b: &[u8], range: std::ops::Range<usize>) -> Result<(Entries, bool)> {
+    let bad = || Error::Mismatch {
+        what: "message length",
+        detail: "TopkDSA block".into(),
+    };
+    let head = b.get(..4).ok_or_else(bad)?;
+    let body = &b[4..];
+    if head == 1u32.to_le_bytes() {
+        if body.len() != 4 * range.len() {
+            return Err(bad());
+        }
+        let val: Vec<f32> = bytemuck::pod_collect_to_vec(body);
+        let idx = (range.start as u32..range.end as u32).collect();
+        Ok((Entries { idx, val }, true))
+    } else {
+        Ok((Entries::decode_all(body, range)?, false))
+    }
+}
+
+impl SparseAllreduce for TopkDsa {
+    fn name(&self) -> &'static str {
+        "topkdsa"
+    }
+    fn len(&self) -> usize {
+        self.cfg.d
+    }
+    fn density(&self) -> f64 {
+        self.cfg.density
+    }
+    fn residual(&self) -> &[f32] {
+        self.fb.residual()
+    }
+
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        grad: &[f32],
+    ) -> Result<(SparseGrad<f32>, StepStats)> {
+        self.cfg.check_step(comm, grad)?;
+        let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
+        let cc = Counting::new(comm);
+        let (sg, _) = self.fb.step(self.sel.as_mut(), grad, k)?;
+        let idx = sg.indices();
+        let val = sg.values();
+        let range = |j: usize| start(d, p, j)..start(d, p, j + 1);
+        let part_of = |j: usize| {
+            let r = range(j);
+            let a = idx.partition_point(|&i| (i as usize) < r.start);
+            let b = idx.partition_point(|&i| (i as usize) < r.end);
+            Entries {
+                idx: idx[a..b].to_vec(),
+                val: val[a..b].to_vec(),
+            }
+        };
+        // Split reduce-scatter: P − 1 direct exchanges.
+        let mut parts: Vec<Entries> = vec![Entries::default(); p];
+        parts[rank] = part_of(rank);
+        for s in 1..p {
+            let dest = (rank + s) % p;
+            let src = (rank + p - s) % p;
+            let got = cc.sendrecv(
+                dest,
+                tags::DSA_RS,
+                &part_of(dest).encode(),
+                src,
+                tags::DSA_RS,
+            )?;
+            parts[src] = Entries::decode_all(&got, range(rank))?;
+            cc.add_entries(parts[src].len());
+        }
+        let refs: Vec<&Entries> = parts.iter().collect();
+        let mine = sum_ordered(&refs);
+        // All-gather, dense where the block filled in.
+        let g = Group::world(p, rank);
+        let blocks = bruck(
+            &cc,
+            &g,
+            encode_block(&mine, range(rank)),
+            None,
+            tags::DSA_AG,
+        )?;
+        let mut all = Entries::default();
+        self.dense_blocks = 0;
+        for (j, b) in blocks.iter().enumerate() {
+            let (e, dense) = decode_block(b, range(j))?;
+            self.dense_blocks += dense as usize;
+            if j != rank && !dense {
+                cc.add_entries(e.len());
+            }
+            all.idx.extend_from_slice(&e.idx);
+            all.val.extend_from_slice(&e.val);
+        }
+        let update = common::finish_update(&all, d, p);
+        let stats = common::with_update(cc.stats(), &update, k);
+        Ok((update, stats))
+    }
+}

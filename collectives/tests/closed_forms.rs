@@ -1,0 +1,169 @@
+//! The cost model's predictions equal what `SimComm` measures when the real algorithms run:
+//! per rank, the rounds, bytes sent and received, and the simulated clock (up to float
+//! rounding), for every dense algorithm, several P (powers of two and not), sizes that do
+//! and do not divide, on flat and two-level topologies.
+
+use collectives::dense::{
+    allgather, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo,
+    BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo,
+};
+use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};
+use cost_model::dense::{closed_form, predict_dense, DenseCase};
+use cost_model::{Algorithm, Collective, Link, Prediction, Topology};
+
+const BLOCK: usize = 1024;
+
+fn topologies(p: usize) -> Vec<Topology> {
+    let inter = Link {
+        alpha_s: 5e-5,
+        beta_s_per_byte: 8e-9,
+    };
+    let intra = Link {
+        alpha_s: 3e-6,
+        beta_s_per_byte: 2e-11,
+    };
+    let mut t = vec![Topology::flat(p, inter).unwrap()];
+    if p % 2 == 0 && p > 2 {
+        t.push(Topology::new(p / 2, 2, intra, inter).unwrap());
+    }
+    if p % 3 == 0 && p > 3 {
+        t.push(Topology::new(p / 3, 3, intra, inter).unwrap());
+    }
+    t
+}
+
+/// Runs one collective on SimComm over ThreadComm and returns each rank's stats.
+fn measure(topo: &Topology, op: Collective, algo: Algorithm, n: usize) -> Vec<SimStats> {
+    let p = topo.ranks();
+    let topo = *topo;
+    let opts = DenseOptions::default().unchecked();
+    ThreadComm::run(p, move |c| -> collectives::Result<SimStats> {
+        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+        let r = sim.rank();
+        let mut buf: Vec<f32> = (0..n).map(|i| (i + r) as f32).collect();
+        match op {
+            Collective::Allreduce => {
+                let a = match algo {
+                    Algorithm::Ring => AllreduceAlgo::Ring,
+                    Algorithm::RecursiveDoubling => AllreduceAlgo::RecursiveDoubling,
+                    Algorithm::Rabenseifner => AllreduceAlgo::Rabenseifner,
+                    Algorithm::Be => AllreduceAlgo::BidirectionalExchange,
+                    Algorithm::Binomial => AllreduceAlgo::Binomial,
+                    Algorithm::Lp => AllreduceAlgo::LinearPipeline { block_bytes: BLOCK },
+                    Algorithm::Torus2d => AllreduceAlgo::Torus2d {
+                        ranks_per_node: topo.ranks_per_node,
+                    },
+                    _ => unreachable!(),
+                };
+                allreduce(&sim, &mut buf, a, &opts)?;
+            }
+            Collective::Allgather => {
+                let a = match algo {
+                    Algorithm::Ring => AllgatherAlgo::Ring,
+                    Algorithm::RecursiveDoubling => AllgatherAlgo::RecursiveDoubling,
+                    _ => AllgatherAlgo::Bruck,
+                };
+                let mut out = vec![0f32; n * p];
+                allgather(&sim, &buf, &mut out, a, &opts)?;
+            }
+            Collective::ReduceScatter => {
+                let a = match algo {
+                    Algorithm::Ring => ReduceScatterAlgo::Ring,
+                    _ => ReduceScatterAlgo::RecursiveHalving,
+                };
+                reduce_scatter(&sim, &mut buf, a, &opts)?;
+            }
+            Collective::Broadcast => {
+                let a = match algo {
+                    Algorithm::Binomial => BroadcastAlgo::Binomial,
+                    Algorithm::ScatterAllgather => BroadcastAlgo::ScatterAllgather,
+                    _ => BroadcastAlgo::LinearPipeline { block_bytes: BLOCK },
+                };
+                broadcast(&sim, &mut buf, p - 1, a, &opts)?;
+            }
+            Collective::Reduce => {
+                let a = match algo {
+                    Algorithm::Binomial => ReduceAlgo::Binomial,
+                    _ => ReduceAlgo::LinearPipeline { block_bytes: BLOCK },
+                };
+                reduce(&sim, &mut buf, p - 1, a, &opts)?;
+            }
+        }
+        Ok(sim.stats())
+    })
+    .unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
+}
+
+fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
+    assert_eq!(pred.per_rank.len(), got.len(), "{what}");
+    for (r, (p, g)) in pred.per_rank.iter().zip(got).enumerate() {
+        assert_eq!(p.rounds, g.rounds, "{what}: rank {r} rounds");
+        assert_eq!(p.bytes_sent, g.bytes_sent, "{what}: rank {r} bytes sent");
+        assert_eq!(
+            p.bytes_recv, g.bytes_recv,
+            "{what}: rank {r} bytes received"
+        );
+        assert_eq!(
+            p.messages_sent, g.messages_sent,
+            "{what}: rank {r} messages"
+        );
+        assert!(
+            close(p.time_s, g.clock_s),
+            "{what}: rank {r} time {} predicted, {} simulated",
+            p.time_s,
+            g.clock_s
+        );
+    }
+}
+
+#[test]
+fn dense_predictions_equal_simcomm() {
+    let ops = [
+        Collective::Allreduce,
+        Collective::Allgather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+    ];
+    let mut cases = 0;
+    let mut closed = 0;
+    for p in [2usize, 3, 4, 5, 6, 8] {
+        for topo in topologies(p) {
+            for n in [1usize, 7, 600, 1000] {
+                for op in ops {
+                    for &algo in op.algorithms() {
+                        let case = DenseCase::new(op, algo, n)
+                            .with_block_bytes(BLOCK)
+                            .with_root(p - 1);
+                        let what = format!(
+                            "{} {} P={p} ({}×{}) n={n}",
+                            op.name(),
+                            algo.name(),
+                            topo.nodes,
+                            topo.ranks_per_node
+                        );
+                        let pred = predict_dense(&case, &topo).unwrap();
+                        let got = measure(&topo, op, algo, n);
+                        assert_equal(&what, &pred, &got);
+                        cases += 1;
+                        if topo.ranks_per_node == 1 {
+                            if let Some(t) = closed_form(&case, p, topo.inter, 0.0) {
+                                let max = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
+                                assert!(close(t, max), "{what}: closed form {t}, simulated {max}");
+                                closed += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        cases > 300 && closed > 60,
+        "{cases} cases, {closed} closed forms"
+    );
+}

@@ -1,0 +1,174 @@
+//! The dense correctness checks under a real MPI world (run with `mpirun -n P`): every
+//! algorithm equals the f64 reference within f32 rounding and every rank holds the same
+//! bits; bad input gives a typed error on every rank. Prints `ok: <check>` on rank 0 and
+//! exits non-zero on failure.
+
+use collectives::dense::{
+    allgather, allgatherv, allreduce, block_range, broadcast, reduce, reduce_scatter, AllgatherAlgo,
+    AllreduceAlgo, BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo, WireType,
+};
+use collectives::{Communicator, Error, MpiComm};
+
+fn input(seed: u64, r: usize, n: usize) -> Vec<f32> {
+    let mut s = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn within(got: &[f32], seed: u64, p: usize, eps: f64) -> bool {
+    let n = got.len();
+    let mut sum = vec![0f64; n];
+    let mut mag = vec![0f64; n];
+    for r in 0..p {
+        for (i, x) in input(seed, r, n).into_iter().enumerate() {
+            sum[i] += x as f64;
+            mag[i] += x.abs() as f64;
+        }
+    }
+    let k = (2 * p + 2) as f64 * (eps + 2f64.powi(-24));
+    (0..n).all(|i| (got[i] as f64 - sum[i]).abs() <= k * mag[i] + 1e-30)
+}
+
+/// FNV-1a of the bits, compared across ranks with an all-gather.
+fn same_everywhere(comm: &MpiComm, v: &[f32]) -> collectives::Result<bool> {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for x in v {
+        h = (h ^ x.to_bits() as u64).wrapping_mul(0x100000001b3);
+    }
+    let mut all = vec![0u64; comm.size()];
+    allgather(comm, &[h], &mut all, AllgatherAlgo::Bruck, &DenseOptions::default())?;
+    Ok(all.iter().all(|&x| x == all[0]))
+}
+
+struct Checks<'a> {
+    comm: &'a MpiComm,
+    failed: Vec<String>,
+}
+
+impl Checks<'_> {
+    fn check(&mut self, name: String, ok: collectives::Result<bool>) {
+        // Every rank must agree that the check passed.
+        let mine = matches!(ok, Ok(true)) as u8;
+        let mut all = vec![0u8; self.comm.size()];
+        let agreed = allgather(self.comm, &[mine], &mut all, AllgatherAlgo::Ring, &DenseOptions::default())
+            .map(|_| all.iter().all(|&x| x == 1))
+            .unwrap_or(false);
+        if agreed {
+            if self.comm.rank() == 0 {
+                println!("ok: {name}");
+            }
+        } else {
+            eprintln!("rank {}: FAILED {name}: {ok:?}", self.comm.rank());
+            self.failed.push(name);
+        }
+    }
+}
+
+fn main() {
+    let comm = match MpiComm::world() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot start MPI: {e}");
+            std::process::exit(2);
+        }
+    };
+    let p = comm.size();
+    let r = comm.rank();
+    let mut c = Checks {
+        comm: &comm,
+        failed: Vec::new(),
+    };
+    let mut algos = vec![
+        AllreduceAlgo::Ring,
+        AllreduceAlgo::RecursiveDoubling,
+        AllreduceAlgo::Rabenseifner,
+        AllreduceAlgo::BidirectionalExchange,
+        AllreduceAlgo::Binomial,
+        AllreduceAlgo::LinearPipeline { block_bytes: 40 },
+    ];
+    for rpn in 1..=p {
+        if p % rpn == 0 {
+            algos.push(AllreduceAlgo::Torus2d { ranks_per_node: rpn });
+        }
+    }
+    for wire in [WireType::F32, WireType::F16, WireType::Bf16] {
+        let eps = match wire {
+            WireType::F32 => 2f64.powi(-24),
+            WireType::F16 => 2f64.powi(-11),
+            _ => 2f64.powi(-8),
+        };
+        for &algo in &algos {
+            for n in [0usize, 1, p + 1, 1000 + p] {
+                let seed = 42 + n as u64;
+                let mut buf = input(seed, r, n);
+                let res = allreduce(&comm, &mut buf, algo, &DenseOptions::with_wire(wire))
+                    .and_then(|_| Ok(within(&buf, seed, p, eps) && same_everywhere(&comm, &buf)?));
+                c.check(format!("allreduce {} {} p={p} n={n} bit-identical", algo.name(), wire.name()), res);
+            }
+        }
+    }
+    for algo in AllgatherAlgo::ALL {
+        let n = 7;
+        let mut out = vec![0f32; n * p];
+        let res = allgather(&comm, &input(1, r, n), &mut out, algo, &DenseOptions::default())
+            .map(|_| (0..p).all(|q| out[q * n..(q + 1) * n] == input(1, q, n)[..]));
+        c.check(format!("allgather {} p={p}", algo.name()), res);
+        let cnt = |q: usize| (3 * q + 1) % 4;
+        let res = allgatherv(&comm, &input(2, r, cnt(r)), algo).map(|g| (0..p).all(|q| g.part(q) == &input(2, q, cnt(q))[..]));
+        c.check(format!("allgatherv {} p={p}", algo.name()), res);
+    }
+    for algo in ReduceScatterAlgo::ALL {
+        let n = 3 * p + 2;
+        let mut buf = input(3, r, n);
+        let res = reduce_scatter(&comm, &mut buf, algo, &DenseOptions::default()).map(|range| {
+            let full: Vec<f32> = buf[range.clone()].to_vec();
+            range == block_range(n, p, r) && {
+                // Compare the owned block with the reference of the whole vector.
+                let mut sum = vec![0f64; n];
+                for q in 0..p {
+                    for (i, x) in input(3, q, n).into_iter().enumerate() {
+                        sum[i] += x as f64;
+                    }
+                }
+                full.iter().zip(&sum[range]).all(|(a, b)| (*a as f64 - b).abs() < 1e-5 * p as f64)
+            }
+        });
+        c.check(format!("reduce_scatter {} p={p}", algo.name()), res);
+    }
+    for root in 0..p {
+        for algo in [BroadcastAlgo::Binomial, BroadcastAlgo::ScatterAllgather, BroadcastAlgo::LinearPipeline { block_bytes: 12 }] {
+            let n = 50;
+            let mut buf = if r == root { input(4, root, n) } else { vec![0f32; n] };
+            let res = broadcast(&comm, &mut buf, root, algo, &DenseOptions::default()).map(|_| buf == input(4, root, n));
+            c.check(format!("broadcast {} root={root} p={p}", algo.name()), res);
+        }
+        for algo in [ReduceAlgo::Binomial, ReduceAlgo::LinearPipeline { block_bytes: 12 }] {
+            let n = 50;
+            let mut buf = input(5, r, n);
+            let res = reduce(&comm, &mut buf, root, algo, &DenseOptions::default()).map(|_| r != root || within(&buf, 5, p, 2f64.powi(-24)));
+            c.check(format!("reduce {} root={root} p={p}", algo.name()), res);
+        }
+    }
+    // Bad input: a typed error on every rank.
+    if p > 1 {
+        let mut buf = vec![1f32; 10 + (r == p - 1) as usize];
+        let res = allreduce(&comm, &mut buf, AllreduceAlgo::Ring, &DenseOptions::default());
+        c.check(format!("length mismatch is Error::Mismatch on every rank p={p}"), Ok(matches!(res, Err(Error::Mismatch { .. }))));
+    }
+    let res = allreduce(&comm, &mut [1.0; 4], AllreduceAlgo::LinearPipeline { block_bytes: 0 }, &DenseOptions::default());
+    c.check(format!("LP block 0 rejected p={p}"), Ok(matches!(res, Err(Error::InvalidArgument(_)))));
+    let res = allreduce(&comm, &mut [1.0; 4], AllreduceAlgo::Torus2d { ranks_per_node: p + 1 }, &DenseOptions::default());
+    c.check(format!("torus topology not dividing P rejected p={p}"), Ok(matches!(res, Err(Error::Topology(_)))));
+
+    let failed = c.failed.len();
+    drop(c);
+    drop(comm);
+    if failed > 0 {
+        eprintln!("{failed} checks failed");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,198 @@
+//! Names of the algorithms the cost model prices, shared by dense and sparse predictions,
+//! the chooser and the calibration JSON.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Every collective algorithm of `collectives`, dense and sparse. The short lower-case
+/// names ([`Algorithm::name`]) are what JSON files and command lines use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Ring (reduce-scatter + all-gather for all-reduce).
+    Ring,
+    /// Recursive doubling (recursive halving for reduce-scatter), fold-in for other P.
+    RecursiveDoubling,
+    /// Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather.
+    Rabenseifner,
+    /// Bruck all-gather.
+    Bruck,
+    /// Binomial tree (paper 004's MST); all-reduce = reduce + broadcast.
+    Binomial,
+    /// Linear pipeline with a block size (paper 004).
+    Lp,
+    /// Bidirectional exchange (paper 004 Table 1 "BE").
+    Be,
+    /// 2D torus / hierarchical all-reduce (paper 001 §5.3).
+    Torus2d,
+    /// Broadcast by binomial scatter + ring all-gather.
+    ScatterAllgather,
+    /// Sparse: all-gather of every rank's top-k (paper 003 Table 1 "TopkA").
+    Topka,
+    /// Sparse: TopkDSA (paper 003 Table 1).
+    Topkdsa,
+    /// Sparse: global top-k tree (gTopk, paper 003 Table 1).
+    Gtopk,
+    /// Sparse: CLT-k, one leader's indices (paper 003 Table 1).
+    Cltk,
+    /// Sparse: SparDL, Spar-Reduce-Scatter + Spar-All-Gather (paper 003).
+    Spardl,
+    /// Sparse: SparDL with the R-SAG all-gather (paper 003).
+    SpardlRsag,
+    /// Sparse: SparDL with the B-SAG all-gather (paper 003 Alg. 2).
+    SpardlBsag,
+    /// Sparse: hierarchical top-k communication (paper 001 Alg. 2, Eq. 7-10).
+    Hitopk,
+    /// Sparse: ExDyna (paper 002).
+    Exdyna,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 18] = [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
+        Algorithm::Bruck,
+        Algorithm::Binomial,
+        Algorithm::Lp,
+        Algorithm::Be,
+        Algorithm::Torus2d,
+        Algorithm::ScatterAllgather,
+        Algorithm::Topka,
+        Algorithm::Topkdsa,
+        Algorithm::Gtopk,
+        Algorithm::Cltk,
+        Algorithm::Spardl,
+        Algorithm::SpardlRsag,
+        Algorithm::SpardlBsag,
+        Algorithm::Hitopk,
+        Algorithm::Exdyna,
+    ];
+
+    /// The short lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Rabenseifner => "rabenseifner",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Binomial => "binomial",
+            Algorithm::Lp => "lp",
+            Algorithm::Be => "be",
+            Algorithm::Torus2d => "torus2d",
+            Algorithm::ScatterAllgather => "scatter_allgather",
+            Algorithm::Topka => "topka",
+            Algorithm::Topkdsa => "topkdsa",
+            Algorithm::Gtopk => "gtopk",
+            Algorithm::Cltk => "cltk",
+            Algorithm::Spardl => "spardl",
+            Algorithm::SpardlRsag => "spardl_rsag",
+            Algorithm::SpardlBsag => "spardl_bsag",
+            Algorithm::Hitopk => "hitopk",
+            Algorithm::Exdyna => "exdyna",
+        }
+    }
+
+    /// Whether this is a sparse (top-k) algorithm.
+    pub fn is_sparse(self) -> bool {
+        matches!(
+            self,
+            Algorithm::Topka
+                | Algorithm::Topkdsa
+                | Algorithm::Gtopk
+                | Algorithm::Cltk
+                | Algorithm::Spardl
+                | Algorithm::SpardlRsag
+                | Algorithm::SpardlBsag
+                | Algorithm::Hitopk
+                | Algorithm::Exdyna
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown algorithm {s:?}")))
+    }
+}
+
+/// The dense collective operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// Sum over all ranks, result everywhere.
+    Allreduce,
+    /// Every rank's block everywhere.
+    Allgather,
+    /// Sum, each rank keeping one block.
+    ReduceScatter,
+    /// The root's buffer everywhere.
+    Broadcast,
+    /// Sum at the root.
+    Reduce,
+}
+
+impl Collective {
+    /// The short lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::Allreduce => "allreduce",
+            Collective::Allgather => "allgather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+        }
+    }
+
+    /// The algorithms `collectives` implements for this operation.
+    pub fn algorithms(self) -> &'static [Algorithm] {
+        use Algorithm::*;
+        match self {
+            Collective::Allreduce => &[
+                Ring,
+                RecursiveDoubling,
+                Rabenseifner,
+                Be,
+                Binomial,
+                Lp,
+                Torus2d,
+            ],
+            Collective::Allgather => &[Ring, RecursiveDoubling, Bruck],
+            Collective::ReduceScatter => &[Ring, RecursiveDoubling],
+            Collective::Broadcast => &[Binomial, ScatterAllgather, Lp],
+            Collective::Reduce => &[Binomial, Lp],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(
+                serde_json::to_string(&a).unwrap(),
+                format!("\"{}\"", a.name())
+            );
+        }
+        assert!("nope".parse::<Algorithm>().is_err());
+    }
+}

@@ -1,0 +1,297 @@
+//! A machine's calibration: the fitted link and top-k models plus direct fits of the
+//! collectives that were swept, saved as JSON by `cargo xtask calibrate` and read by the
+//! planner and the algorithm chooser.
+//!
+//! ```json
+//! {"schema": 1, "backend": "thread", "ranks": 4,
+//!  "topology": {"nodes": 4, "ranks_per_node": 1, "intra": {...}, "inter": {...}, "gamma_s_per_byte": 1e-10},
+//!  "pingpong": {"model": {"alpha_s": 2e-6, "beta_s": 1e-10}, "quality": {"r2": 0.99, ...}},
+//!  "collectives": [{"op": "allreduce", "algo": "ring", "fit": {...}}],
+//!  "topk": [{"selector": "exact", "density": 0.001, "fit": {"model": {"kind": "omgs", "gamma_rho": 2e-10}, ...}}]}
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dense::{predict_dense, DenseCase};
+use crate::fit::Fitted;
+use crate::models::{LinearModel, ReductionModel, TopkModel};
+use crate::{Algorithm, Collective, Error, Result, Topology};
+
+/// Version of the calibration JSON layout.
+pub const SCHEMA: u32 = 1;
+
+/// A direct fit `t = α + β·bytes` of one collective algorithm. `bytes` is the buffer size
+/// for all-reduce, reduce-scatter, broadcast and reduce, and each rank's contribution for
+/// all-gather.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveFit {
+    /// The operation.
+    pub op: Collective,
+    /// The algorithm.
+    pub algo: Algorithm,
+    /// The fitted line.
+    pub fit: Fitted<LinearModel>,
+}
+
+/// A fitted top-k selection model (sizes in elements).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopkFit {
+    /// Selector name (`"exact"`, `"mstopk"`, ...).
+    pub selector: String,
+    /// Density the sweep used.
+    pub density: f64,
+    /// The fitted model.
+    pub fit: Fitted<TopkModel>,
+}
+
+/// Everything a calibration run measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// Transport it was measured on (`"thread"`, `"mpi"`).
+    pub backend: String,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// The cluster as the link fits describe it (α, β from the ping-pong, γ from the
+    /// reduction sweep).
+    pub topology: Topology,
+    /// One-way point-to-point time against bytes (half a ping-pong round trip).
+    pub pingpong: Fitted<LinearModel>,
+    /// Local reduction (sum of `f32`) time against bytes: γ per byte.
+    #[serde(default)]
+    pub reduction: Option<Fitted<ReductionModel>>,
+    /// Direct fits of the collectives that were swept.
+    #[serde(default)]
+    pub collectives: Vec<CollectiveFit>,
+    /// Fitted top-k models.
+    #[serde(default)]
+    pub topk: Vec<TopkFit>,
+}
+
+impl Calibration {
+    /// Parses and validates a calibration from JSON text (`what` names it in errors).
+    pub fn from_json(text: &str, what: &str) -> Result<Self> {
+        let c: Calibration = serde_json::from_str(text).map_err(|e| Error::Json {
+            path: what.to_string(),
+            message: e.to_string(),
+        })?;
+        c.validate().map_err(|e| Error::Json {
+            path: what.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(c)
+    }
+
+    /// Reads a calibration file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Json {
+            path: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Calibration::from_json(&text, &path.display().to_string())
+    }
+
+    /// The calibration as pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain structs of numbers and strings cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Writes the calibration to `path`.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_json()).map_err(|e| Error::Json {
+            path: path.display().to_string(),
+            message: format!("cannot write: {e}"),
+        })
+    }
+
+    /// Checks the schema, that the topology is valid and matches `ranks`, and that every
+    /// fitted constant is finite.
+    pub fn validate(&self) -> Result<()> {
+        if self.schema != SCHEMA {
+            return Err(Error::InvalidArgument(format!(
+                "calibration schema {} is not the supported {SCHEMA}",
+                self.schema
+            )));
+        }
+        self.topology.validate()?;
+        self.topology.check_ranks(self.ranks)?;
+        let finite = |v: f64, what: &str| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!("{what} is {v}")))
+            }
+        };
+        finite(self.pingpong.model.alpha_s, "ping-pong α")?;
+        finite(self.pingpong.model.beta_s, "ping-pong β")?;
+        for c in &self.collectives {
+            if !c.op.algorithms().contains(&c.algo) {
+                return Err(Error::InvalidArgument(format!(
+                    "{} has no {} algorithm",
+                    c.op.name(),
+                    c.algo.name()
+                )));
+            }
+            finite(c.fit.model.alpha_s, "collective α")?;
+            finite(c.fit.model.beta_s, "collective β")?;
+        }
+        Ok(())
+    }
+
+    /// The direct fit of `(op, algo)`, if that pair was swept.
+    pub fn collective_fit(&self, op: Collective, algo: Algorithm) -> Option<&CollectiveFit> {
+        self.collectives
+            .iter()
+            .find(|c| c.op == op && c.algo == algo)
+    }
+
+    /// Predicted seconds of `op` with `algo` on `p` ranks for `bytes` (see
+    /// [`CollectiveFit`] for what `bytes` means): the direct fit when this pair was swept at
+    /// this P, else the schedule prediction on the calibrated link constants (a flat
+    /// cluster of `p` ranks with this calibration's links).
+    pub fn predict(&self, op: Collective, algo: Algorithm, p: usize, bytes: usize) -> Result<f64> {
+        if p == self.ranks {
+            if let Some(c) = self.collective_fit(op, algo) {
+                return Ok(c.fit.model.time(bytes));
+            }
+        }
+        let topo = if p == self.ranks {
+            self.topology
+        } else {
+            Topology::flat(p, self.topology.inter)?.with_gamma(self.topology.gamma_s_per_byte)?
+        };
+        let case = DenseCase::new(op, algo, bytes / 4).with_block_bytes(64 << 10);
+        Ok(predict_dense(&case, &topo)?.time_s)
+    }
+}
+
+/// Ranks the algorithms of `op` for `bytes` (buffer bytes; per-rank bytes for all-gather)
+/// on `topo` by predicted time, fastest first. `block_bytes` is the LP block size; f32
+/// elements. Algorithms that cannot run on this topology (torus2d needs ranks per node to
+/// divide P, which a valid topology guarantees) are left out with no error.
+pub fn rank_dense(
+    op: Collective,
+    bytes: usize,
+    topo: &Topology,
+    block_bytes: usize,
+) -> Result<Vec<(Algorithm, f64)>> {
+    topo.validate()?;
+    let mut out = Vec::new();
+    for &algo in op.algorithms() {
+        let case = DenseCase::new(op, algo, bytes / 4).with_block_bytes(block_bytes);
+        if let Ok(pred) = predict_dense(&case, topo) {
+            out.push((algo, pred.time_s));
+        }
+    }
+    out.sort_by(|a, b| a.1.total_cmp(&b.1));
+    Ok(out)
+}
+
+/// [`rank_dense`] through a calibration: direct fits where swept, schedule predictions on
+/// the calibrated links otherwise.
+pub fn rank_dense_calibrated(
+    cal: &Calibration,
+    op: Collective,
+    p: usize,
+    bytes: usize,
+) -> Vec<(Algorithm, f64)> {
+    let mut out: Vec<(Algorithm, f64)> = op
+        .algorithms()
+        .iter()
+        .filter_map(|&a| cal.predict(op, a, p, bytes).ok().map(|t| (a, t)))
+        .filter(|(_, t)| t.is_finite())
+        .collect();
+    out.sort_by(|a, b| a.1.total_cmp(&b.1));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fit::{fit_linear, Sample};
+    use crate::Link;
+
+    fn cal() -> Calibration {
+        let link = Link {
+            alpha_s: 2e-6,
+            beta_s_per_byte: 1e-10,
+        };
+        let s: Vec<Sample> = [1e3, 1e6]
+            .iter()
+            .map(|&n| Sample::new(n, 2e-6 + 1e-10 * n))
+            .collect();
+        let pingpong = fit_linear(&s).unwrap();
+        Calibration {
+            schema: SCHEMA,
+            backend: "thread".into(),
+            ranks: 4,
+            topology: Topology::flat(4, link).unwrap(),
+            pingpong,
+            reduction: None,
+            collectives: vec![CollectiveFit {
+                op: Collective::Allreduce,
+                algo: Algorithm::Ring,
+                fit: pingpong,
+            }],
+            topk: vec![],
+        }
+    }
+
+    #[test]
+    fn json_round_trip_and_errors() {
+        let c = cal();
+        let back = Calibration::from_json(&c.to_json(), "mem").unwrap();
+        assert_eq!(back, c);
+        assert!(
+            matches!(Calibration::from_json("{", "x.json"), Err(Error::Json { path, .. }) if path == "x.json")
+        );
+        assert!(matches!(
+            Calibration::load("/nonexistent/cal.json"),
+            Err(Error::Json { .. })
+        ));
+        let mut bad = c.clone();
+        bad.ranks = 5;
+        assert!(Calibration::from_json(&bad.to_json(), "m").is_err());
+        let mut bad = c.clone();
+        bad.schema = 99;
+        assert!(Calibration::from_json(&bad.to_json(), "m").is_err());
+    }
+
+    #[test]
+    fn prediction_and_ranking() {
+        let c = cal();
+        let direct = c
+            .predict(Collective::Allreduce, Algorithm::Ring, 4, 1000)
+            .unwrap();
+        assert!((direct - (2e-6 + 1e-7)).abs() < 1e-12);
+        let r = rank_dense_calibrated(&c, Collective::Allgather, 4, 1 << 20);
+        assert_eq!(r.len(), 3);
+        assert!(r.windows(2).all(|w| w[0].1 <= w[1].1));
+        // Large messages on a latency-cheap flat link: a bandwidth-optimal algorithm wins;
+        // tiny messages: recursive doubling beats the 2(P−1)-step ring.
+        let t = Topology::flat(
+            8,
+            Link {
+                alpha_s: 5e-5,
+                beta_s_per_byte: 1e-9,
+            },
+        )
+        .unwrap();
+        let small = rank_dense(Collective::Allreduce, 64, &t, 1 << 16).unwrap();
+        assert_eq!(small[0].0, Algorithm::RecursiveDoubling);
+        let big = rank_dense(Collective::Allreduce, 64 << 20, &t, 1 << 16).unwrap();
+        assert!(
+            matches!(
+                big[0].0,
+                Algorithm::Rabenseifner | Algorithm::Be | Algorithm::Ring
+            ),
+            "{big:?}"
+        );
+    }
+}

@@ -1,0 +1,373 @@
+//! The local-disk level of Fig. 5 (paper 001 §4.1): raw sample bytes copied from the slow
+//! source on first read, kept across runs ("multiple runs for hyper-parameter tuning").
+//!
+//! Layout: `root/<namespace>/<index >> 12 as hex>/<index>.dce`. An entry is a 24-byte header
+//! (`b"DCE1"`, CRC-32 of the payload, payload length, sample index; little-endian) and the
+//! payload. Entries are written to a hidden temporary name and renamed into place, so a
+//! reader (in this or another process) sees either no entry or a whole one; a torn or
+//! corrupted entry fails its checksum and is fetched again. Hits refresh the file's
+//! modification time, which is the least-recently-used clock shared by all processes; when
+//! the directory grows past its limit the oldest entries are deleted. Any write failure
+//! (a full disk) turns the level off with a warning instead of failing the training.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use crate::error::{Error, Result};
+use crate::stats::{add, Stats};
+
+const MAGIC: &[u8; 4] = b"DCE1";
+/// Bytes of the entry header.
+pub const HEADER_LEN: usize = 24;
+const EXT: &str = "dce";
+/// After eviction the directory is brought down to this fraction of its limit, so that
+/// eviction (a directory scan) runs once per many inserts rather than on every one.
+const LOW_WATERMARK: f64 = 0.9;
+/// Temporary files older than this are leftovers of a crashed writer and are removed.
+const STALE_TMP: Duration = Duration::from_secs(600);
+
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// An intact entry.
+    Hit(Vec<u8>),
+    /// No entry (or the level is off).
+    Miss,
+    /// An entry that failed its checks; it has been removed.
+    Corrupt,
+}
+
+/// A size-limited, checksummed, multi-process-safe directory of raw samples.
+#[derive(Debug)]
+pub struct DiskCache {
+    root: PathBuf,
+    dir: PathBuf,
+    max_bytes: u64,
+    approx_bytes: AtomicU64,
+    disabled: AtomicBool,
+    evict_lock: Mutex<()>,
+    tmp_counter: AtomicU64,
+    stats: Arc<Stats>,
+}
+
+/// The directory name for a data set: CRC-32 of its fingerprint, so that caches of different
+/// data sets can share one root.
+pub fn namespace_for(fingerprint: &str) -> String {
+    format!("ds-{:08x}", crc32fast::hash(fingerprint.as_bytes()))
+}
+
+impl DiskCache {
+    /// Opens (creating) the cache for data set `namespace` under `root`, with at most
+    /// `max_bytes` in all of `root` (every namespace counts). If the directory cannot be
+    /// created the level starts switched off (with a warning), like a full disk.
+    pub fn open(root: impl AsRef<Path>, namespace: &str, max_bytes: u64) -> Result<Self> {
+        Self::open_with_stats(root, namespace, max_bytes, Arc::new(Stats::default()))
+    }
+
+    pub(crate) fn open_with_stats(
+        root: impl AsRef<Path>,
+        namespace: &str,
+        max_bytes: u64,
+        stats: Arc<Stats>,
+    ) -> Result<Self> {
+        if namespace.is_empty() || namespace.contains(['/', '\\']) || namespace.starts_with('.') {
+            return Err(Error::Config(format!(
+                "disk-cache namespace {namespace:?} must be a plain directory name"
+            )));
+        }
+        let root = root.as_ref().to_path_buf();
+        let dir = root.join(namespace);
+        let cache = Self {
+            root,
+            dir,
+            max_bytes,
+            approx_bytes: AtomicU64::new(0),
+            disabled: AtomicBool::new(false),
+            evict_lock: Mutex::new(()),
+            tmp_counter: AtomicU64::new(0),
+            stats,
+        };
+        if let Err(e) = std::fs::create_dir_all(&cache.dir) {
+            cache.disable(&cache.dir, &e);
+            return Ok(cache);
+        }
+        let (total, _) = cache.scan(true);
+        cache.approx_bytes.store(total, Relaxed);
+        Ok(cache)
+    }
+
+    /// The directory of this data set's entries.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file that holds (or would hold) sample `index`; tests corrupt it on purpose.
+    pub fn entry_path(&self, index: usize) -> PathBuf {
+        self.dir
+            .join(format!("{:04x}", index >> 12))
+            .join(format!("{index}.{EXT}"))
+    }
+
+    /// False once a write failed; the cache then serves from memory and the source only.
+    pub fn is_enabled(&self) -> bool {
+        !self.disabled.load(Relaxed)
+    }
+
+    /// The size limit in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Bytes of all entries under the root now (a directory scan).
+    pub fn total_bytes(&self) -> u64 {
+        self.scan(false).0
+    }
+
+    fn disable(&self, path: &Path, e: &std::io::Error) {
+        add(&self.stats.disk_write_failures, 1);
+        if !self.disabled.swap(true, Relaxed) {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "disk cache write failed (disk full?); continuing with memory and source only"
+            );
+        }
+    }
+
+    /// Looks sample `index` up, checking header, length, index and checksum.
+    pub fn get(&self, index: usize) -> Lookup {
+        if !self.is_enabled() {
+            return Lookup::Miss;
+        }
+        let path = self.entry_path(index);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(_) => return Lookup::Miss,
+        };
+        match parse_entry(&bytes, index) {
+            Some(payload) => {
+                // Refresh the shared LRU clock; failure only makes eviction less precise.
+                if let Ok(f) = File::options().write(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                Lookup::Hit(payload.to_vec())
+            }
+            None => {
+                tracing::debug!(index, path = %path.display(), "corrupt disk-cache entry, refetching");
+                // Another process may have replaced it with a good entry meanwhile; removing
+                // that costs one refetch, never a wrong answer.
+                let _ = std::fs::remove_file(&path);
+                Lookup::Corrupt
+            }
+        }
+    }
+
+    /// Stores sample `index`. Never fails: an error switches the level off with a warning.
+    pub fn put(&self, index: usize, payload: &[u8]) {
+        if !self.is_enabled() {
+            return;
+        }
+        let entry_len = (HEADER_LEN + payload.len()) as u64;
+        if entry_len > self.max_bytes {
+            return; // can never fit; keep it out rather than evict everything
+        }
+        let path = self.entry_path(index);
+        let Some(parent) = path.parent() else { return };
+        if let Err(e) = std::fs::create_dir_all(parent) {
+            self.disable(parent, &e);
+            return;
+        }
+        let tmp = parent.join(format!(
+            ".{index}.{EXT}.tmp.{}.{}",
+            std::process::id(),
+            self.tmp_counter.fetch_add(1, Relaxed)
+        ));
+        let result = (|| -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&header(index, payload))?;
+            f.write_all(payload)?;
+            // No fsync: a torn entry after a crash fails its checksum and is refetched.
+            drop(f);
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            self.disable(&path, &e);
+            return;
+        }
+        add(&self.stats.disk_writes, 1);
+        add(&self.stats.disk_bytes_written, entry_len);
+        let now = self.approx_bytes.fetch_add(entry_len, Relaxed) + entry_len;
+        if now > self.max_bytes {
+            self.evict();
+        }
+    }
+
+    /// Deletes least-recently-used entries (oldest modification time first, across all
+    /// namespaces and processes) until the root is under the low watermark.
+    pub fn evict(&self) {
+        let _guard = self
+            .evict_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (mut total, mut entries) = self.scan(false);
+        if total > self.max_bytes {
+            let target = (self.max_bytes as f64 * LOW_WATERMARK) as u64;
+            entries.sort_by_key(|e| e.1);
+            for (path, _, size) in entries {
+                if total <= target {
+                    break;
+                }
+                match std::fs::remove_file(&path) {
+                    Ok(()) => add(&self.stats.disk_evictions, 1),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(_) => continue,
+                }
+                total = total.saturating_sub(size);
+            }
+        }
+        self.approx_bytes.store(total, Relaxed);
+    }
+
+    /// Walks the root: total entry bytes and (path, mtime, size) of every entry. With
+    /// `clean`, also removes stale temporary files left by crashed writers.
+    fn scan(&self, clean: bool) -> (u64, Vec<(PathBuf, SystemTime, u64)>) {
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        let mut stack = vec![(self.root.clone(), 0u8)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            for entry in rd.flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                let path = entry.path();
+                if meta.is_dir() {
+                    if depth < 2 {
+                        stack.push((path, depth + 1));
+                    }
+                    continue;
+                }
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with('.') {
+                    if clean && name.contains(".tmp.") {
+                        let old = meta
+                            .modified()
+                            .ok()
+                            .and_then(|m| m.elapsed().ok())
+                            .is_some_and(|age| age > STALE_TMP);
+                        if old {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                    continue;
+                }
+                if path.extension().is_some_and(|e| e == EXT) {
+                    let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    total += meta.len();
+                    out.push((path, mtime, meta.len()));
+                }
+            }
+        }
+        (total, out)
+    }
+}
+
+fn header(index: usize, payload: &[u8]) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(MAGIC);
+    h[4..8].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    h[16..24].copy_from_slice(&(index as u64).to_le_bytes());
+    h
+}
+
+/// The payload of a well-formed entry for `index`, or `None`.
+fn parse_entry(bytes: &[u8], index: usize) -> Option<&[u8]> {
+    let h = bytes.get(..HEADER_LEN)?;
+    if &h[0..4] != MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(h[4..8].try_into().ok()?);
+    let len = u64::from_le_bytes(h[8..16].try_into().ok()?);
+    let idx = u64::from_le_bytes(h[16..24].try_into().ok()?);
+    let payload = &bytes[HEADER_LEN..];
+    (payload.len() as u64 == len && idx == index as u64 && crc32fast::hash(payload) == crc)
+        .then_some(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_and_detect_corruption() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskCache::open(t.path(), "ns", 1 << 20).unwrap();
+        assert_eq!(d.get(5), Lookup::Miss);
+        d.put(5, b"hello");
+        assert_eq!(d.get(5), Lookup::Hit(b"hello".to_vec()));
+        // flip a payload byte
+        let p = d.entry_path(5);
+        let mut b = std::fs::read(&p).unwrap();
+        b[HEADER_LEN] ^= 0xff;
+        std::fs::write(&p, &b).unwrap();
+        assert_eq!(d.get(5), Lookup::Corrupt);
+        assert!(!p.exists());
+        // truncate
+        d.put(5, b"hello");
+        let b = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &b[..b.len() - 1]).unwrap();
+        assert_eq!(d.get(5), Lookup::Corrupt);
+        // an entry copied under another index's name is rejected
+        d.put(6, b"six");
+        std::fs::copy(d.entry_path(6), d.entry_path(7)).unwrap();
+        assert_eq!(d.get(7), Lookup::Corrupt);
+    }
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = (HEADER_LEN + 100) as u64;
+        let d = DiskCache::open(t.path(), "ns", entry * 10).unwrap();
+        let old = SystemTime::now() - Duration::from_secs(1000);
+        for i in 0..10 {
+            d.put(i, &[i as u8; 100]);
+            // distinct, increasing ages independent of the file system's clock granularity
+            let f = File::options().write(true).open(d.entry_path(i)).unwrap();
+            f.set_modified(old + Duration::from_secs(i as u64)).unwrap();
+        }
+        assert!(matches!(d.get(0), Lookup::Hit(_))); // 0 becomes the most recent
+        d.put(10, &[10u8; 100]);
+        assert!(d.total_bytes() <= entry * 10);
+        assert!(matches!(d.get(0), Lookup::Hit(_)));
+        assert_eq!(d.get(1), Lookup::Miss);
+        assert!(matches!(d.get(10), Lookup::Hit(_)));
+        assert!(matches!(d.get(9), Lookup::Hit(_)));
+        // reopening sees the same entries (reuse across runs)
+        let d2 = DiskCache::open(t.path(), "ns", entry * 10).unwrap();
+        assert!(matches!(d2.get(10), Lookup::Hit(_)));
+    }
+
+    #[test]
+    fn write_failure_disables_instead_of_failing() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskCache::open(t.path(), "ns", 1 << 20).unwrap();
+        // Make the entry's parent directory impossible to create: a file in its place.
+        let parent = d.entry_path(3).parent().unwrap().to_path_buf();
+        std::fs::write(&parent, b"x").unwrap();
+        d.put(3, b"abc");
+        assert!(!d.is_enabled());
+        assert_eq!(d.get(3), Lookup::Miss);
+    }
+
+    #[test]
+    fn rejects_bad_namespace() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(DiskCache::open(t.path(), "../x", 10).is_err());
+        assert!(DiskCache::open(t.path(), "", 10).is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! A Gantt chart of a [`Timeline`] as SVG: one row for backward (per layer), one for
+//! sparsification and one for communication (per group), as paper 000 Fig. 1 draws them.
+
+use plotters::prelude::*;
+
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+
+fn plot_err<E: std::fmt::Display>(e: E) -> Error {
+    Error::Plot(e.to_string())
+}
+
+const ROWS: [&str; 4] = ["comm", "sparsify", "backward", "forward"];
+
+/// Renders `timeline` as an SVG document titled `title`.
+pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 320)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let t_max = timeline.iteration_s.max(1e-9) * 1.02;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..t_max * 1e3, 0.0..4.0)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("time (ms)")
+            .y_labels(8)
+            .y_label_formatter(&|y| {
+                let i = (*y - 0.5).round();
+                if (y - (i + 0.5)).abs() < 1e-6 && (0.0..4.0).contains(&i) {
+                    ROWS[i as usize].to_string()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(plot_err)?;
+        let bar = |row: f64, s: f64, e: f64, color: RGBColor| {
+            Rectangle::new([(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)], color.filled())
+        };
+        let outline = |row: f64, s: f64, e: f64| {
+            Rectangle::new([(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)], BLACK.stroke_width(1))
+        };
+        let f = timeline.forward;
+        chart
+            .draw_series([bar(3.0, f.start, f.end, RGBColor(180, 180, 180))])
+            .map_err(plot_err)?;
+        let palette = [RGBColor(66, 133, 244), RGBColor(120, 170, 250)];
+        chart
+            .draw_series(
+                timeline
+                    .backward
+                    .iter()
+                    .enumerate()
+                    .map(|(l, s)| bar(2.0, s.start, s.end, palette[l % 2])),
+            )
+            .map_err(plot_err)?;
+        chart
+            .draw_series(
+                timeline
+                    .groups
+                    .iter()
+                    .map(|g| bar(1.0, g.sparsify.start, g.sparsify.end, RGBColor(251, 188, 5))),
+            )
+            .map_err(plot_err)?;
+        chart
+            .draw_series(
+                timeline
+                    .groups
+                    .iter()
+                    .map(|g| bar(0.0, g.comm.start, g.comm.end, RGBColor(52, 168, 83))),
+            )
+            .map_err(plot_err)?;
+        chart
+            .draw_series(timeline.groups.iter().map(|g| outline(0.0, g.comm.start, g.comm.end)))
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(svg)
+}
+
+/// Writes [`gantt_svg`] to `path`.
+pub fn write_gantt(timeline: &Timeline, title: &str, path: impl AsRef<std::path::Path>) -> Result<()> {
+    let svg = gantt_svg(timeline, title)?;
+    std::fs::write(path.as_ref(), svg).map_err(|e| Error::Io(format!("{}: {e}", path.as_ref().display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{predict, MergePlan, SimpleCosts, LayerProfile};
+
+    #[test]
+    fn draws_an_svg() {
+        let p = LayerProfile::from_sizes("m", &[100, 2000, 30]).unwrap().scaled(1.0).unwrap();
+        let p = p.with_backward_times(0.01, &[0.01, 0.02, 0.005]).unwrap();
+        let c = SimpleCosts { gamma: 1e-6, alpha: 0.01, beta: 1e-6 };
+        let t = predict(&p, &MergePlan::layerwise(3), &c).unwrap();
+        let svg = gantt_svg(&t, "test").unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
+    }
+}

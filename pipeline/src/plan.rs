@@ -1,0 +1,548 @@
+//! Merge plans (contiguous groups of layers communicated together) and the planners of
+//! paper 000: layer-wise (LAGS-SGD), one group (TopK-SGD), threshold merging (MGS-SGD,
+//! PAPERS.md semantics), OMGS Algorithm 1 (Theorem 1's Q3 ∧ Q5 rule), the dense MG-WFBP
+//! variant, an exact planner (dynamic programming over non-dominated states) and an
+//! exhaustive search over all `2^(L−1)` plans as the reference.
+//!
+//! Algorithm 1 is a greedy pass; under the timeline model it does not always reach the
+//! optimum (the test `omgs_algorithm_1_is_not_always_optimal` shows a profile where it
+//! misses), so the default planner is [`Planner::Exact`], which does.
+
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::LayerProfile;
+use crate::timeline::{iteration_time_bounds, predict, NoSparsify, StepCosts};
+use crate::{Error, Result};
+
+/// A partition of the layers `0..L` (forward order) into contiguous groups. Groups are
+/// stored in forward order; they are sparsified and communicated in reverse (the group
+/// holding the last layer first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergePlan {
+    layers: usize,
+    starts: Vec<usize>,
+}
+
+impl MergePlan {
+    /// A plan from ascending group starts (the first must be 0, all `< layers`).
+    pub fn from_starts(layers: usize, starts: Vec<usize>) -> Result<Self> {
+        if layers == 0 {
+            return Err(Error::InvalidPlan("a plan needs at least one layer".into()));
+        }
+        if starts.first() != Some(&0) {
+            return Err(Error::InvalidPlan("the first group must start at layer 0".into()));
+        }
+        if starts.windows(2).any(|w| w[0] >= w[1]) || starts.iter().any(|&s| s >= layers) {
+            return Err(Error::InvalidPlan(format!(
+                "group starts {starts:?} must be strictly increasing and below {layers}"
+            )));
+        }
+        Ok(MergePlan { layers, starts })
+    }
+
+    /// A plan from groups of layer indices (forward order, contiguous, covering `0..layers`).
+    pub fn from_groups(layers: usize, groups: &[Vec<usize>]) -> Result<Self> {
+        let mut next = 0;
+        let mut starts = Vec::with_capacity(groups.len());
+        for g in groups {
+            if g.is_empty() {
+                return Err(Error::InvalidPlan("empty group".into()));
+            }
+            for (i, &l) in g.iter().enumerate() {
+                if l != next + i {
+                    return Err(Error::InvalidPlan(format!(
+                        "groups must list layers 0..{layers} contiguously in order; found {l} where {} was expected",
+                        next + i
+                    )));
+                }
+            }
+            starts.push(next);
+            next += g.len();
+        }
+        if next != layers {
+            return Err(Error::InvalidPlan(format!(
+                "groups cover {next} layers, the profile has {layers}"
+            )));
+        }
+        MergePlan::from_starts(layers, starts)
+    }
+
+    /// Every layer its own group (LAGS-SGD).
+    pub fn layerwise(layers: usize) -> Self {
+        MergePlan {
+            layers,
+            starts: (0..layers).collect(),
+        }
+    }
+
+    /// All layers in one group (TopK-SGD).
+    pub fn single(layers: usize) -> Self {
+        MergePlan {
+            layers,
+            starts: vec![0],
+        }
+    }
+
+    /// Number of layers `L`.
+    pub fn num_layers(&self) -> usize {
+        self.layers
+    }
+
+    /// Number of groups (communications per iteration, paper 000 Table V).
+    pub fn num_groups(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Group starts, ascending.
+    pub fn starts(&self) -> &[usize] {
+        &self.starts
+    }
+
+    /// Layer range of group `g` (forward order).
+    pub fn range(&self, g: usize) -> std::ops::Range<usize> {
+        let end = self.starts.get(g + 1).copied().unwrap_or(self.layers);
+        self.starts[g]..end
+    }
+
+    /// Groups as lists of layer indices, forward order.
+    pub fn groups(&self) -> Vec<Vec<usize>> {
+        (0..self.num_groups()).map(|g| self.range(g).collect()).collect()
+    }
+
+    /// The group holding `layer`.
+    pub fn group_of(&self, layer: usize) -> usize {
+        self.starts.partition_point(|&s| s <= layer) - 1
+    }
+
+    /// Checks the plan is for `layers` layers.
+    pub fn check_layers(&self, layers: usize) -> Result<()> {
+        if self.layers == layers {
+            Ok(())
+        } else {
+            Err(Error::InvalidPlan(format!(
+                "plan is for {} layers, the profile has {layers}",
+                self.layers
+            )))
+        }
+    }
+}
+
+/// Default threshold of MGS-SGD: 8192 elements (paper 000 §V-D, footnote 10).
+pub const DEFAULT_THRESHOLD: usize = 8192;
+
+/// Largest profile the exhaustive search accepts (`2^(L−1)` plans).
+pub const EXHAUSTIVE_MAX_LAYERS: usize = 22;
+
+/// A merge planner. Names: `lags`, `topk`, `threshold` (or `threshold:N`), `omgs`,
+/// `exact`, `mgwfbp`, `exhaustive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Planner {
+    /// Layer-wise, every tensor its own group (LAGS-SGD).
+    Lags,
+    /// One group (TopK-SGD).
+    TopK,
+    /// Threshold merging with this many elements (MGS-SGD).
+    Threshold(usize),
+    /// Paper 000 Algorithm 1 (FindMergedLayers, Theorem 1's Q3 ∧ Q5).
+    Omgs,
+    /// Exact optimum of the timeline model (dynamic programming); the default.
+    Exact,
+    /// MG-WFBP: Algorithm 1 with no sparsification cost (the dense merge rule).
+    MgWfbp,
+    /// Every plan tried (reference for small `L`).
+    Exhaustive,
+}
+
+impl Default for Planner {
+    fn default() -> Self {
+        Planner::Exact
+    }
+}
+
+impl std::fmt::Display for Planner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Planner::Lags => write!(f, "lags"),
+            Planner::TopK => write!(f, "topk"),
+            Planner::Threshold(DEFAULT_THRESHOLD) => write!(f, "threshold"),
+            Planner::Threshold(n) => write!(f, "threshold:{n}"),
+            Planner::Omgs => write!(f, "omgs"),
+            Planner::Exact => write!(f, "exact"),
+            Planner::MgWfbp => write!(f, "mgwfbp"),
+            Planner::Exhaustive => write!(f, "exhaustive"),
+        }
+    }
+}
+
+impl FromStr for Planner {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "lags" => Planner::Lags,
+            "topk" => Planner::TopK,
+            "threshold" | "mgs" => Planner::Threshold(DEFAULT_THRESHOLD),
+            "omgs" => Planner::Omgs,
+            "exact" | "default" => Planner::Exact,
+            "mgwfbp" => Planner::MgWfbp,
+            "exhaustive" => Planner::Exhaustive,
+            other => match other.strip_prefix("threshold:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Planner::Threshold(n),
+                _ => return Err(Error::UnknownPlanner(other.to_string())),
+            },
+        })
+    }
+}
+
+impl Planner {
+    /// Every planner that runs on any profile (the exhaustive search excluded).
+    pub const ALL: [Planner; 6] = [
+        Planner::Lags,
+        Planner::TopK,
+        Planner::Threshold(DEFAULT_THRESHOLD),
+        Planner::Omgs,
+        Planner::MgWfbp,
+        Planner::Exact,
+    ];
+
+    /// Plans `profile` under `costs`.
+    pub fn plan(&self, profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
+        let l = profile.len();
+        match *self {
+            Planner::Lags => Ok(MergePlan::layerwise(l)),
+            Planner::TopK => Ok(MergePlan::single(l)),
+            Planner::Threshold(n) => Ok(threshold(profile, n)),
+            Planner::Omgs => algorithm1(profile, costs),
+            Planner::MgWfbp => algorithm1(profile, &NoSparsify(costs)),
+            Planner::Exact => exact(profile, costs),
+            Planner::Exhaustive => exhaustive(profile, costs),
+        }
+    }
+}
+
+/// Threshold merging (MGS-SGD) as the OMGS authors' code does it (PAPERS.md): walk from the
+/// last tensor to the first adding element counts; the group closes right after the tensor
+/// that makes the running total reach `threshold`; leftovers form the last group.
+pub fn threshold(profile: &LayerProfile, threshold: usize) -> MergePlan {
+    let mut starts = Vec::new();
+    let mut total = 0usize;
+    let layers = profile.layers();
+    for l in (0..layers.len()).rev() {
+        total += layers[l].numel;
+        if total >= threshold && l > 0 {
+            starts.push(l);
+            total = 0;
+        }
+    }
+    starts.push(0);
+    starts.reverse();
+    MergePlan {
+        layers: layers.len(),
+        starts,
+    }
+}
+
+/// Paper 000 Algorithm 1 (FindMergedLayers): start with every layer normal; for `l = L → 2`
+/// make `l` a merged layer (merge its group into layer `l−1`) when Theorem 1's Q3 ∧ Q5
+/// holds, then recompute the start times (Eq. 13-15) before looking at the next layer.
+pub fn algorithm1(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
+    let l_count = profile.len();
+    let layers = profile.layers();
+    let alpha = costs.comm_alpha_s();
+    // merged[l]: layer l (forward index ≥ 1) is merged into l−1.
+    let mut merged = vec![false; l_count];
+    let mut plan = MergePlan::layerwise(l_count);
+    let mut tl = predict(profile, &plan, costs)?;
+    for l in (1..l_count).rev() {
+        // The group whose lowest layer is l (layers above may already be merged into it).
+        let gi = tl
+            .groups
+            .iter()
+            .position(|g| g.layers.first() == Some(&l))
+            .ok_or_else(|| Error::InvalidPlan("timeline lost a group".into()))?;
+        let g = &tl.groups[gi];
+        let d_l = g.numel;
+        let d_prev = layers[l - 1].numel;
+        // u = τ_b^(l) + t_b^(l) + t_b^(l−1) (the group's backward end plus layer l−1's).
+        let u = tl.backward[l].end + layers[l - 1].backward_s;
+        let tau_c = g.comm.start;
+        let q3 = u + costs.sparsify_s(d_l) + costs.sparsify_s(d_prev) < tau_c + costs.comm_s(d_l);
+        let q5 = tau_c + alpha > u + costs.sparsify_s(d_l + d_prev);
+        if q3 && q5 {
+            merged[l] = true;
+            let starts = (0..l_count).filter(|&i| i == 0 || !merged[i]).collect();
+            plan = MergePlan::from_starts(l_count, starts)?;
+            tl = predict(profile, &plan, costs)?;
+        }
+    }
+    Ok(plan)
+}
+
+#[derive(Clone, Copy)]
+struct State {
+    c: f64,
+    e: f64,
+    from: usize,
+    idx: usize,
+}
+
+/// Inserts into a Pareto front sorted by `c` ascending (and so `e` descending); drops
+/// dominated states.
+fn pareto_insert(front: &mut Vec<State>, s: State) {
+    let pos = front.partition_point(|x| x.c <= s.c);
+    if pos > 0 && front[pos - 1].e <= s.e {
+        return;
+    }
+    let mut end = pos;
+    while end < front.len() && front[end].e >= s.e {
+        end += 1;
+    }
+    front.splice(pos..end, std::iter::once(s));
+}
+
+/// The exact optimum of the timeline model: dynamic programming over group boundaries in
+/// backward order, keeping at each boundary the non-dominated (compute done,
+/// communication done) pairs. Both coordinates only delay what follows, so a dominated
+/// pair can never lead to a shorter iteration; the result equals the exhaustive search.
+pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
+    let l_count = profile.len();
+    let layers = profile.layers();
+    // Prefix sums over backward positions (position i = forward layer L−1−i).
+    let mut b = vec![0.0; l_count + 1];
+    let mut n = vec![0usize; l_count + 1];
+    for i in 0..l_count {
+        let layer = &layers[l_count - 1 - i];
+        b[i + 1] = b[i] + layer.backward_s;
+        n[i + 1] = n[i] + layer.numel;
+    }
+    // Costs per group size are needed O(L²) times; sizes repeat little, so compute inline.
+    let mut fronts: Vec<Vec<State>> = vec![Vec::new(); l_count + 1];
+    fronts[0].push(State {
+        c: profile.forward_s(),
+        e: 0.0,
+        from: 0,
+        idx: 0,
+    });
+    for j in 0..l_count {
+        let front = std::mem::take(&mut fronts[j]);
+        for k in j + 1..=l_count {
+            let numel = n[k] - n[j];
+            let ts = costs.sparsify_s(numel);
+            let tc = costs.comm_s(numel);
+            if !(ts.is_finite() && ts >= 0.0) {
+                return Err(Error::InvalidCost { what: "sparsify_s", numel, value: ts });
+            }
+            if !(tc.is_finite() && tc >= 0.0) {
+                return Err(Error::InvalidCost { what: "comm_s", numel, value: tc });
+            }
+            let db = b[k] - b[j];
+            for (si, s) in front.iter().enumerate() {
+                let c = s.c + db + ts;
+                let e = c.max(s.e) + tc;
+                pareto_insert(
+                    &mut fronts[k],
+                    State {
+                        c,
+                        e,
+                        from: j,
+                        idx: si,
+                    },
+                );
+            }
+        }
+        fronts[j] = front;
+    }
+    // Best final state, then walk the back-pointers.
+    let last = &fronts[l_count];
+    let (mut idx, _) = last
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.e.max(s.c)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .ok_or_else(|| Error::InvalidPlan("no plan found".into()))?;
+    let mut k = l_count;
+    let mut starts = Vec::new();
+    while k > 0 {
+        let s = fronts[k][idx];
+        // Group = positions [s.from, k) = forward layers [L−k, L−from).
+        starts.push(l_count - k);
+        idx = s.idx;
+        k = s.from;
+    }
+    starts.sort_unstable();
+    MergePlan::from_starts(l_count, starts)
+}
+
+/// Tries every plan (`2^(L−1)`), the reference for small profiles.
+pub fn exhaustive(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
+    let l_count = profile.len();
+    if l_count > EXHAUSTIVE_MAX_LAYERS {
+        return Err(Error::TooManyLayers {
+            planner: "exhaustive",
+            max: EXHAUSTIVE_MAX_LAYERS,
+            layers: l_count,
+        });
+    }
+    let bw: Vec<f64> = profile.layers().iter().map(|l| l.backward_s).collect();
+    let sizes = profile.sizes();
+    let mut best: Option<(f64, Vec<usize>)> = None;
+    let mut starts = Vec::with_capacity(l_count);
+    for mask in 0u64..(1u64 << (l_count - 1)) {
+        starts.clear();
+        starts.push(0);
+        // Bit i set: a group starts at layer i + 1.
+        starts.extend((0..l_count - 1).filter(|i| mask >> i & 1 == 1).map(|i| i + 1));
+        let t = iteration_time_bounds(&bw, &sizes, profile.forward_s(), &starts, costs);
+        if !t.is_finite() {
+            return Err(Error::InvalidCost {
+                what: "iteration",
+                numel: 0,
+                value: t,
+            });
+        }
+        if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+            best = Some((t, starts.clone()));
+        }
+    }
+    let (_, s) = best.ok_or_else(|| Error::InvalidPlan("no plan found".into()))?;
+    MergePlan::from_starts(l_count, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Layer;
+    use crate::timeline::{OmgsCosts, SimpleCosts};
+    use crate::zoo;
+    use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random_profile(rng: &mut impl Rng, l: usize) -> LayerProfile {
+        let layers = (0..l)
+            .map(|i| Layer {
+                name: format!("l{i}"),
+                numel: if rng.gen_bool(0.4) {
+                    rng.gen_range(1..2_000)
+                } else {
+                    rng.gen_range(1_000..3_000_000)
+                },
+                backward_s: rng.gen_range(0.0..0.03),
+            })
+            .collect();
+        LayerProfile::new("random", rng.gen_range(0.0..0.05), layers).unwrap()
+    }
+
+    fn time(p: &LayerProfile, plan: &MergePlan, c: &impl StepCosts) -> f64 {
+        predict(p, plan, c).unwrap().iteration_s
+    }
+
+    #[test]
+    fn threshold_8192_gives_table_v_group_counts() {
+        // Paper 000 Table V, MGS-SGD column.
+        for (name, groups) in [("vgg16", 13), ("resnet50", 53), ("inception_v4", 150), ("lstm_ptb", 9)] {
+            let p = zoo::profile(name).unwrap();
+            let plan = Planner::Threshold(8192).plan(&p, &OmgsCosts::preset(16).unwrap()).unwrap();
+            assert_eq!(plan.num_groups(), groups, "{name}");
+        }
+    }
+
+    #[test]
+    fn threshold_semantics() {
+        let p = LayerProfile::from_sizes("t", &[5, 3, 10, 2, 7]).unwrap();
+        // From the end: 7+2 = 9 ≥ 8 closes {3,4}; 10 closes {2}; 3+5 = 8 closes {0,1}.
+        assert_eq!(threshold(&p, 8).groups(), vec![vec![0, 1], vec![2], vec![3, 4]]);
+        assert_eq!(threshold(&p, 0).num_groups(), 5);
+        assert_eq!(threshold(&p, 1000).num_groups(), 1);
+    }
+
+    #[test]
+    fn plan_constructors_validate() {
+        assert!(MergePlan::from_groups(3, &[vec![0], vec![1, 2]]).is_ok());
+        assert!(MergePlan::from_groups(3, &[vec![0], vec![2]]).is_err());
+        assert!(MergePlan::from_groups(3, &[vec![0, 1, 2], vec![]]).is_err());
+        assert!(MergePlan::from_starts(3, vec![1]).is_err());
+        assert!(MergePlan::from_starts(3, vec![0, 0]).is_err());
+        assert!(MergePlan::from_starts(0, vec![0]).is_err());
+        let p = MergePlan::from_starts(5, vec![0, 2, 4]).unwrap();
+        assert_eq!(p.group_of(3), 1);
+        assert_eq!(p.group_of(4), 2);
+        assert_eq!(p.range(2), 4..5);
+    }
+
+    #[test]
+    fn planner_names_round_trip() {
+        for p in Planner::ALL.iter().chain([&Planner::Exhaustive, &Planner::Threshold(5)]) {
+            assert_eq!(&p.to_string().parse::<Planner>().unwrap(), p);
+        }
+        assert!(matches!("fastest".parse::<Planner>(), Err(Error::UnknownPlanner(_))));
+        assert!("threshold:x".parse::<Planner>().is_err());
+        assert_eq!(Planner::default(), Planner::Exact);
+    }
+
+    #[test]
+    fn default_planner_beats_every_baseline_on_the_zoo_at_p16() {
+        let c = OmgsCosts::preset(16).unwrap();
+        for name in zoo::MODELS {
+            let p = zoo::profile(name).unwrap();
+            let best = time(&p, &Planner::default().plan(&p, &c).unwrap(), &c);
+            for planner in Planner::ALL {
+                let t = time(&p, &planner.plan(&p, &c).unwrap(), &c);
+                assert!(best <= t * (1.0 + 1e-12), "{name}: default {best} > {planner} {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn omgs_algorithm_1_is_not_always_optimal() {
+        // Algorithm 1 decides each layer greedily from the current start times; search
+        // random small profiles for one where it misses the exhaustive optimum.
+        let c = OmgsCosts::preset(16).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut worst: f64 = 0.0;
+        for _ in 0..300 {
+            let p = random_profile(&mut rng, 8);
+            let opt = time(&p, &exhaustive(&p, &c).unwrap(), &c);
+            let a1 = time(&p, &algorithm1(&p, &c).unwrap(), &c);
+            assert!(opt <= a1 * (1.0 + 1e-12));
+            worst = worst.max(a1 / opt - 1.0);
+        }
+        assert!(worst > 1e-6, "Algorithm 1 matched the optimum on every profile tried");
+    }
+
+    #[test]
+    fn bad_inputs() {
+        let p = LayerProfile::from_sizes("big", &[1; 30]).unwrap();
+        let c = SimpleCosts { gamma: 0.0, alpha: 1.0, beta: 0.0 };
+        assert!(matches!(exhaustive(&p, &c), Err(Error::TooManyLayers { .. })));
+        let neg = SimpleCosts { gamma: 0.0, alpha: -1.0, beta: 0.0 };
+        assert!(matches!(exact(&p, &neg), Err(Error::InvalidCost { .. })));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn exact_equals_exhaustive(seed in any::<u64>(), l in 1usize..=12, p_idx in 0usize..4) {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let prof = random_profile(&mut rng, l);
+            let c = OmgsCosts::preset([2, 4, 8, 16][p_idx]).unwrap();
+            let e = time(&prof, &exact(&prof, &c).unwrap(), &c);
+            let x = time(&prof, &exhaustive(&prof, &c).unwrap(), &c);
+            prop_assert!((e - x).abs() <= 1e-12 * x.max(1.0), "exact {} exhaustive {}", e, x);
+            for planner in Planner::ALL {
+                let t = time(&prof, &planner.plan(&prof, &c).unwrap(), &c);
+                prop_assert!(e <= t * (1.0 + 1e-12));
+            }
+        }
+
+        #[test]
+        fn exact_equals_exhaustive_simple_costs(seed in any::<u64>(), l in 1usize..=14) {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let prof = random_profile(&mut rng, l);
+            let c = SimpleCosts { gamma: rng.gen_range(0.0..1e-9), alpha: rng.gen_range(0.0..0.05), beta: rng.gen_range(0.0..1e-8) };
+            let e = time(&prof, &exact(&prof, &c).unwrap(), &c);
+            let x = time(&prof, &exhaustive(&prof, &c).unwrap(), &c);
+            prop_assert!((e - x).abs() <= 1e-12 * x.max(1.0));
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The runtime of OMGS-SGD (paper 000 Algorithm 2): a [`Reducer`] that a framework calls
+//! from its backward hooks ("the gradient of layer `l` is ready"). It copies each gradient
+//! into its merged group's buffer; when a group is complete it is compressed on the
+//! calling (compute) thread and handed, in order, to a communication thread that owns the
+//! communicator, so communication overlaps the rest of backward (paper 004 Algorithm 1's
+//! overlap of reduce and backward; Algorithm 3 when the plan is one group). `finish`
+//! waits for the last group (Algorithm 2 line 7) and returns the averaged gradients for
+//! the optimizer.
+//!
+//! The reducer records its own [`Timeline`] with real timestamps in the form of the
+//! prediction: backward spans by the per-hook timestamp method (the time between
+//! consecutive "ready" calls), compression spans on the compute thread and communication
+//! spans on the communication thread.
+//!
+//! Errors are typed and never a silent wrong update: gradients of the wrong length, a
+//! layer reported twice or out of order, `finish` before every layer arrived, ranks at
+//! different iterations or groups ([`Error::RankOutOfStep`]), transport failures. After a
+//! communication failure the reducer stays failed.
+
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use collectives::Communicator;
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::plan::MergePlan;
+use crate::timeline::{GroupTiming, Span, Timeline};
+use crate::{Error, Result};
+
+pub use crate::schemes::{Compress, Exchange, ExchangeCtx, Payload, Scheme};
+
+enum Job {
+    Group {
+        ctx: ExchangeCtx,
+        payload: Payload,
+    },
+    Stop,
+}
+
+struct Done {
+    group: usize,
+    result: Result<(Vec<f32>, Span)>,
+}
+
+/// What the communication thread ran with the last time.
+struct CommThread<C> {
+    handle: JoinHandle<C>,
+    jobs: Sender<Job>,
+    done: Receiver<Done>,
+}
+
+/// The per-rank reducer of one training job. See the module docs.
+pub struct Reducer<C: Communicator + 'static> {
+    sizes: Vec<usize>,
+    plan: MergePlan,
+    /// Offset of each layer inside its group's buffer.
+    offsets: Vec<usize>,
+    compressors: Vec<Box<dyn Compress>>,
+    buffers: Vec<Vec<f32>>,
+    thread: Option<CommThread<C>>,
+    epoch: Instant,
+    iteration: u64,
+    /// Layers reported in the current iteration (they arrive L−1, L−2, ..., 0).
+    reported: usize,
+    in_iteration: bool,
+    t0: f64,
+    forward_end: Option<f64>,
+    last_event: f64,
+    backward: Vec<Span>,
+    sparsify: Vec<Span>,
+    failed: Option<Error>,
+    last: Option<Timeline>,
+    scheme_name: String,
+}
+
+impl<C: Communicator + 'static> Reducer<C> {
+    /// A reducer for layers of `sizes` (forward order) merged by `plan`, reducing through
+    /// `scheme`, communicating over `comm` (moved into the communication thread; get it
+    /// back with [`Reducer::shutdown`]).
+    pub fn new(comm: C, sizes: &[usize], plan: MergePlan, scheme: &dyn Scheme) -> Result<Self> {
+        if sizes.is_empty() {
+            return Err(Error::InvalidArgument("a reducer needs at least one layer".into()));
+        }
+        if let Some(i) = sizes.iter().position(|&n| n == 0 || n > u32::MAX as usize) {
+            return Err(Error::InvalidLayer {
+                index: i,
+                name: format!("layer{i}"),
+                reason: format!("numel = {} outside 1..=u32::MAX", sizes[i]),
+            });
+        }
+        plan.check_layers(sizes.len())?;
+        let mut offsets = vec![0; sizes.len()];
+        let mut compressors = Vec::new();
+        let mut exchangers = Vec::new();
+        let mut buffers = Vec::new();
+        for g in 0..plan.num_groups() {
+            let mut n = 0;
+            for l in plan.range(g) {
+                offsets[l] = n;
+                n += sizes[l];
+            }
+            let (c, e) = scheme.group(g, n, comm.size())?;
+            compressors.push(c);
+            exchangers.push(e);
+            buffers.push(vec![0.0; n]);
+        }
+        let epoch = Instant::now();
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Done>();
+        let handle = std::thread::Builder::new()
+            .name(format!("comm-{}", comm.rank()))
+            .spawn(move || comm_loop(comm, exchangers, jobs_rx, done_tx, epoch))
+            .map_err(|e| Error::CommThread(e.to_string()))?;
+        let groups = plan.num_groups();
+        Ok(Reducer {
+            sizes: sizes.to_vec(),
+            plan,
+            offsets,
+            compressors,
+            buffers,
+            thread: Some(CommThread {
+                handle,
+                jobs: jobs_tx,
+                done: done_rx,
+            }),
+            epoch,
+            iteration: 0,
+            reported: 0,
+            in_iteration: false,
+            t0: 0.0,
+            forward_end: None,
+            last_event: 0.0,
+            backward: vec![Span::default(); sizes.len()],
+            sparsify: vec![Span::default(); groups],
+            failed: None,
+            last: None,
+            scheme_name: scheme.name(),
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The merge plan in use.
+    pub fn plan(&self) -> &MergePlan {
+        &self.plan
+    }
+
+    /// The scheme's name.
+    pub fn scheme_name(&self) -> &str {
+        &self.scheme_name
+    }
+
+    /// Iterations finished so far.
+    pub fn iteration(&self) -> u64 {
+        self.iteration
+    }
+
+    /// Starts an iteration (call before forward; optional: the first `ready` starts one).
+    pub fn begin(&mut self) -> Result<()> {
+        self.check_failed()?;
+        if self.in_iteration && self.reported > 0 {
+            return Err(Error::IncompleteIteration {
+                iteration: self.iteration,
+                missing: self.sizes.len() - self.reported,
+            });
+        }
+        self.in_iteration = true;
+        self.t0 = self.now();
+        self.last_event = self.t0;
+        self.forward_end = None;
+        Ok(())
+    }
+
+    /// Marks the end of forward (optional), so the timeline separates `t_f` from backward.
+    pub fn forward_done(&mut self) -> Result<()> {
+        self.check_failed()?;
+        if !self.in_iteration {
+            self.begin()?;
+        }
+        let t = self.now();
+        self.forward_end = Some(t);
+        self.last_event = t;
+        Ok(())
+    }
+
+    /// Changes the density of every group's compressor (density warm-up); dense schemes
+    /// ignore it.
+    pub fn set_density(&mut self, density: f64) -> Result<()> {
+        if !(density.is_finite() && density > 0.0 && density <= 1.0) {
+            return Err(Error::InvalidArgument(format!("density {density} outside (0, 1]")));
+        }
+        for c in &mut self.compressors {
+            c.set_density(density);
+        }
+        Ok(())
+    }
+
+    /// The hook: the gradient of `layer` (forward index) is ready. Layers must arrive in
+    /// backward order, `L−1` down to `0`, once per iteration.
+    pub fn ready(&mut self, layer: usize, grad: &[f32]) -> Result<()> {
+        self.check_failed()?;
+        let l_count = self.sizes.len();
+        if layer >= l_count {
+            return Err(Error::NoSuchLayer {
+                layer,
+                layers: l_count,
+            });
+        }
+        if grad.len() != self.sizes[layer] {
+            return Err(Error::GradientLength {
+                layer,
+                got: grad.len(),
+                expected: self.sizes[layer],
+            });
+        }
+        if !self.in_iteration {
+            self.begin()?;
+        }
+        let expected = l_count - 1 - self.reported;
+        if layer != expected {
+            return Err(if layer > expected {
+                Error::LayerTwice {
+                    layer,
+                    iteration: self.iteration,
+                }
+            } else {
+                Error::LayerOutOfOrder {
+                    layer,
+                    expected,
+                    iteration: self.iteration,
+                }
+            });
+        }
+        let t = self.now();
+        self.backward[layer] = Span {
+            start: self.last_event - self.t0,
+            end: t - self.t0,
+        };
+        let g = self.plan.group_of(layer);
+        let off = self.offsets[layer];
+        self.buffers[g][off..off + grad.len()].copy_from_slice(grad);
+        self.reported += 1;
+        self.last_event = self.now();
+        if layer == self.plan.range(g).start {
+            self.launch(g)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, g: usize) -> Result<()> {
+        let s0 = self.now();
+        let n = self.buffers[g].len();
+        let buf = std::mem::replace(&mut self.buffers[g], Vec::new());
+        let payload = match self.compressors[g].compress(buf) {
+            Ok(p) => p,
+            Err(e) => {
+                self.buffers[g] = vec![0.0; n];
+                return Err(e);
+            }
+        };
+        let s1 = self.now();
+        self.sparsify[g] = Span {
+            start: s0 - self.t0,
+            end: s1 - self.t0,
+        };
+        self.last_event = s1;
+        let ctx = ExchangeCtx {
+            iteration: self.iteration,
+            group: g as u32,
+            numel: n,
+        };
+        let sent = self
+            .thread
+            .as_ref()
+            .map(|t| t.jobs.send(Job::Group { ctx, payload }).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            let e = Error::CommThread("the communication thread is gone".into());
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Waits for every group's communication and returns the averaged gradients, one
+    /// vector per layer in forward order. Records the iteration's [`Timeline`].
+    pub fn finish(&mut self) -> Result<Vec<Vec<f32>>> {
+        self.check_failed()?;
+        let l_count = self.sizes.len();
+        if self.reported != l_count {
+            return Err(Error::IncompleteIteration {
+                iteration: self.iteration,
+                missing: l_count - self.reported,
+            });
+        }
+        let groups = self.plan.num_groups();
+        let mut results: Vec<Option<(Vec<f32>, Span)>> = vec![None; groups];
+        let mut first_err = None;
+        for _ in 0..groups {
+            let done = match self.thread.as_ref().map(|t| t.done.recv()) {
+                Some(Ok(d)) => d,
+                _ => {
+                    first_err.get_or_insert(Error::CommThread("the communication thread is gone".into()));
+                    break;
+                }
+            };
+            match done.result {
+                Ok(r) => {
+                    if let Some(slot) = results.get_mut(done.group) {
+                        *slot = Some(r);
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        let t_end = self.now();
+        let mut out = vec![Vec::new(); l_count];
+        let mut timings = Vec::with_capacity(groups);
+        for g in (0..groups).rev() {
+            let Some((avg, comm)) = results[g].take() else {
+                let e = Error::CommThread(format!("group {g} never came back"));
+                self.failed = Some(e.clone());
+                return Err(e);
+            };
+            let range = self.plan.range(g);
+            for l in range.clone() {
+                let off = self.offsets[l];
+                out[l] = avg[off..off + self.sizes[l]].to_vec();
+            }
+            self.buffers[g] = if avg.len() == self.buffers_len(g) { avg } else { vec![0.0; self.buffers_len(g)] };
+            timings.push(GroupTiming {
+                layers: range.collect(),
+                numel: self.buffers[g].len(),
+                sparsify: self.sparsify[g],
+                comm: Span {
+                    start: comm.start - self.t0,
+                    end: comm.end - self.t0,
+                },
+            });
+        }
+        let fwd_end = self.forward_end.map(|f| f - self.t0).unwrap_or(0.0);
+        let compute_end = timings
+            .iter()
+            .map(|g| g.sparsify.end)
+            .fold(0.0f64, f64::max);
+        let iteration_s = t_end - self.t0;
+        self.last = Some(Timeline {
+            forward: Span {
+                start: 0.0,
+                end: fwd_end,
+            },
+            backward: self.backward.clone(),
+            groups: timings,
+            iteration_s,
+            compute_end_s: compute_end,
+            non_overlapped_comm_s: (iteration_s - compute_end).max(0.0),
+        });
+        self.iteration += 1;
+        self.reported = 0;
+        self.in_iteration = false;
+        Ok(out)
+    }
+
+    fn buffers_len(&self, g: usize) -> usize {
+        self.plan.range(g).map(|l| self.sizes[l]).sum()
+    }
+
+    /// The measured timeline of the last finished iteration.
+    pub fn last_timeline(&self) -> Option<&Timeline> {
+        self.last.as_ref()
+    }
+
+    /// Stops the communication thread and returns the communicator.
+    pub fn shutdown(mut self) -> Result<C> {
+        let t = self
+            .thread
+            .take()
+            .ok_or_else(|| Error::CommThread("already shut down".into()))?;
+        let _ = t.jobs.send(Job::Stop);
+        t.handle
+            .join()
+            .map_err(|_| Error::CommThread("the communication thread panicked".into()))
+    }
+}
+
+impl<C: Communicator + 'static> Drop for Reducer<C> {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.jobs.send(Job::Stop);
+            let _ = t.handle.join();
+        }
+    }
+}
+
+fn comm_loop<C: Communicator>(
+    comm: C,
+    mut exchangers: Vec<Box<dyn Exchange>>,
+    jobs: Receiver<Job>,
+    done: Sender<Done>,
+    epoch: Instant,
+) -> C {
+    let mut broken: Option<Error> = None;
+    while let Ok(job) = jobs.recv() {
+        let Job::Group { ctx, payload } = job else {
+            break;
+        };
+        let group = ctx.group as usize;
+        let result = if let Some(e) = &broken {
+            Err(e.clone())
+        } else {
+            let start = epoch.elapsed().as_secs_f64();
+            let r = match exchangers.get_mut(group) {
+                Some(x) => x.exchange(&comm, ctx, payload),
+                None => Err(Error::CommThread(format!("no exchanger for group {group}"))),
+            };
+            let end = epoch.elapsed().as_secs_f64();
+            match r {
+                Ok(v) if v.len() == ctx.numel => Ok((v, Span { start, end })),
+                Ok(v) => Err(Error::CommThread(format!(
+                    "group {group}: exchange returned {} elements, expected {}",
+                    v.len(),
+                    ctx.numel
+                ))),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = &result {
+            broken = Some(e.clone());
+        }
+        if done.send(Done { group, result }).is_err() {
+            break;
+        }
+    }
+    drop(exchangers);
+    comm
+}

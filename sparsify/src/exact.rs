@@ -1,0 +1,271 @@
+//! [`ExactTopK`]: exactly `min(k, d)` entries of largest magnitude, ties broken by the
+//! lower index, in one fused pass over memory in the common case.
+//!
+//! Algorithm: estimate a threshold from a strided sample (computed on the fly from
+//! `residual + grad` when fused), make one pass that accumulates, compares and emits the
+//! few candidates above it, then select exactly among the candidates. When the sample
+//! misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
+//! over the accumulated vector with a safer threshold. The cost model of top-k selection
+//! this speeds up is paper 000 §II-E (Eq. 10).
+
+use crate::kernel::{self, Cand, INF_BITS};
+use crate::{Result, SelectInfo, Selector, SparseGrad};
+
+/// Exact top-k by magnitude (ties: lower index first).
+#[derive(Debug, Default, Clone)]
+pub struct ExactTopK {
+    cand: Cand,
+    sample: Vec<i32>,
+    scratch: Vec<u64>,
+}
+
+impl ExactTopK {
+    /// A new selector (it only keeps scratch buffers between calls).
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Builds the result and its info from selected (index, value) lists.
+pub(crate) fn finish(idx: Vec<u32>, val: Vec<f32>, d: usize) -> (SparseGrad<f32>, SelectInfo) {
+    let threshold = val.iter().map(|v| v.abs()).fold(f32::INFINITY, f32::min);
+    let selected = idx.len();
+    let info = SelectInfo {
+        threshold: if selected == 0 { 0.0 } else { threshold },
+        selected,
+    };
+    (SparseGrad::from_parts_unchecked(idx, val, d), info)
+}
+
+/// Checks that `d` is addressable with `u32` indices.
+pub(crate) fn check_dense_len(d: usize) -> Result<()> {
+    if d as u64 > u64::from(u32::MAX) + 1 {
+        Err(crate::Error::TooLong(d))
+    } else {
+        Ok(())
+    }
+}
+
+/// Zeroes the selected entries of the residual.
+pub(crate) fn zero_selected(residual: &mut [f32], idx: &[u32]) {
+    for &i in idx {
+        if let Some(r) = residual.get_mut(i as usize) {
+            *r = 0.0;
+        }
+    }
+}
+
+impl ExactTopK {
+    /// The fused error-feedback selection (see the module docs); `residual` ends up holding
+    /// `residual + grad` with the selected entries zeroed.
+    fn fused(
+        &mut self,
+        residual: &mut [f32],
+        grad: &[f32],
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>)> {
+        let d = residual.len();
+        let k = k.min(d);
+        let (t, cap) = if k == 0 {
+            (INF_BITS, usize::MAX)
+        } else if k == d {
+            (0, usize::MAX)
+        } else if let Some(n) = kernel::sample_size(d, k) {
+            kernel::sample_acc(residual, grad, n, &mut self.sample);
+            let t = kernel::threshold_from_sample(&mut self.sample, d, k, 4.0);
+            (t, k.saturating_mul(2).max(k + 4096))
+        } else {
+            (0, usize::MAX)
+        };
+        self.cand.clear();
+        let out = kernel::fused_pass::<false>(residual, grad, 0, t, cap, &mut self.cand);
+        out.check()?;
+        let (idx, val) = if out.overflow || self.cand.len() < k {
+            kernel::exact_readonly(
+                residual,
+                k,
+                &mut self.cand,
+                &mut self.sample,
+                &mut self.scratch,
+            )?
+        } else {
+            kernel::select_k_of(&self.cand, k, &mut self.scratch)
+        };
+        zero_selected(residual, &idx);
+        Ok((idx, val))
+    }
+}
+
+impl Selector for ExactTopK {
+    fn name(&self) -> &'static str {
+        "exact"
+    }
+
+    fn exact_count(&self) -> bool {
+        true
+    }
+
+    fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)> {
+        check_dense_len(x.len())?;
+        let (idx, val) =
+            kernel::exact_readonly(x, k, &mut self.cand, &mut self.sample, &mut self.scratch)?;
+        Ok(finish(idx, val, x.len()))
+    }
+
+    fn select_fused(
+        &mut self,
+        residual: &mut [f32],
+        grad: &[f32],
+        k: usize,
+    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+        crate::check_same_len(residual.len(), grad.len())?;
+        check_dense_len(residual.len())?;
+        let (idx, val) = self.fused(residual, grad, k)?;
+        Ok(finish(idx, val, residual.len()))
+    }
+}
+
+/// Sort-based reference: the `k` largest by (magnitude desc, index asc), in index order.
+pub fn reference_topk(x: &[f32], k: usize) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..x.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        x[b as usize]
+            .abs()
+            .total_cmp(&x[a as usize].abs())
+            .then(a.cmp(&b))
+    });
+    order.truncate(k.min(x.len()));
+    order.sort_unstable();
+    order
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{Error, ErrorFeedback};
+    use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Test vectors: `kind` 0 = normal-ish, 1 = few distinct values (ties), 2 = sorted ramp
+    /// (adversarial for strided samples), 3 = mostly zeros.
+    pub(crate) fn gen_vec(seed: u64, d: usize, kind: u8) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..d)
+            .map(|i| match kind % 4 {
+                0 => {
+                    let u: f32 = rng.gen_range(-1.0..1.0);
+                    u * u * u * 3.0
+                }
+                1 => rng.gen_range(-4i32..=4) as f32 * 0.5,
+                2 => i as f32 * 1e-3 - 1.0,
+                _ => {
+                    if rng.gen_bool(0.02) {
+                        rng.gen_range(-1.0..1.0)
+                    } else {
+                        0.0
+                    }
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) fn vec_strategy() -> impl Strategy<Value = (Vec<f32>, usize)> {
+        (any::<u64>(), 0usize..12_000, 0u8..4, 0.0f64..1.05).prop_map(|(s, d, kind, frac)| {
+            let d = if s % 3 == 0 { d % 300 } else { d };
+            let k = ((d as f64) * frac * frac * frac) as usize;
+            (gen_vec(s, d, kind), k)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn exact_equals_sort_reference((x, k) in vec_strategy()) {
+            let mut sel = ExactTopK::new();
+            let (sg, info) = sel.select(&x, k).unwrap();
+            let want = reference_topk(&x, k);
+            prop_assert_eq!(sg.indices(), &want[..]);
+            prop_assert_eq!(info.selected, k.min(x.len()));
+            for (&i, &v) in sg.indices().iter().zip(sg.values()) {
+                prop_assert_eq!(v.to_bits(), x[i as usize].to_bits());
+            }
+        }
+
+        #[test]
+        fn fused_exact_equals_reference_and_conserves_mass(
+            (g, k) in vec_strategy(), rseed in any::<u64>()
+        ) {
+            let r0 = gen_vec(rseed, g.len(), 0);
+            let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+            let mut ef = ErrorFeedback::from_residual(r0);
+            let mut sel = ExactTopK::new();
+            let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
+            prop_assert_eq!(sg.indices(), &reference_topk(&acc, k)[..]);
+            let mut back = ef.residual().to_vec();
+            sg.scatter_add_into(&mut back).unwrap();
+            for (a, b) in back.iter().zip(&acc) {
+                prop_assert_eq!(a.to_bits(), b.to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_input() {
+        let mut sel = ExactTopK::new();
+        let (sg, _) = sel.select(&[], 5).unwrap();
+        assert_eq!(sg.nnz(), 0);
+        let (sg, _) = sel.select(&[1.0, -2.0], 0).unwrap();
+        assert_eq!(sg.nnz(), 0);
+        let (sg, _) = sel.select(&[1.0, -2.0], 9).unwrap();
+        assert_eq!(sg.indices(), &[0, 1]);
+        let mut x = gen_vec(1, 50_000, 0);
+        x[31_337] = f32::NAN;
+        x[40_000] = f32::INFINITY;
+        for k in [0, 1, 50, 50_000] {
+            assert!(matches!(
+                sel.select(&x, k),
+                Err(Error::NonFinite { index: 31_337, .. })
+            ));
+            let mut r = vec![0.0; x.len()];
+            assert!(matches!(
+                sel.select_fused(&mut r, &x, k),
+                Err(Error::NonFinite { index: 31_337, .. })
+            ));
+        }
+        let mut ef = ErrorFeedback::new(3);
+        assert!(matches!(
+            ef.step(&mut sel, &[1.0; 4], 1),
+            Err(Error::LengthMismatch { .. })
+        ));
+        let mut r = vec![0.0; 3];
+        assert!(matches!(
+            sel.select_fused(&mut r, &[1.0; 4], 1),
+            Err(Error::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn sampled_path_and_fallbacks() {
+        // Large enough to sample; ties everywhere force the overflow fallback.
+        for kind in 0..4 {
+            let x = gen_vec(7 + u64::from(kind), 200_000, kind);
+            for k in [1, 7, 200, 2_000, 20_000, 150_000] {
+                let mut sel = ExactTopK::new();
+                let (sg, _) = sel.select(&x, k).unwrap();
+                assert_eq!(
+                    sg.indices(),
+                    &reference_topk(&x, k)[..],
+                    "kind {kind} k {k}"
+                );
+                let mut r = vec![0.0; x.len()];
+                let (sg2, _) = sel.select_fused(&mut r, &x, k).unwrap();
+                assert_eq!(sg2, sg);
+            }
+        }
+        let flat = vec![0.5f32; 100_000];
+        let (sg, _) = ExactTopK::new().select(&flat, 1000).unwrap();
+        assert_eq!(sg.indices(), &(0..1000).collect::<Vec<u32>>()[..]);
+    }
+}

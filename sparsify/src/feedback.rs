@@ -1,0 +1,187 @@
+//! [`ErrorFeedback`]: residual memory. Each step computes `acc = residual + grad`, selects
+//! from `acc`, and keeps `acc` with the selected entries zeroed as the next residual, so no
+//! gradient mass is ever dropped. With a reduced-precision output type the rounding error
+//! of every sent value goes back into the residual too.
+
+use crate::{Error, Result, SelectInfo, Selector, SparseGrad, Value};
+
+/// Residual memory for one gradient vector of fixed length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorFeedback {
+    residual: Vec<f32>,
+}
+
+impl ErrorFeedback {
+    /// A zero residual of length `len`.
+    pub fn new(len: usize) -> Self {
+        ErrorFeedback {
+            residual: vec![0.0; len],
+        }
+    }
+
+    /// Starts from a given residual (e.g. restored from a checkpoint).
+    pub fn from_residual(residual: Vec<f32>) -> Self {
+        ErrorFeedback { residual }
+    }
+
+    /// The current residual.
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    /// Mutable access to the residual (e.g. to add back values that a collective dropped).
+    pub fn residual_mut(&mut self) -> &mut [f32] {
+        &mut self.residual
+    }
+
+    /// Dense length.
+    pub fn len(&self) -> usize {
+        self.residual.len()
+    }
+
+    /// True for a zero-length residual.
+    pub fn is_empty(&self) -> bool {
+        self.residual.is_empty()
+    }
+
+    /// Zeroes the residual (e.g. after a [`Error::NonFinite`] left it poisoned).
+    pub fn reset(&mut self) {
+        self.residual.fill(0.0);
+    }
+
+    /// Takes the residual out.
+    pub fn into_residual(self) -> Vec<f32> {
+        self.residual
+    }
+
+    /// One step in `f32`: `acc = residual + grad`, select about or exactly `k` entries of
+    /// `acc` with `selector` (fused into one pass where the selector supports it), and keep
+    /// the rest as the residual. Selected values plus the new residual equal
+    /// `residual + grad` exactly, element by element.
+    ///
+    /// A gradient of the wrong length is [`Error::LengthMismatch`] and leaves the residual
+    /// untouched. A NaN or infinity is [`Error::NonFinite`] naming its index; the residual
+    /// then holds the accumulated (poisoned) values: call [`reset`](Self::reset).
+    pub fn step(
+        &mut self,
+        selector: &mut dyn Selector,
+        grad: &[f32],
+        k: usize,
+    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+        if grad.len() != self.residual.len() {
+            return Err(Error::LengthMismatch {
+                what: "gradient",
+                got: grad.len(),
+                expected: self.residual.len(),
+            });
+        }
+        selector.select_fused(&mut self.residual, grad, k)
+    }
+
+    /// Like [`step`](Self::step) but the values go out as `V` (f32, f16, bf16): each is
+    /// rounded to nearest (saturating at `V`'s largest finite value instead of overflowing
+    /// to infinity) and the rounding error `acc - V(acc)` is put back into the residual.
+    pub fn step_as<V: Value>(
+        &mut self,
+        selector: &mut dyn Selector,
+        grad: &[f32],
+        k: usize,
+    ) -> Result<(SparseGrad<V>, SelectInfo)> {
+        let (sg, info) = self.step(selector, grad, k)?;
+        let (idx, val, len) = sg.into_parts();
+        let mut out = Vec::with_capacity(val.len());
+        for (&i, &v) in idx.iter().zip(&val) {
+            let q = round_saturating::<V>(v);
+            if let Some(r) = self.residual.get_mut(i as usize) {
+                *r += v - q.to_f32();
+            }
+            out.push(q);
+        }
+        Ok((SparseGrad::from_parts_unchecked(idx, out, len), info))
+    }
+}
+
+/// Rounds to `V`, clamping to its largest finite magnitude instead of overflowing.
+pub fn round_saturating<V: Value>(x: f32) -> V {
+    let q = V::from_f32(x);
+    if q.to_f32().is_finite() || !x.is_finite() {
+        return q;
+    }
+    // Overflowed: step back one unit in the last place of V, towards zero.
+    let inf = V::from_f32(x);
+    let bits: &[u8] = bytemuck::bytes_of(&inf);
+    match bits.len() {
+        2 => {
+            let b = u16::from_le_bytes([bits[0], bits[1]]) - 1;
+            *bytemuck::from_bytes::<V>(&b.to_le_bytes())
+        }
+        _ => V::from_f32(f32::MAX.copysign(x)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    #[test]
+    fn saturates_instead_of_overflowing() {
+        let h: f16 = round_saturating(1.0e6);
+        assert_eq!(h.to_f32(), 65504.0);
+        let h: f16 = round_saturating(-1.0e6);
+        assert_eq!(h.to_f32(), -65504.0);
+        let b: bf16 = round_saturating(f32::MAX);
+        assert!(b.to_f32().is_finite());
+        let f: f32 = round_saturating(1.5);
+        assert_eq!(f, 1.5);
+    }
+}
+
+#[cfg(test)]
+mod conservation {
+    use super::*;
+    use crate::exact::tests::vec_strategy;
+    use crate::{ExactTopK, MsTopK};
+    use half::{bf16, f16};
+    use proptest::prelude::*;
+
+    /// Steps twice in `V` and checks `sent + new residual == residual + grad` per element:
+    /// exactly when `|acc|` is in V's range (the rounding error is exact in f32), within
+    /// one f32 rounding otherwise.
+    fn check<V: Value>(g: &[f32], k: usize, sel: &mut dyn Selector) -> Result<(), TestCaseError> {
+        let mut ef = ErrorFeedback::new(g.len());
+        for _ in 0..2 {
+            let acc: Vec<f32> = ef.residual().iter().zip(g).map(|(a, b)| a + b).collect();
+            let (sg, _) = ef.step_as::<V>(sel, g, k)?;
+            let mut back = ef.residual().to_vec();
+            sg.scatter_add_into(&mut back)?;
+            for (a, b) in back.iter().zip(&acc) {
+                prop_assert_eq!(a.to_bits(), b.to_bits());
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn mass_is_conserved_in_every_type((g, k) in vec_strategy()) {
+            check::<f32>(&g, k, &mut ExactTopK::new())?;
+            check::<f16>(&g, k, &mut ExactTopK::new())?;
+            check::<bf16>(&g, k, &mut ExactTopK::new())?;
+            check::<f16>(&g, k, &mut MsTopK::default())?;
+        }
+    }
+
+    #[test]
+    fn saturated_values_keep_their_error() {
+        let g = [1.0e6f32, -3.0, 7.0e5];
+        let mut ef = ErrorFeedback::new(3);
+        let (sg, _) = ef.step_as::<f16>(&mut ExactTopK::new(), &g, 2).unwrap();
+        assert_eq!(sg.indices(), &[0, 2]);
+        assert_eq!(sg.values()[0].to_f32(), 65504.0);
+        assert_eq!(ef.residual()[0], 1.0e6 - 65504.0);
+        assert_eq!(ef.residual()[1], -3.0);
+    }
+}

@@ -1,0 +1,622 @@
+//! Threshold-based selectors: they keep every entry whose magnitude reaches a threshold
+//! and report how many that was, instead of returning exactly `k`.
+//!
+//! - [`HardThreshold`]: a fixed threshold (calibrated once from a sample when not given).
+//! - [`DgcSampling`]: DGC's sampled threshold with up to 10 adjustments (PAPERS.md, "DGC
+//!   sampling": sample ≥ 1 % with a stride that is a multiple of 32, ×1.3 / ×0.8 bounds,
+//!   exact top-k on the candidates above 1.3·k), returning at most `k` entries.
+//! - [`ExDyna`]: paper 002 Algorithm 4 (select `|g| ≥ δ_t` inside a contiguous partition)
+//!   with Algorithm 5's online threshold scaling.
+//! - [`GaussianK`]: threshold from the mean and standard deviation assuming a normal
+//!   distribution, with up to three ×0.5 / ×1.5 corrections (Shi et al., "Understanding
+//!   Top-k Sparsification in Distributed Deep Learning", 2019, and its authors' code).
+//!
+//! Each runs fused with error feedback in one pass over memory in the common case.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::exact::{check_dense_len, finish, zero_selected};
+use crate::kernel::{self, abs_bits, Cand, INF_BITS};
+use crate::{Error, Result, SelectInfo, Selector, SparseGrad};
+
+/// Threshold bits for "`|x| ≥ t`" with a finite non-negative `t` (NaN or negative: 0).
+fn ge_bits(t: f32) -> i32 {
+    if t > 0.0 {
+        abs_bits(t).min(INF_BITS)
+    } else {
+        0
+    }
+}
+
+/// Runs a selection pass either fused (`grad = Some`) or read-only, emitting `|x| ≥ t`
+/// only inside `lo..hi`; outside it, only non-finite values are emitted (and reported).
+fn pass(
+    x: &mut [f32],
+    grad: Option<&[f32]>,
+    lo: usize,
+    hi: usize,
+    t: i32,
+    cand: &mut Cand,
+) -> Result<()> {
+    cand.clear();
+    let d = x.len();
+    let (lo, hi) = (lo.min(d), hi.min(d).max(lo.min(d)));
+    let segs = [(0, lo, INF_BITS), (lo, hi, t), (hi, d, INF_BITS)];
+    for (a, b, tt) in segs {
+        if a == b {
+            continue;
+        }
+        let out = match grad {
+            Some(g) => kernel::fused_pass::<false>(&mut x[a..b], &g[a..b], a, tt, usize::MAX, cand),
+            None => kernel::scan_pass::<false>(&x[a..b], a, tt, usize::MAX, cand),
+        };
+        out.check()?;
+    }
+    Ok(())
+}
+
+/// Accumulates `grad` into `residual` (checking finiteness) when fused; no-op otherwise.
+fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Result<()> {
+    if grad.is_some() {
+        pass(x, grad, 0, 0, INF_BITS, cand)?;
+    } else {
+        cand.clear();
+        kernel::scan_pass::<false>(x, 0, INF_BITS, usize::MAX, cand).check()?;
+    }
+    cand.clear();
+    Ok(())
+}
+
+/// Shared driver: `select` copies nothing (read-only scan of `x`), `select_fused`
+/// accumulates in the first pass. Implementors supply `run` over a mutable buffer.
+macro_rules! selector_impl {
+    ($ty:ty, $name:literal) => {
+        impl $ty {
+            /// `k = 0` selects nothing and `k ≥ d` everything, whatever the threshold.
+            fn run_edges(
+                &mut self,
+                x: &mut [f32],
+                grad: Option<&[f32]>,
+                k: usize,
+            ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+                if k == 0 || k >= x.len() {
+                    let t = if k == 0 { INF_BITS } else { 0 };
+                    pass(x, grad, 0, usize::MAX, t, &mut self.cand)?;
+                    let c = std::mem::take(&mut self.cand);
+                    return Ok((c.idx, c.val, 0.0));
+                }
+                self.run(x, grad, k)
+            }
+        }
+
+        impl Selector for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn exact_count(&self) -> bool {
+                false
+            }
+
+            fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)> {
+                check_dense_len(x.len())?;
+                // `run` takes a mutable buffer (it accumulates when fused) but never
+                // writes when `grad` is None; the read-only path hands it a copy.
+                let mut buf = x.to_vec();
+                let (idx, val, t) = self.run_edges(&mut buf, None, k)?;
+                let (sg, mut info) = finish(idx, val, x.len());
+                info.threshold = t;
+                Ok((sg, info))
+            }
+
+            fn select_fused(
+                &mut self,
+                residual: &mut [f32],
+                grad: &[f32],
+                k: usize,
+            ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+                crate::check_same_len(residual.len(), grad.len())?;
+                check_dense_len(residual.len())?;
+                let (idx, val, t) = self.run_edges(residual, Some(grad), k)?;
+                zero_selected(residual, &idx);
+                let (sg, mut info) = finish(idx, val, residual.len());
+                info.threshold = t;
+                Ok((sg, info))
+            }
+        }
+    };
+}
+
+/// Threshold from a strided sample so that about `k` of `d` entries pass (no margin).
+fn calibrate(x: &[f32], grad: Option<&[f32]>, k: usize) -> f32 {
+    let d = x.len();
+    let mut s = Vec::new();
+    let n = kernel::sample_size(d, k.max(1)).unwrap_or(d);
+    match grad {
+        Some(g) if n < d => kernel::sample_acc(x, g, n, &mut s),
+        Some(g) => s.extend(x.iter().zip(g).map(|(a, b)| abs_bits(a + b))),
+        None if n < d => kernel::sample_x(x, n, &mut s),
+        None => s.extend(x.iter().map(|v| abs_bits(*v))),
+    }
+    let t = kernel::threshold_from_sample(&mut s, d, k, 0.0);
+    f32::from_bits(t.min(0x7f7f_ffff) as u32)
+}
+
+/// Hard threshold: every entry with `|acc| ≥ threshold`.
+#[derive(Debug, Clone, Default)]
+pub struct HardThreshold {
+    threshold: Option<f32>,
+    cand: Cand,
+}
+
+impl HardThreshold {
+    /// A fixed threshold (finite, ≥ 0).
+    pub fn new(threshold: f32) -> Result<Self> {
+        if !(threshold.is_finite() && threshold >= 0.0) {
+            return Err(Error::InvalidArgument(format!(
+                "threshold must be finite and ≥ 0, got {threshold}"
+            )));
+        }
+        Ok(HardThreshold {
+            threshold: Some(threshold),
+            cand: Cand::default(),
+        })
+    }
+
+    /// A threshold calibrated on the first call (from a sample, to about `k` entries), then
+    /// kept fixed.
+    pub fn auto() -> Self {
+        Self::default()
+    }
+
+    /// The threshold (None until calibrated).
+    pub fn threshold(&self) -> Option<f32> {
+        self.threshold
+    }
+
+    fn run(
+        &mut self,
+        x: &mut [f32],
+        grad: Option<&[f32]>,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+        let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
+        pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand)?;
+        let c = std::mem::take(&mut self.cand);
+        Ok((c.idx, c.val, t))
+    }
+}
+selector_impl!(HardThreshold, "threshold");
+
+/// DGC's sampling selector (Lin et al., "Deep Gradient Compression", ICLR 2018, and its
+/// released code; constants in PAPERS.md). Returns at most `k` entries.
+#[derive(Debug, Clone)]
+pub struct DgcSampling {
+    sample_ratio: f64,
+    rng: ChaCha8Rng,
+    cand: Cand,
+    sample: Vec<i32>,
+    scratch: Vec<u64>,
+}
+
+/// DGC: minimum sample ratio (1 %).
+pub const DGC_SAMPLE_RATIO: f64 = 0.01;
+/// DGC: upper bound on candidates before exact selection among them (×1.3).
+pub const DGC_UPPER: f64 = 1.3;
+/// DGC: lower bound that triggers lowering the threshold (×0.8).
+pub const DGC_LOWER: f64 = 0.8;
+/// DGC: adjustment rounds.
+pub const DGC_MAX_ADAPT: usize = 10;
+
+impl DgcSampling {
+    /// DGC sampling with the 1 % sample ratio and a seed for the sample offset.
+    pub fn new(seed: u64) -> Self {
+        DgcSampling {
+            sample_ratio: DGC_SAMPLE_RATIO,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            cand: Cand::default(),
+            sample: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Sets the sample ratio (clamped to DGC's `[0.01, 1]`).
+    pub fn with_sample_ratio(mut self, ratio: f64) -> Self {
+        self.sample_ratio = ratio.clamp(DGC_SAMPLE_RATIO, 1.0);
+        self
+    }
+
+    fn run(
+        &mut self,
+        x: &mut [f32],
+        grad: Option<&[f32]>,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+        let d = x.len();
+        let k = k.min(d);
+        if k == 0 {
+            accumulate_only(x, grad, &mut self.cand)?;
+            return Ok((Vec::new(), Vec::new(), 0.0));
+        }
+        // Stride: the largest multiple of 32 not above 1/ratio (so the sample is ≥ ratio),
+        // or every element for small inputs.
+        let stride = ((1.0 / self.sample_ratio) as usize / 32 * 32).max(1);
+        let stride = if d / stride < 32 { 1 } else { stride };
+        let start = self.rng.gen_range(0..stride);
+        self.sample.clear();
+        let mut i = start;
+        while i < d {
+            let v = match grad {
+                Some(g) => x[i] + g[i],
+                None => x[i],
+            };
+            self.sample.push(abs_bits(v));
+            i += stride;
+        }
+        let ns = self.sample.len();
+        let ks = ((ns as f64 * k as f64 / d as f64).ceil() as usize).clamp(1, ns.max(1));
+        let mut t = if ns == 0 {
+            0
+        } else {
+            *self.sample.select_nth_unstable(ns - ks).1
+        };
+        pass(x, grad, 0, usize::MAX, t.min(INF_BITS), &mut self.cand)?;
+        let mut result: Option<(Vec<u32>, Vec<f32>)> = None;
+        for _ in 0..DGC_MAX_ADAPT {
+            let n = self.cand.len();
+            if n > k {
+                if n as f64 > k as f64 * DGC_UPPER {
+                    result = Some(kernel::select_k_of(&self.cand, k, &mut self.scratch));
+                }
+                break;
+            } else if (n as f64) < DGC_LOWER * k as f64 && t > 0 {
+                t = abs_bits(f32::from_bits(t as u32) * DGC_LOWER as f32);
+                pass(x, None, 0, usize::MAX, t, &mut self.cand)?;
+            } else {
+                break;
+            }
+        }
+        let (mut idx, mut val) = match result {
+            Some(r) => r,
+            None => {
+                let c = std::mem::take(&mut self.cand);
+                (c.idx, c.val)
+            }
+        };
+        // DGC keeps the first k indices (`indices[:num_selects]`).
+        idx.truncate(k);
+        val.truncate(k);
+        Ok((idx, val, f32::from_bits(t.min(INF_BITS) as u32)))
+    }
+}
+selector_impl!(DgcSampling, "dgc");
+
+/// ExDyna (paper 002): Algorithm 4 selects `|g| ≥ δ_t` inside the contiguous partition
+/// assigned to this worker, Algorithm 5 scales δ for the next step.
+#[derive(Debug, Clone)]
+pub struct ExDyna {
+    threshold: Option<f32>,
+    range: Option<(usize, usize)>,
+    auto_scale: bool,
+    cand: Cand,
+}
+
+impl Default for ExDyna {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Algorithm 5's β (paper 002 §IV-D; authors' code: 1.1).
+pub const EXDYNA_BETA: f64 = 1.1;
+/// Algorithm 5's γ (paper 002 §IV-D; authors' code: 0.005).
+pub const EXDYNA_GAMMA: f64 = 0.005;
+
+impl ExDyna {
+    /// ExDyna over the whole vector, threshold initialised to `1 / (2·sqrt(k))` on the
+    /// first call (authors' code, PAPERS.md), scaled after every call from the local count.
+    pub fn new() -> Self {
+        ExDyna {
+            threshold: None,
+            range: None,
+            auto_scale: true,
+            cand: Cand::default(),
+        }
+    }
+
+    /// Restricts selection to the partition `start..end` (Algorithm 4 line 1).
+    pub fn set_range(&mut self, start: usize, end: usize) -> Result<()> {
+        if start > end {
+            return Err(Error::InvalidArgument(format!(
+                "partition start {start} > end {end}"
+            )));
+        }
+        self.range = Some((start, end));
+        Ok(())
+    }
+
+    /// The current partition (None: the whole vector).
+    pub fn range(&self) -> Option<(usize, usize)> {
+        self.range
+    }
+
+    /// Whether each call scales the threshold from its own count (`k' = selected`,
+    /// target `k`). Turn off when the caller scales with global counts via [`scale`](Self::scale).
+    pub fn set_auto_scale(&mut self, on: bool) {
+        self.auto_scale = on;
+    }
+
+    /// The current threshold δ_t (None before the first call).
+    pub fn threshold(&self) -> Option<f32> {
+        self.threshold
+    }
+
+    /// Sets δ_t.
+    pub fn set_threshold(&mut self, t: f32) {
+        self.threshold = Some(t);
+    }
+
+    /// Algorithm 5 of paper 002: `exam = k'/k`; `> β` → ×(1+γ); `> 1/β` → ×(1+γ/4);
+    /// else ×(1−γ).
+    pub fn scale(&mut self, k_user: usize, k_actual: usize) {
+        let Some(t) = self.threshold else { return };
+        let exam = k_actual as f64 / (k_user.max(1)) as f64;
+        let sf = if exam > EXDYNA_BETA {
+            1.0 + EXDYNA_GAMMA
+        } else if exam > 1.0 / EXDYNA_BETA {
+            1.0 + EXDYNA_GAMMA / 4.0
+        } else {
+            1.0 - EXDYNA_GAMMA
+        };
+        self.threshold = Some((f64::from(t) * sf) as f32);
+    }
+
+    fn run(
+        &mut self,
+        x: &mut [f32],
+        grad: Option<&[f32]>,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+        let d = x.len();
+        let (lo, hi) = self.range.unwrap_or((0, d));
+        if hi > d {
+            return Err(Error::InvalidArgument(format!(
+                "partition end {hi} beyond dense length {d}"
+            )));
+        }
+        // Initial threshold 1/(2·sqrt(k)) (PAPERS.md, ExDyna authors' code).
+        let t = *self
+            .threshold
+            .get_or_insert_with(|| (0.5 / (k.max(1) as f64).sqrt()) as f32);
+        pass(x, grad, lo, hi, ge_bits(t), &mut self.cand)?;
+        let c = std::mem::take(&mut self.cand);
+        let (mut idx, mut val) = (c.idx, c.val);
+        if idx.is_empty() && k > 0 && lo < hi {
+            // Nothing selected: take one index, the largest magnitude of the partition.
+            let (mut bi, mut bb) = (lo, -1i32);
+            for (i, v) in x[lo..hi].iter().enumerate() {
+                if abs_bits(*v) > bb {
+                    (bi, bb) = (lo + i, abs_bits(*v));
+                }
+            }
+            idx.push(bi as u32);
+            val.push(x[bi]);
+        }
+        if self.auto_scale {
+            self.scale(k, idx.len());
+        }
+        Ok((idx, val, t))
+    }
+}
+selector_impl!(ExDyna, "exdyna");
+
+/// Gaussian-k: threshold `mean + z·std` with `z = Φ⁻¹(1 − ρ/2)`, `ρ = k/d`; select
+/// `|x| > threshold`; at most three corrections (×0.5 below 2k/3, ×1.5 above 4k/3).
+#[derive(Debug, Clone, Default)]
+pub struct GaussianK {
+    cand: Cand,
+}
+
+impl GaussianK {
+    /// A Gaussian-k selector.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn run(
+        &mut self,
+        x: &mut [f32],
+        grad: Option<&[f32]>,
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+        let d = x.len();
+        let k = k.min(d);
+        accumulate_only(x, grad, &mut self.cand)?;
+        if k == 0 {
+            return Ok((Vec::new(), Vec::new(), 0.0));
+        }
+        let (mean, std) = mean_std(x);
+        let rho = k as f64 / d as f64;
+        let z = if rho >= 1.0 {
+            0.0
+        } else {
+            norm_ppf(1.0 - rho / 2.0)
+        };
+        let mut right = (mean + z * std) as f32;
+        for _ in 0..3 {
+            // Strict `>`: the next representable magnitude up.
+            let t = if right >= 0.0 { abs_bits(right) + 1 } else { 0 };
+            pass(x, None, 0, usize::MAX, t, &mut self.cand)?;
+            let n = self.cand.len() as f64;
+            if n < 2.0 * k as f64 / 3.0 {
+                right *= 0.5;
+            } else if n > 4.0 * k as f64 / 3.0 {
+                right *= 1.5;
+            } else {
+                break;
+            }
+        }
+        let c = std::mem::take(&mut self.cand);
+        Ok((c.idx, c.val, right))
+    }
+}
+selector_impl!(GaussianK, "gaussiank");
+
+/// Mean and population standard deviation in f64 (8 lanes).
+fn mean_std(x: &[f32]) -> (f64, f64) {
+    if x.is_empty() {
+        return (0.0, 0.0);
+    }
+    let (mut s, mut q) = ([0.0f64; 8], [0.0f64; 8]);
+    let mut ch = x.chunks_exact(8);
+    for c in &mut ch {
+        for j in 0..8 {
+            let v = f64::from(c[j]);
+            s[j] += v;
+            q[j] += v * v;
+        }
+    }
+    for (j, &v) in ch.remainder().iter().enumerate() {
+        s[j] += f64::from(v);
+        q[j] += f64::from(v) * f64::from(v);
+    }
+    let n = x.len() as f64;
+    let mean = kernel::combine_lanes(&s) / n;
+    let var = (kernel::combine_lanes(&q) / n - mean * mean).max(0.0);
+    (mean, var.sqrt())
+}
+
+/// Inverse of the standard normal CDF (Acklam's rational approximation, relative error
+/// below 1.2e-9), for `p` in (0, 1).
+pub fn norm_ppf(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    if p <= 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if p >= 1.0 {
+        return f64::INFINITY;
+    }
+    let pl = 0.02425;
+    if p < pl {
+        let q = (-2.0 * p.ln()).sqrt();
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    } else if p <= 1.0 - pl {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    } else {
+        -norm_ppf(1.0 - p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exact::tests::gen_vec;
+
+    #[test]
+    fn hard_threshold_selects_exactly_the_set_above() {
+        let x = gen_vec(2, 10_000, 0);
+        let mut s = HardThreshold::new(1.5).unwrap();
+        let (sg, info) = s.select(&x, 1).unwrap();
+        let want: Vec<u32> = (0..x.len() as u32)
+            .filter(|&i| x[i as usize].abs() >= 1.5)
+            .collect();
+        assert_eq!(sg.indices(), &want[..]);
+        assert_eq!(info.threshold, 1.5);
+        assert!(HardThreshold::new(-1.0).is_err());
+        assert!(HardThreshold::new(f32::NAN).is_err());
+        // Auto calibration lands near k.
+        let x = gen_vec(3, 200_000, 0);
+        let (sg, _) = HardThreshold::auto().select(&x, 2_000).unwrap();
+        assert!((1_000..4_000).contains(&sg.nnz()), "{}", sg.nnz());
+    }
+
+    #[test]
+    fn exdyna_selects_only_inside_its_partition_and_scales() {
+        let x = gen_vec(4, 10_000, 0);
+        let mut s = ExDyna::new();
+        s.set_range(2_000, 5_000).unwrap();
+        s.set_threshold(1.0);
+        let (sg, _) = s.select(&x, 100).unwrap();
+        let want: Vec<u32> = (2_000..5_000)
+            .filter(|&i| x[i as usize].abs() >= 1.0)
+            .collect();
+        assert_eq!(sg.indices(), &want[..]);
+        // Algorithm 5: many more than k → ×1.005.
+        assert_eq!(s.threshold(), Some((1.0f64 * 1.005) as f32));
+        s.set_auto_scale(false);
+        s.set_threshold(2.0);
+        s.scale(100, 100);
+        assert_eq!(s.threshold(), Some((2.0f64 * 1.00125) as f32));
+        s.scale(100, 10);
+        assert_eq!(
+            s.threshold(),
+            Some((f64::from((2.0f64 * 1.00125) as f32) * 0.995) as f32)
+        );
+        // Initial threshold 1/(2 sqrt(k)); a too-high threshold still yields one index.
+        let mut e = ExDyna::new();
+        e.select(&x, 100).unwrap();
+        assert!(e.threshold().is_some());
+        let mut hi = ExDyna::new();
+        hi.set_threshold(1e9);
+        let (sg, _) = hi.select(&x, 5).unwrap();
+        assert_eq!(sg.nnz(), 1);
+        let mut bad = ExDyna::new();
+        bad.set_range(0, 20_000).unwrap();
+        assert!(bad.select(&x, 5).is_err());
+        assert!(bad.set_range(5, 1).is_err());
+    }
+
+    #[test]
+    fn dgc_and_gaussiank_land_near_k() {
+        let x = gen_vec(5, 300_000, 0);
+        let k = 3_000;
+        let (sg, _) = DgcSampling::new(1).select(&x, k).unwrap();
+        assert!(
+            sg.nnz() <= k && sg.nnz() as f64 >= 0.5 * k as f64,
+            "{}",
+            sg.nnz()
+        );
+        let (sg, _) = GaussianK::new().select(&x, k).unwrap();
+        assert!(sg.nnz() > k / 3 && sg.nnz() < 3 * k, "{}", sg.nnz());
+    }
+
+    #[test]
+    fn norm_ppf_matches_known_quantiles() {
+        assert!((norm_ppf(0.5)).abs() < 1e-9);
+        assert!((norm_ppf(0.975) - 1.959_963_985).abs() < 1e-6);
+        assert!((norm_ppf(0.0005) + 3.290_526_731).abs() < 1e-6);
+    }
+}
