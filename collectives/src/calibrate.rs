@@ -69,6 +69,9 @@ pub fn time_op<C: Communicator + ?Sized>(
     reps: usize,
     mut op: impl FnMut() -> Result<()>,
 ) -> Result<f64> {
+    // One untimed warm-up run (page faults of fresh buffers, thread wake-ups).
+    comm.barrier()?;
+    op()?;
     let mut t = Vec::with_capacity(reps.max(1));
     for _ in 0..reps.max(1) {
         comm.barrier()?;
@@ -233,6 +236,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
             op: Collective::Allreduce,
             algo: allreduce_name(&algo),
             fit: fit_linear(&s)?,
+            samples: s,
         });
     }
     for &algo in &opts.allgather {
@@ -248,6 +252,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
             op: Collective::Allgather,
             algo: allgather_name(&algo),
             fit: fit_linear(&s)?,
+            samples: s,
         });
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
@@ -336,7 +341,7 @@ impl Predictor for Calibration {
             // carry parameters the fit does not record, so they use the schedule.
             if !matches!(name, Algorithm::Lp | Algorithm::Torus2d) {
                 if let Some(c) = self.collective_fit(Collective::Allreduce, name) {
-                    return Some(c.fit.model.time(bytes));
+                    return Some(c.time(bytes));
                 }
             }
         }
@@ -354,7 +359,7 @@ impl Predictor for Calibration {
         let name = allgather_name(algo);
         if p == self.ranks {
             if let Some(c) = self.collective_fit(Collective::Allgather, name) {
-                return Some(c.fit.model.time(bytes));
+                return Some(c.time(bytes));
             }
         }
         let topo = topo_for(self, p, 1)?;
@@ -372,8 +377,11 @@ pub struct Validation {
     pub algo: Algorithm,
     /// Bytes (buffer for all-reduce, per rank for all-gather).
     pub bytes: usize,
-    /// Predicted seconds.
+    /// Predicted seconds (the calibration's prediction: interpolated measurements inside
+    /// the sweep).
     pub predicted_s: f64,
+    /// Predicted seconds of the fitted line `α + β·bytes` alone.
+    pub line_s: f64,
     /// Measured seconds (median of the repeats).
     pub measured_s: f64,
 }
@@ -399,22 +407,30 @@ pub fn validate<C: Communicator + ?Sized>(
         for algo in &opts.allreduce {
             let measured_s = time_allreduce(comm, *algo, n, opts.reps)?;
             let predicted_s = cal.allreduce_s(algo, p, n).unwrap_or(f64::NAN);
+            let line_s = cal
+                .collective_fit(Collective::Allreduce, allreduce_name(algo))
+                .map_or(f64::NAN, |c| c.fit.model.time(n));
             out.push(Validation {
                 op: "allreduce",
                 algo: allreduce_name(algo),
                 bytes: n,
                 predicted_s,
+                line_s,
                 measured_s,
             });
         }
         for algo in &opts.allgather {
             let measured_s = time_allgather(comm, *algo, n, opts.reps)?;
             let predicted_s = cal.allgather_s(algo, p, n).unwrap_or(f64::NAN);
+            let line_s = cal
+                .collective_fit(Collective::Allgather, allgather_name(algo))
+                .map_or(f64::NAN, |c| c.fit.model.time(n));
             out.push(Validation {
                 op: "allgather",
                 algo: allgather_name(algo),
                 bytes: n,
                 predicted_s,
+                line_s,
                 measured_s,
             });
         }

@@ -33,12 +33,17 @@ pub mod sparse;
 pub use comm::sim::{ClockMode, SimComm, SimStats};
 pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
 pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};
+pub use dense::{
+    allgather, allgatherv, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo,
+    AllreduceAlgo, BroadcastAlgo, DenseOptions, Gathered, ReduceAlgo, ReduceScatterAlgo, WireType,
+};
 pub use error::{Error, Result};
 pub use sparse::{SparseAllreduce, SparseOptions, StepStats};
-pub use dense::{
-    allgather, allgatherv, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo,
-    BroadcastAlgo, DenseOptions, Gathered, ReduceAlgo, ReduceScatterAlgo, WireType,
-};
 
 #[cfg(feature = "mpi")]
 pub use comm::mpi::MpiComm;
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -3,9 +3,9 @@
 //! lengths; bad input gives the same typed error on every rank.
 
 use collectives::dense::{
-    allgather, allgatherv, allreduce, allreduce_hier, block_range, broadcast, reduce, reduce_scatter,
-    AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, HierComm, ReduceAlgo, ReduceScatterAlgo,
-    WireType,
+    allgather, allgatherv, allreduce, allreduce_hier, block_range, broadcast, reduce,
+    reduce_scatter, AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, HierComm,
+    ReduceAlgo, ReduceScatterAlgo, WireType,
 };
 use collectives::{Communicator, Error, ThreadComm, ThreadConfig};
 use proptest::prelude::*;
@@ -16,7 +16,9 @@ fn input(seed: u64, r: usize, n: usize) -> Vec<f32> {
     let mut s = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -53,7 +55,10 @@ fn close(got: &[f32], sum: &[f64], mag: &[f64], p: usize, w: WireType) -> Result
     for i in 0..got.len() {
         let tol = k * (eps(w) + 2f64.powi(-24)) * mag[i] + 1e-30;
         if (got[i] as f64 - sum[i]).abs() > tol {
-            return Err(format!("elem {i}: got {} want {} (tol {tol})", got[i], sum[i]));
+            return Err(format!(
+                "elem {i}: got {} want {} (tol {tol})",
+                got[i], sum[i]
+            ));
         }
     }
     Ok(())
@@ -71,11 +76,15 @@ fn all_algos(p: usize) -> Vec<AllreduceAlgo> {
         AllreduceAlgo::BidirectionalExchange,
         AllreduceAlgo::Binomial,
         AllreduceAlgo::LinearPipeline { block_bytes: 12 },
-        AllreduceAlgo::LinearPipeline { block_bytes: 1 << 16 },
+        AllreduceAlgo::LinearPipeline {
+            block_bytes: 1 << 16,
+        },
     ];
     for rpn in 1..=p {
         if p % rpn == 0 {
-            v.push(AllreduceAlgo::Torus2d { ranks_per_node: rpn });
+            v.push(AllreduceAlgo::Torus2d {
+                ranks_per_node: rpn,
+            });
         }
     }
     v
@@ -86,25 +95,32 @@ fn check_allreduce(p: usize, n: usize, seed: u64, wire: WireType) -> Result<(), 
     let algos = all_algos(p);
     let opts = DenseOptions::with_wire(wire);
     let algos2 = algos.clone();
-    let out = ThreadComm::run_with(p, cfg(), move |comm| -> collectives::Result<Vec<Vec<f32>>> {
-        let comm = &comm;
-        let mut res = Vec::new();
-        for a in &algos2 {
-            let mut buf = input(seed, comm.rank(), n);
-            allreduce(comm, &mut buf, *a, &opts)?;
-            res.push(buf);
-        }
-        Ok(res)
-    })
+    let out = ThreadComm::run_with(
+        p,
+        cfg(),
+        move |comm| -> collectives::Result<Vec<Vec<f32>>> {
+            let comm = &comm;
+            let mut res = Vec::new();
+            for a in &algos2 {
+                let mut buf = input(seed, comm.rank(), n);
+                allreduce(comm, &mut buf, *a, &opts)?;
+                res.push(buf);
+            }
+            Ok(res)
+        },
+    )
     .map_err(|e| format!("p={p} n={n}: {e}"))?;
     let (sum, mag) = reference(seed, p, n);
     for (ai, a) in algos.iter().enumerate() {
         let bits0: Vec<u32> = out[0][ai].iter().map(|x| x.to_bits()).collect();
-        for r in 0..p {
-            close(&out[r][ai], &sum, &mag, p, wire).map_err(|e| format!("{a:?} p={p} n={n} rank {r} {wire:?}: {e}"))?;
-            let bits: Vec<u32> = out[r][ai].iter().map(|x| x.to_bits()).collect();
+        for (r, rank_out) in out.iter().enumerate() {
+            close(&rank_out[ai], &sum, &mag, p, wire)
+                .map_err(|e| format!("{a:?} p={p} n={n} rank {r} {wire:?}: {e}"))?;
+            let bits: Vec<u32> = rank_out[ai].iter().map(|x| x.to_bits()).collect();
             if bits != bits0 {
-                return Err(format!("{a:?} p={p} n={n} {wire:?}: rank {r} differs from rank 0"));
+                return Err(format!(
+                    "{a:?} p={p} n={n} {wire:?}: rank {r} differs from rank 0"
+                ));
             }
         }
     }
@@ -145,7 +161,13 @@ fn check_others(p: usize, n: usize, seed: u64) -> Result<(), String> {
             if range != block_range(n, p, r) {
                 errs.push(format!("reduce_scatter {a:?} range {range:?}"));
             }
-            if let Err(e) = close(&buf[range.clone()], &sum[range.clone()], &mag[range], p, WireType::F32) {
+            if let Err(e) = close(
+                &buf[range.clone()],
+                &sum[range.clone()],
+                &mag[range],
+                p,
+                WireType::F32,
+            ) {
                 errs.push(format!("reduce_scatter {a:?}: {e}"));
             }
         }
@@ -155,13 +177,20 @@ fn check_others(p: usize, n: usize, seed: u64) -> Result<(), String> {
                 BroadcastAlgo::ScatterAllgather,
                 BroadcastAlgo::LinearPipeline { block_bytes: 8 },
             ] {
-                let mut buf = if r == root { input(seed, root, n) } else { vec![0f32; n] };
+                let mut buf = if r == root {
+                    input(seed, root, n)
+                } else {
+                    vec![0f32; n]
+                };
                 broadcast(comm, &mut buf, root, a, &o)?;
                 if buf != input(seed, root, n) {
                     errs.push(format!("broadcast {a:?} root {root}"));
                 }
             }
-            for a in [ReduceAlgo::Binomial, ReduceAlgo::LinearPipeline { block_bytes: 8 }] {
+            for a in [
+                ReduceAlgo::Binomial,
+                ReduceAlgo::LinearPipeline { block_bytes: 8 },
+            ] {
                 let mut buf = mine.clone();
                 reduce(comm, &mut buf, root, a, &o)?;
                 if r == root {
@@ -223,12 +252,21 @@ proptest! {
     }
 }
 
-/// Every rank's own result, for "same typed error on every rank".
+/// Every rank's own result, for "same typed error on every rank". The inner result is
+/// passed through as a value so that ThreadComm does not cut the other ranks short when
+/// one returns first (its abort-on-failure rule); each rank must find the error itself.
 fn each_rank<T: Send + 'static>(
     p: usize,
     f: impl Fn(&dyn Communicator) -> collectives::Result<T> + Send + Sync + 'static,
 ) -> Vec<collectives::Result<T>> {
-    ThreadComm::run_all(p, cfg(), move |c| f(&c)).unwrap()
+    ThreadComm::run_all(p, cfg(), move |c| Ok::<_, std::convert::Infallible>(f(&c)))
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(inner) => inner,
+            Err(never) => match never {},
+        })
+        .collect()
 }
 
 #[test]
@@ -245,32 +283,94 @@ fn mismatched_lengths_fail_on_every_rank() {
     let res = each_rank(3, |c| {
         let mine = vec![1u32; 2 + c.rank()];
         let mut out = vec![0u32; 3 * mine.len()];
-        allgather(c, &mine, &mut out, AllgatherAlgo::Ring, &DenseOptions::default())
+        allgather(
+            c,
+            &mine,
+            &mut out,
+            AllgatherAlgo::Ring,
+            &DenseOptions::default(),
+        )
     });
-    assert!(res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))), "{res:?}");
+    assert!(
+        res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
+        "{res:?}"
+    );
     let res = each_rank(5, |c| {
-        let algo = if c.rank() == 0 { AllreduceAlgo::Ring } else { AllreduceAlgo::Rabenseifner };
+        let algo = if c.rank() == 0 {
+            AllreduceAlgo::Ring
+        } else {
+            AllreduceAlgo::Rabenseifner
+        };
         allreduce(c, &mut [1.0; 4], algo, &DenseOptions::default())
     });
-    assert!(res.iter().all(|r| matches!(r, Err(Error::Mismatch { what: "algorithm", .. }))), "{res:?}");
+    assert!(
+        res.iter().all(|r| matches!(
+            r,
+            Err(Error::Mismatch {
+                what: "algorithm",
+                ..
+            })
+        )),
+        "{res:?}"
+    );
 }
 
 #[test]
 fn bad_parameters_fail_on_every_rank() {
     let res = each_rank(3, |c| {
-        allreduce(c, &mut [1.0; 4], AllreduceAlgo::LinearPipeline { block_bytes: 0 }, &DenseOptions::default())
+        allreduce(
+            c,
+            &mut [1.0; 4],
+            AllreduceAlgo::LinearPipeline { block_bytes: 0 },
+            &DenseOptions::default(),
+        )
     });
-    assert!(res.iter().all(|r| matches!(r, Err(Error::InvalidArgument(_)))), "{res:?}");
+    assert!(
+        res.iter()
+            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
+        "{res:?}"
+    );
     let res = each_rank(6, |c| {
-        allreduce(c, &mut [1.0; 4], AllreduceAlgo::Torus2d { ranks_per_node: 4 }, &DenseOptions::default())
+        allreduce(
+            c,
+            &mut [1.0; 4],
+            AllreduceAlgo::Torus2d { ranks_per_node: 4 },
+            &DenseOptions::default(),
+        )
     });
-    assert!(res.iter().all(|r| matches!(r, Err(Error::Topology(m)) if m.contains("does not divide"))), "{res:?}");
+    assert!(
+        res.iter()
+            .all(|r| matches!(r, Err(Error::Topology(m)) if m.contains("does not divide"))),
+        "{res:?}"
+    );
     let res = each_rank(2, |c| {
-        broadcast(c, &mut [1u8; 4], 0, BroadcastAlgo::LinearPipeline { block_bytes: 0 }, &DenseOptions::default())
+        broadcast(
+            c,
+            &mut [1u8; 4],
+            0,
+            BroadcastAlgo::LinearPipeline { block_bytes: 0 },
+            &DenseOptions::default(),
+        )
     });
-    assert!(res.iter().all(|r| matches!(r, Err(Error::InvalidArgument(_)))), "{res:?}");
-    let res = each_rank(2, |c| reduce(c, &mut [1.0; 4], 5, ReduceAlgo::Binomial, &DenseOptions::default()));
-    assert!(res.iter().all(|r| matches!(r, Err(Error::InvalidArgument(_)))), "{res:?}");
+    assert!(
+        res.iter()
+            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
+        "{res:?}"
+    );
+    let res = each_rank(2, |c| {
+        reduce(
+            c,
+            &mut [1.0; 4],
+            5,
+            ReduceAlgo::Binomial,
+            &DenseOptions::default(),
+        )
+    });
+    assert!(
+        res.iter()
+            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
+        "{res:?}"
+    );
 }
 
 #[test]

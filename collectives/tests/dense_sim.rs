@@ -76,7 +76,10 @@ fn recursive_doubling_is_log_p_exchanges_of_n() {
         let n = 40;
         let p2 = 1usize << (usize::BITS - 1 - p.leading_zeros());
         let rem = p - p2;
-        for (r, s) in ar(p, n, AllreduceAlgo::RecursiveDoubling).into_iter().enumerate() {
+        for (r, s) in ar(p, n, AllreduceAlgo::RecursiveDoubling)
+            .into_iter()
+            .enumerate()
+        {
             let nb = 4 * n as u64;
             let (rounds, sent) = if r < 2 * rem && r % 2 == 0 {
                 (2, nb)
@@ -92,7 +95,10 @@ fn recursive_doubling_is_log_p_exchanges_of_n() {
 
 #[test]
 fn rabenseifner_and_be_match_table1_be_row() {
-    for algo in [AllreduceAlgo::Rabenseifner, AllreduceAlgo::BidirectionalExchange] {
+    for algo in [
+        AllreduceAlgo::Rabenseifner,
+        AllreduceAlgo::BidirectionalExchange,
+    ] {
         for p in [2usize, 4, 8, 16] {
             let n = 16 * p;
             let bytes = 4.0 * n as f64;
@@ -101,7 +107,8 @@ fn rabenseifner_and_be_match_table1_be_row() {
                 assert_eq!(s.bytes_sent, 2 * (p as u64 - 1) * 4 * n as u64 / p as u64);
                 // Paper 004 Table 1, BE allreduce with γ = 0:
                 // 2·log p·α + 2·(p−1)/p·n·β.
-                let t = 2.0 * log2(p) as f64 * ALPHA + 2.0 * (p as f64 - 1.0) / p as f64 * bytes * BETA;
+                let t =
+                    2.0 * log2(p) as f64 * ALPHA + 2.0 * (p as f64 - 1.0) / p as f64 * bytes * BETA;
                 assert!(close(s.clock_s, t), "{algo:?} p={p}: {} vs {t}", s.clock_s);
             }
         }
@@ -120,7 +127,11 @@ fn rabenseifner_and_be_match_table1_be_row() {
                 } else {
                     (2 * log2(p2), core)
                 };
-                assert_eq!((s.rounds, s.bytes_sent), (rounds, sent), "{algo:?} p={p} r={r}");
+                assert_eq!(
+                    (s.rounds, s.bytes_sent),
+                    (rounds, sent),
+                    "{algo:?} p={p} r={r}"
+                );
             }
         }
     }
@@ -158,7 +169,11 @@ fn linear_pipeline_matches_table1_lp_row() {
         let nb = nblocks as u64;
         for (r, s) in stats.iter().enumerate() {
             // Ends of the chain: one block in and one out per block; the middle: two each.
-            let (rounds, sent) = if r == 0 || r == p - 1 { (2 * nb, 4 * n as u64) } else { (4 * nb, 8 * n as u64) };
+            let (rounds, sent) = if r == 0 || r == p - 1 {
+                (2 * nb, 4 * n as u64)
+            } else {
+                (4 * nb, 8 * n as u64)
+            };
             assert_eq!((s.rounds, s.bytes_sent), (rounds, sent), "p={p} r={r}");
         }
         // A rank sends one block at a time. On P = 2 the two directions use different
@@ -167,10 +182,18 @@ fn linear_pipeline_matches_table1_lp_row() {
         // on 3 GPUs; Table 1's 2(p − 1 + n/b) rounds the fill up and is an upper bound.
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
         let step = ALPHA + BETA * b as f64;
-        let steps = if p == 2 { nblocks + 1 } else { 2 * nblocks + 2 * p - 5 } as f64;
+        let steps = if p == 2 {
+            nblocks + 1
+        } else {
+            2 * nblocks + 2 * p - 5
+        } as f64;
         let t1 = table1_lp_allreduce(p, 4.0 * n as f64, b as f64);
         assert!(worst <= t1 * (1.0 + 1e-9), "p={p}: {worst} > Table 1 {t1}");
-        assert!(close(worst, steps * step), "p={p}: {worst} vs {steps} steps = {}", steps * step);
+        assert!(
+            close(worst, steps * step),
+            "p={p}: {worst} vs {steps} steps = {}",
+            steps * step
+        );
     }
 }
 
@@ -182,12 +205,19 @@ fn lp_broadcast_matches_table1() {
         let n = b * nblocks;
         let stats = sim(p, move |c| {
             let mut buf = vec![7u8; n];
-            broadcast(c, &mut buf, 0, BroadcastAlgo::LinearPipeline { block_bytes: b }, &DenseOptions::default().unchecked())
+            broadcast(
+                c,
+                &mut buf,
+                0,
+                BroadcastAlgo::LinearPipeline { block_bytes: b },
+                &DenseOptions::default().unchecked(),
+            )
         });
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
         // Paper 004 Table 1: (p − 1 + n/b)α + (b(p − 1) + n)β; the exact schedule is one
         // step shorter (p − 2 + n/b steps of α + βb).
-        let t1 = (p as f64 - 1.0 + nblocks as f64) * ALPHA + (b as f64 * (p as f64 - 1.0) + n as f64) * BETA;
+        let t1 = (p as f64 - 1.0 + nblocks as f64) * ALPHA
+            + (b as f64 * (p as f64 - 1.0) + n as f64) * BETA;
         let exact = (p + nblocks - 2) as f64 * (ALPHA + BETA * b as f64);
         assert!(close(worst, exact), "p={p}: {worst} vs {exact}");
         assert!(worst <= t1);
@@ -203,7 +233,13 @@ fn bruck_and_ring_allgather_closed_forms() {
             let stats = sim(p, move |c| {
                 let mine = vec![c.rank() as u32; m];
                 let mut out = vec![0u32; m * c.size()];
-                allgather(c, &mine, &mut out, algo, &DenseOptions::default().unchecked())
+                allgather(
+                    c,
+                    &mine,
+                    &mut out,
+                    algo,
+                    &DenseOptions::default().unchecked(),
+                )
             });
             let rounds = match algo {
                 AllgatherAlgo::Bruck => (usize::BITS - (p - 1).leading_zeros()) as u64,
@@ -225,7 +261,13 @@ fn recursive_doubling_allgather_closed_form() {
         let stats = sim(p, move |c| {
             let mine = vec![1u32; m];
             let mut out = vec![0u32; m * c.size()];
-            allgather(c, &mine, &mut out, AllgatherAlgo::RecursiveDoubling, &DenseOptions::default().unchecked())
+            allgather(
+                c,
+                &mine,
+                &mut out,
+                AllgatherAlgo::RecursiveDoubling,
+                &DenseOptions::default().unchecked(),
+            )
         });
         for s in stats {
             assert_eq!(s.rounds, log2(p));

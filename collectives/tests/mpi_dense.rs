@@ -4,8 +4,9 @@
 //! exits non-zero on failure.
 
 use collectives::dense::{
-    allgather, allgatherv, allreduce, block_range, broadcast, reduce, reduce_scatter, AllgatherAlgo,
-    AllreduceAlgo, BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo, WireType,
+    allgather, allgatherv, allreduce, block_range, broadcast, reduce, reduce_scatter,
+    AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo,
+    WireType,
 };
 use collectives::{Communicator, Error, MpiComm};
 
@@ -13,7 +14,9 @@ fn input(seed: u64, r: usize, n: usize) -> Vec<f32> {
     let mut s = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -40,7 +43,13 @@ fn same_everywhere(comm: &MpiComm, v: &[f32]) -> collectives::Result<bool> {
         h = (h ^ x.to_bits() as u64).wrapping_mul(0x100000001b3);
     }
     let mut all = vec![0u64; comm.size()];
-    allgather(comm, &[h], &mut all, AllgatherAlgo::Bruck, &DenseOptions::default())?;
+    allgather(
+        comm,
+        &[h],
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default(),
+    )?;
     Ok(all.iter().all(|&x| x == all[0]))
 }
 
@@ -54,9 +63,15 @@ impl Checks<'_> {
         // Every rank must agree that the check passed.
         let mine = matches!(ok, Ok(true)) as u8;
         let mut all = vec![0u8; self.comm.size()];
-        let agreed = allgather(self.comm, &[mine], &mut all, AllgatherAlgo::Ring, &DenseOptions::default())
-            .map(|_| all.iter().all(|&x| x == 1))
-            .unwrap_or(false);
+        let agreed = allgather(
+            self.comm,
+            &[mine],
+            &mut all,
+            AllgatherAlgo::Ring,
+            &DenseOptions::default(),
+        )
+        .map(|_| all.iter().all(|&x| x == 1))
+        .unwrap_or(false);
         if agreed {
             if self.comm.rank() == 0 {
                 println!("ok: {name}");
@@ -92,7 +107,9 @@ fn main() {
     ];
     for rpn in 1..=p {
         if p % rpn == 0 {
-            algos.push(AllreduceAlgo::Torus2d { ranks_per_node: rpn });
+            algos.push(AllreduceAlgo::Torus2d {
+                ranks_per_node: rpn,
+            });
         }
     }
     for wire in [WireType::F32, WireType::F16, WireType::Bf16] {
@@ -107,18 +124,32 @@ fn main() {
                 let mut buf = input(seed, r, n);
                 let res = allreduce(&comm, &mut buf, algo, &DenseOptions::with_wire(wire))
                     .and_then(|_| Ok(within(&buf, seed, p, eps) && same_everywhere(&comm, &buf)?));
-                c.check(format!("allreduce {} {} p={p} n={n} bit-identical", algo.name(), wire.name()), res);
+                c.check(
+                    format!(
+                        "allreduce {} {} p={p} n={n} bit-identical",
+                        algo.name(),
+                        wire.name()
+                    ),
+                    res,
+                );
             }
         }
     }
     for algo in AllgatherAlgo::ALL {
         let n = 7;
         let mut out = vec![0f32; n * p];
-        let res = allgather(&comm, &input(1, r, n), &mut out, algo, &DenseOptions::default())
-            .map(|_| (0..p).all(|q| out[q * n..(q + 1) * n] == input(1, q, n)[..]));
+        let res = allgather(
+            &comm,
+            &input(1, r, n),
+            &mut out,
+            algo,
+            &DenseOptions::default(),
+        )
+        .map(|_| (0..p).all(|q| out[q * n..(q + 1) * n] == input(1, q, n)[..]));
         c.check(format!("allgather {} p={p}", algo.name()), res);
         let cnt = |q: usize| (3 * q + 1) % 4;
-        let res = allgatherv(&comm, &input(2, r, cnt(r)), algo).map(|g| (0..p).all(|q| g.part(q) == &input(2, q, cnt(q))[..]));
+        let res = allgatherv(&comm, &input(2, r, cnt(r)), algo)
+            .map(|g| (0..p).all(|q| g.part(q) == &input(2, q, cnt(q))[..]));
         c.check(format!("allgatherv {} p={p}", algo.name()), res);
     }
     for algo in ReduceScatterAlgo::ALL {
@@ -134,35 +165,76 @@ fn main() {
                         sum[i] += x as f64;
                     }
                 }
-                full.iter().zip(&sum[range]).all(|(a, b)| (*a as f64 - b).abs() < 1e-5 * p as f64)
+                full.iter()
+                    .zip(&sum[range])
+                    .all(|(a, b)| (*a as f64 - b).abs() < 1e-5 * p as f64)
             }
         });
         c.check(format!("reduce_scatter {} p={p}", algo.name()), res);
     }
     for root in 0..p {
-        for algo in [BroadcastAlgo::Binomial, BroadcastAlgo::ScatterAllgather, BroadcastAlgo::LinearPipeline { block_bytes: 12 }] {
+        for algo in [
+            BroadcastAlgo::Binomial,
+            BroadcastAlgo::ScatterAllgather,
+            BroadcastAlgo::LinearPipeline { block_bytes: 12 },
+        ] {
             let n = 50;
-            let mut buf = if r == root { input(4, root, n) } else { vec![0f32; n] };
-            let res = broadcast(&comm, &mut buf, root, algo, &DenseOptions::default()).map(|_| buf == input(4, root, n));
+            let mut buf = if r == root {
+                input(4, root, n)
+            } else {
+                vec![0f32; n]
+            };
+            let res = broadcast(&comm, &mut buf, root, algo, &DenseOptions::default())
+                .map(|_| buf == input(4, root, n));
             c.check(format!("broadcast {} root={root} p={p}", algo.name()), res);
         }
-        for algo in [ReduceAlgo::Binomial, ReduceAlgo::LinearPipeline { block_bytes: 12 }] {
+        for algo in [
+            ReduceAlgo::Binomial,
+            ReduceAlgo::LinearPipeline { block_bytes: 12 },
+        ] {
             let n = 50;
             let mut buf = input(5, r, n);
-            let res = reduce(&comm, &mut buf, root, algo, &DenseOptions::default()).map(|_| r != root || within(&buf, 5, p, 2f64.powi(-24)));
+            let res = reduce(&comm, &mut buf, root, algo, &DenseOptions::default())
+                .map(|_| r != root || within(&buf, 5, p, 2f64.powi(-24)));
             c.check(format!("reduce {} root={root} p={p}", algo.name()), res);
         }
     }
     // Bad input: a typed error on every rank.
     if p > 1 {
         let mut buf = vec![1f32; 10 + (r == p - 1) as usize];
-        let res = allreduce(&comm, &mut buf, AllreduceAlgo::Ring, &DenseOptions::default());
-        c.check(format!("length mismatch is Error::Mismatch on every rank p={p}"), Ok(matches!(res, Err(Error::Mismatch { .. }))));
+        let res = allreduce(
+            &comm,
+            &mut buf,
+            AllreduceAlgo::Ring,
+            &DenseOptions::default(),
+        );
+        c.check(
+            format!("length mismatch is Error::Mismatch on every rank p={p}"),
+            Ok(matches!(res, Err(Error::Mismatch { .. }))),
+        );
     }
-    let res = allreduce(&comm, &mut [1.0; 4], AllreduceAlgo::LinearPipeline { block_bytes: 0 }, &DenseOptions::default());
-    c.check(format!("LP block 0 rejected p={p}"), Ok(matches!(res, Err(Error::InvalidArgument(_)))));
-    let res = allreduce(&comm, &mut [1.0; 4], AllreduceAlgo::Torus2d { ranks_per_node: p + 1 }, &DenseOptions::default());
-    c.check(format!("torus topology not dividing P rejected p={p}"), Ok(matches!(res, Err(Error::Topology(_)))));
+    let res = allreduce(
+        &comm,
+        &mut [1.0; 4],
+        AllreduceAlgo::LinearPipeline { block_bytes: 0 },
+        &DenseOptions::default(),
+    );
+    c.check(
+        format!("LP block 0 rejected p={p}"),
+        Ok(matches!(res, Err(Error::InvalidArgument(_)))),
+    );
+    let res = allreduce(
+        &comm,
+        &mut [1.0; 4],
+        AllreduceAlgo::Torus2d {
+            ranks_per_node: p + 1,
+        },
+        &DenseOptions::default(),
+    );
+    c.check(
+        format!("torus topology not dividing P rejected p={p}"),
+        Ok(matches!(res, Err(Error::Topology(_)))),
+    );
 
     let failed = c.failed.len();
     drop(c);

@@ -33,6 +33,41 @@ pub struct CollectiveFit {
     pub algo: Algorithm,
     /// The fitted line.
     pub fit: Fitted<LinearModel>,
+    /// The samples it was fitted to (median time per size).
+    #[serde(default)]
+    pub samples: Vec<crate::fit::Sample>,
+}
+
+impl CollectiveFit {
+    /// Predicted seconds for `bytes`: inside the swept range, log-log interpolation
+    /// between the measured medians (a shared-memory machine is not α-β linear across its
+    /// cache sizes, so the measurements are the better prediction there); outside it, the
+    /// fitted line `α + β·bytes`.
+    pub fn time(&self, bytes: usize) -> f64 {
+        interpolate(&self.samples, bytes as f64).unwrap_or_else(|| self.fit.model.time(bytes))
+    }
+}
+
+/// Log-log interpolation of `(size, time)` samples sorted by size; `None` outside their
+/// range or with fewer than two samples. Sizes of 0 are skipped.
+pub fn interpolate(samples: &[crate::fit::Sample], x: f64) -> Option<f64> {
+    let mut pts: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.size > 0.0 && s.time_s > 0.0)
+        .map(|s| (s.size, s.time_s))
+        .collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if pts.len() < 2 || x < pts[0].0 || x > pts[pts.len() - 1].0 {
+        return None;
+    }
+    let i = pts.iter().position(|p| p.0 >= x)?;
+    if pts[i].0 == x || i == 0 {
+        return Some(pts[i].1);
+    }
+    let (x0, y0) = pts[i - 1];
+    let (x1, y1) = pts[i];
+    let f = (x.ln() - x0.ln()) / (x1.ln() - x0.ln());
+    Some((y0.ln() + f * (y1.ln() - y0.ln())).exp())
 }
 
 /// A fitted top-k selection model (sizes in elements).
@@ -158,7 +193,7 @@ impl Calibration {
     pub fn predict(&self, op: Collective, algo: Algorithm, p: usize, bytes: usize) -> Result<f64> {
         if p == self.ranks {
             if let Some(c) = self.collective_fit(op, algo) {
-                return Ok(c.fit.model.time(bytes));
+                return Ok(c.time(bytes));
             }
         }
         let topo = if p == self.ranks {
@@ -238,9 +273,19 @@ mod tests {
                 op: Collective::Allreduce,
                 algo: Algorithm::Ring,
                 fit: pingpong,
+                samples: vec![],
             }],
             topk: vec![],
         }
+    }
+
+    #[test]
+    fn interpolation_inside_the_sweep() {
+        let s = [Sample::new(1e3, 1e-5), Sample::new(1e5, 1e-3)];
+        assert!((interpolate(&s, 1e4).unwrap() - 1e-4).abs() < 1e-15);
+        assert_eq!(interpolate(&s, 1e3), Some(1e-5));
+        assert_eq!(interpolate(&s, 1e6), None);
+        assert_eq!(interpolate(&s[..1], 1e3), None);
     }
 
     #[test]

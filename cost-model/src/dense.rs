@@ -180,6 +180,7 @@ fn ring_ag(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ring_allreduce(
     s: &mut Schedule,
     w: usize,

@@ -141,8 +141,9 @@ fn weighted_lstsq<const K: usize>(rows: &[([f64; K], f64, f64)]) -> Option<[f64;
         b.swap(c, piv);
         for r in c + 1..K {
             let f = a[r][c] / a[c][c];
-            for j in c..K {
-                a[r][j] -= f * a[c][j];
+            let pivot_row = a[c];
+            for (x, y) in a[r][c..].iter_mut().zip(&pivot_row[c..]) {
+                *x -= f * y;
             }
             b[r] -= f * b[c];
         }

@@ -3,9 +3,10 @@
 //! Predicts what communication and sparsification cost on a cluster, so that planners can
 //! choose layer merges and algorithms without running them: the α-β(-γ) models of the
 //! collectives, fitted by least squares from measurements; the top-k cost model
-//! `t = γ·ρ·d·log d` of OMGS-SGD (paper 000, Eq. 10-11, §V-B); closed-form costs of every
-//! algorithm (paper 003 Table 1, paper 004 Table 1, paper 001 Eq. 3 and 7-10 for
-//! hierarchical clusters); presets with the papers' published constants.
+//! `t = γ·ρ·d·log d` of OMGS-SGD (paper 000, Eq. 10-11, §V-B); predicted time, rounds and
+//! bytes of every algorithm (exact schedules of the dense ones; paper 003 Table 1, paper
+//! 004 Table 1, paper 001 Eq. 3 and 7-10 for hierarchical clusters); presets with the
+//! papers' published constants; the calibration JSON and an algorithm ranking.
 //!
 //! This crate depends on nothing else of the workspace.
 //!
@@ -15,6 +16,14 @@
 //! let cluster = Topology::flat(16, one_gbe).unwrap();
 //! assert_eq!(cluster.ranks(), 16);
 //! assert!(cluster.link(0, 1).time(1 << 20) > 8e-3);
+//!
+//! // The OMGS-SGD 1 GbE cluster of paper 000 with the authors' constants.
+//! let omgs = cost_model::presets::omgs_1gbe(16).unwrap();
+//! assert!(omgs.topk.time(1 << 20) > 0.0 && omgs.sparse_allgather.time(1 << 10) > 0.0);
+//!
+//! // Rank the all-reduce algorithms for 64 MiB on this cluster, fastest first.
+//! let ranked = cost_model::rank_dense(cost_model::Collective::Allreduce, 64 << 20, &cluster, 64 << 10).unwrap();
+//! assert_eq!(ranked.len(), 7);
 //! ```
 #![deny(missing_docs)]
 
@@ -26,11 +35,17 @@ pub mod fit;
 pub mod models;
 pub mod presets;
 pub mod schedule;
+pub mod sparse;
 pub mod topology;
 
 pub use algorithm::{Algorithm, Collective};
-pub use calibration::Calibration;
+pub use calibration::{rank_dense, rank_dense_calibrated, Calibration, CollectiveFit, TopkFit};
+pub use dense::{predict_dense, DenseCase};
 pub use error::{Error, Result};
-pub use fit::{FitQuality, Fitted, Sample};
+pub use fit::{
+    fit_linear, fit_reduction, fit_topk_linear, fit_topk_omgs, FitQuality, Fitted, Sample,
+};
 pub use models::{LinearModel, ReductionModel, SparseAllgatherModel, TopkModel};
+pub use schedule::{Prediction, RankCost, Schedule};
+pub use sparse::{predict_sparse, rank_sparse, SparseCase, SparseCost};
 pub use topology::{Link, Topology};

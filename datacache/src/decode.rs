@@ -27,7 +27,8 @@ impl Tensor {
 
     /// Heap bytes held, the weight of the tensor in the memory cache.
     pub fn nbytes(&self) -> usize {
-        self.data.len() * std::mem::size_of::<f32>() + self.shape.len() * std::mem::size_of::<usize>()
+        self.data.len() * std::mem::size_of::<f32>()
+            + self.shape.len() * std::mem::size_of::<usize>()
     }
 }
 
@@ -176,7 +177,10 @@ mod tests {
     #[test]
     fn u8_decoder_checks_length() {
         let d = U8Decoder::new(vec![2, 2]);
-        assert_eq!(d.decode(&[0, 255, 0, 255]).unwrap().data, vec![0.0, 1.0, 0.0, 1.0]);
+        assert_eq!(
+            d.decode(&[0, 255, 0, 255]).unwrap().data,
+            vec![0.0, 1.0, 0.0, 1.0]
+        );
         assert!(d.decode(&[0; 3]).is_err());
     }
 
@@ -202,6 +206,21 @@ mod tests {
         let r = ImageDecoder::rgb(2, 2).decode(&png).unwrap();
         assert_eq!(r.shape, vec![3, 2, 2]);
         assert!(ImageDecoder::default().decode(b"not an image").is_err());
+    }
+
+    #[test]
+    fn image_decoder_reads_jpeg() {
+        let img = image::RgbImage::from_pixel(8, 8, image::Rgb([200, 100, 50]));
+        let mut jpg = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut jpg, image::ImageFormat::Jpeg).unwrap();
+        let d = ImageDecoder {
+            resize: None,
+            channels: Channels::Gray,
+        };
+        let t = d.decode(jpg.get_ref()).unwrap();
+        assert_eq!(t.shape, vec![1, 8, 8]);
+        let rgb = ImageDecoder::default().decode(jpg.get_ref()).unwrap();
+        assert!((rgb.data[0] - 200.0 / 255.0).abs() < 0.05); // lossy, but close
     }
 
     #[test]

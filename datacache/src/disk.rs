@@ -7,7 +7,9 @@
 //! reader (in this or another process) sees either no entry or a whole one; a torn or
 //! corrupted entry fails its checksum and is fetched again. Hits refresh the file's
 //! modification time, which is the least-recently-used clock shared by all processes; when
-//! the directory grows past its limit the oldest entries are deleted. Any write failure
+//! the directory grows past its limit the oldest entries are deleted (each process rescans
+//! the directory after writing 5% of the limit, so with several writers the limit holds to
+//! within about 5% per process). Any write failure
 //! (a full disk) turns the level off with a warning instead of failing the training.
 
 use std::fs::File;
@@ -27,6 +29,8 @@ const EXT: &str = "dce";
 /// After eviction the directory is brought down to this fraction of its limit, so that
 /// eviction (a directory scan) runs once per many inserts rather than on every one.
 const LOW_WATERMARK: f64 = 0.9;
+/// Rescan the directory after this process wrote `max_bytes / RESCAN_FRACTION` bytes.
+const RESCAN_FRACTION: u64 = 20;
 /// Temporary files older than this are leftovers of a crashed writer and are removed.
 const STALE_TMP: Duration = Duration::from_secs(600);
 
@@ -48,6 +52,7 @@ pub struct DiskCache {
     dir: PathBuf,
     max_bytes: u64,
     approx_bytes: AtomicU64,
+    written_since_scan: AtomicU64,
     disabled: AtomicBool,
     evict_lock: Mutex<()>,
     tmp_counter: AtomicU64,
@@ -86,6 +91,7 @@ impl DiskCache {
             dir,
             max_bytes,
             approx_bytes: AtomicU64::new(0),
+            written_since_scan: AtomicU64::new(0),
             disabled: AtomicBool::new(false),
             evict_lock: Mutex::new(()),
             tmp_counter: AtomicU64::new(0),
@@ -202,7 +208,10 @@ impl DiskCache {
         add(&self.stats.disk_writes, 1);
         add(&self.stats.disk_bytes_written, entry_len);
         let now = self.approx_bytes.fetch_add(entry_len, Relaxed) + entry_len;
-        if now > self.max_bytes {
+        let mine = self.written_since_scan.fetch_add(entry_len, Relaxed) + entry_len;
+        // Other processes write too: rescan after writing a twentieth of the limit, so that
+        // the directory overshoots by at most ~5% per process.
+        if now > self.max_bytes || mine > self.max_bytes / RESCAN_FRACTION {
             self.evict();
         }
     }
@@ -214,6 +223,7 @@ impl DiskCache {
             .evict_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.written_since_scan.store(0, Relaxed);
         let (mut total, mut entries) = self.scan(false);
         if total > self.max_bytes {
             let target = (self.max_bytes as f64 * LOW_WATERMARK) as u64;
@@ -240,7 +250,9 @@ impl DiskCache {
         let mut total = 0u64;
         let mut stack = vec![(self.root.clone(), 0u8)];
         while let Some((dir, depth)) = stack.pop() {
-            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in rd.flatten() {
                 let Ok(meta) = entry.metadata() else { continue };
                 let path = entry.path();

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use lars_pto::bench_support::{bert_base_numels, resnet50_numels, BenchWorld, ModelData, Optimizer};
+use lars_pto::bench_support::{
+    bert_base_numels, resnet50_numels, BenchWorld, ModelData, Optimizer,
+};
 use lars_pto::Mode;
 
 fn bench(c: &mut Criterion) {

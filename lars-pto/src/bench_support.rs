@@ -269,7 +269,9 @@ fn rank_main(
                 comm.barrier()?;
                 let t0 = Instant::now();
                 let n = match &o {
-                    Opt::Lars(l) => l.coefficients(&comm, &data.weights, &data.grads, 0.1)?.len(),
+                    Opt::Lars(l) => l
+                        .coefficients(&comm, &data.weights, &data.grads, 0.1)?
+                        .len(),
                     Opt::Lamb(l) => l
                         .trust_ratios(
                             &comm,

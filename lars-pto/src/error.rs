@@ -525,6 +525,9 @@ mod tests {
             code: 99,
             ..Status::OK
         };
-        assert!(matches!(junk.to_error(2), Some(Error::Protocol { src: 2, .. })));
+        assert!(matches!(
+            junk.to_error(2),
+            Some(Error::Protocol { src: 2, .. })
+        ));
     }
 }

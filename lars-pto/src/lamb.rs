@@ -140,7 +140,11 @@ impl Consts {
             c1: c1 as f32,
             c2: c2 as f32,
             eps: cfg.epsilon as f32,
-            wd: if excluded { 0.0 } else { cfg.weight_decay as f32 },
+            wd: if excluded {
+                0.0
+            } else {
+                cfg.weight_decay as f32
+            },
         }
     }
 
@@ -154,29 +158,41 @@ impl Consts {
     }
 }
 
-/// `(Σ w², Σ u²)` over a layer, f64 lanes in a fixed order.
+/// `(Σ w², Σ u²)` over a layer, f64 lanes in a fixed order. Blocks of `u` are computed
+/// into a stack buffer by a plain loop (which the compiler vectorises: sqrt and division
+/// four or eight at a time), then squared and summed in eight f64 lanes.
 fn norms(k: &Consts, w: &[f32], g: &[f32], m: &[f32], v: &[f32]) -> (f64, f64) {
     const L: usize = 8;
+    const B: usize = 512;
     let n = w.len().min(g.len()).min(m.len()).min(v.len());
     let mut sw = [0.0f64; L];
     let mut su = [0.0f64; L];
-    let full = n - n % L;
-    let mut i = 0;
-    while i < full {
-        for j in 0..L {
-            let (_, _, u) = k.elem(w[i + j], g[i + j], m[i + j], v[i + j]);
-            let (a, b) = (f64::from(w[i + j]), f64::from(u));
-            sw[j] += a * a;
-            su[j] += b * b;
-        }
-        i += L;
-    }
     let (mut tw, mut tu) = (0.0f64, 0.0f64);
-    for i in full..n {
-        let (_, _, u) = k.elem(w[i], g[i], m[i], v[i]);
-        let (a, b) = (f64::from(w[i]), f64::from(u));
-        tw += a * a;
-        tu += b * b;
+    let mut buf = [0.0f32; B];
+    let mut start = 0;
+    while start < n {
+        let end = (start + B).min(n);
+        let len = end - start;
+        let (w, g, m, v) = (&w[start..end], &g[start..end], &m[start..end], &v[start..end]);
+        let u = &mut buf[..len];
+        for ((((u, &w), &g), &m), &v) in u.iter_mut().zip(w).zip(g).zip(m).zip(v) {
+            *u = k.elem(w, g, m, v).2;
+        }
+        let (cw, cu) = (w.chunks_exact(L), u.chunks_exact(L));
+        let (rw, ru) = (cw.remainder(), cu.remainder());
+        for (w, u) in cw.zip(cu) {
+            for j in 0..L {
+                let (a, b) = (f64::from(w[j]), f64::from(u[j]));
+                sw[j] += a * a;
+                su[j] += b * b;
+            }
+        }
+        for (&a, &b) in rw.iter().zip(ru) {
+            let (a, b) = (f64::from(a), f64::from(b));
+            tw += a * a;
+            tu += b * b;
+        }
+        start = end;
     }
     (reduce(sw) + tw, reduce(su) + tu)
 }

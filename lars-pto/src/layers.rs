@@ -98,16 +98,18 @@ pub(crate) fn exclusions(layers: &[LayerSpec], skip: &SkipList) -> Vec<bool> {
 
 /// Fingerprint of a layer list (names, sizes, exemptions).
 pub(crate) fn fingerprint_layers(layers: &[LayerSpec], excluded: &[bool]) -> Fingerprint {
-    layers
-        .iter()
-        .zip(excluded)
-        .fold(Fingerprint::new().u64(layers.len() as u64), |fp, (l, &x)| {
-            fp.str(&l.name).u64(l.numel as u64).u64(u64::from(x))
-        })
+    layers.iter().zip(excluded).fold(
+        Fingerprint::new().u64(layers.len() as u64),
+        |fp, (l, &x)| fp.str(&l.name).u64(l.numel as u64).u64(u64::from(x)),
+    )
 }
 
 /// Checks a list of per-layer tensors against the layer sizes.
-pub(crate) fn check_list<T: AsRef<[f32]>>(numels: &[usize], tensor: Tensor, xs: &[T]) -> Result<()> {
+pub(crate) fn check_list<T: AsRef<[f32]>>(
+    numels: &[usize],
+    tensor: Tensor,
+    xs: &[T],
+) -> Result<()> {
     if xs.len() != numels.len() {
         return Err(Error::LayerCount {
             tensor,

@@ -45,6 +45,8 @@ mod pto;
 mod tests;
 
 pub use clip::{clip_grad_norm, grad_norm_info, ClipInfo};
+/// The all-gather algorithms [`Exchange::Allgatherv`] can use.
+pub use collectives::dense::AllgatherAlgo;
 pub use error::{Error, Param, Quantity, Result, Status, Tensor};
 pub use fingerprint::Fingerprint;
 pub use lamb::{lamb_coeff, Lamb, LambCoeff, LambConfig};
@@ -52,5 +54,3 @@ pub use lars::{lars_coeff, Lars, LarsCoeff, LarsConfig};
 pub use layers::{LayerSpec, SkipList};
 pub use partition::balanced_ranges;
 pub use pto::{Exchange, Mode, Pto, DEFAULT_TAG};
-/// The all-gather algorithms [`Exchange::Allgatherv`] can use.
-pub use collectives::dense::AllgatherAlgo;

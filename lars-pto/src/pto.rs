@@ -50,7 +50,12 @@ impl Default for Exchange {
 }
 
 impl Exchange {
-    fn gather<C: Communicator + ?Sized>(self, comm: &C, mine: &[u8], lens: &[usize]) -> Result<Vec<u8>> {
+    fn gather<C: Communicator + ?Sized>(
+        self,
+        comm: &C,
+        mine: &[u8],
+        lens: &[usize],
+    ) -> Result<Vec<u8>> {
         match self {
             Exchange::Direct(tag) => allgatherv_bytes(comm, tag, mine, lens),
             Exchange::Allgatherv(algo) => Ok(allgatherv_known(comm, mine, lens, algo)?.data),
@@ -221,10 +226,7 @@ impl Pto {
         // A failed part keeps its length (zeros), so every rank knows every length.
         out.resize(mine.len(), T::zeroed());
         let trailer = Trailer {
-            fingerprint: Fingerprint::new()
-                .u64(self.fingerprint)
-                .u64(salt)
-                .finish(),
+            fingerprint: Fingerprint::new().u64(self.fingerprint).u64(salt).finish(),
             status: Status::of(&status),
         };
         let mut part = Vec::with_capacity(mine.len() * sz + TRAILER);
@@ -243,7 +245,11 @@ impl Pto {
             if r == self.rank {
                 results.extend_from_slice(&out);
             } else {
-                results.extend(payload.chunks_exact(sz.max(1)).map(bytemuck::pod_read_unaligned::<T>));
+                results.extend(
+                    payload
+                        .chunks_exact(sz.max(1))
+                        .map(bytemuck::pod_read_unaligned::<T>),
+                );
             }
             at += len;
         }

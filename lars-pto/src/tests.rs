@@ -20,7 +20,11 @@ fn specs(numels: &[usize]) -> Vec<LayerSpec> {
         .enumerate()
         .map(|(i, &n)| {
             // Every third layer is a bias: it exercises the skip list.
-            let name = if i % 3 == 2 { format!("l{i}.bias") } else { format!("l{i}.weight") };
+            let name = if i % 3 == 2 {
+                format!("l{i}.bias")
+            } else {
+                format!("l{i}.weight")
+            };
             LayerSpec::new(name, n)
         })
         .collect()
@@ -112,7 +116,12 @@ fn run_all_ops(p: usize, numels: &[usize], x: &Inputs, mode: Mode, ex: Exchange)
             .iter()
             .map(|t| t.iter().map(|v| v.to_bits()).collect())
             .collect();
-        Ok((lars_bits(&lc), lamb_bits(&mc), norm.total_norm.to_bits(), wb))
+        Ok((
+            lars_bits(&lc),
+            lamb_bits(&mc),
+            norm.total_norm.to_bits(),
+            wb,
+        ))
     })
     .unwrap()
 }
@@ -151,7 +160,9 @@ fn generic_map_with_more_ranks_than_layers_and_one_rank() {
     for p in [1, 2, 3, 7] {
         let out = ThreadComm::run_with(p, cfg(), |comm| -> Result<(Vec<u64>, usize)> {
             let pto = Pto::new(&comm, &numels, 42)?;
-            let r = pto.map(&comm, 0, Ok(()), |l| Ok((l as u64 + 1) * 100 + numels[l] as u64))?;
+            let r = pto.map(&comm, 0, Ok(()), |l| {
+                Ok((l as u64 + 1) * 100 + numels[l] as u64)
+            })?;
             Ok((r, pto.my_range().len()))
         })
         .unwrap();
@@ -209,7 +220,7 @@ fn lars_reference(
 
 /// LAMB as published (You et al. 2020 Algorithm 2), in f64. Returns (trust per layer, new
 /// weights, new m, new v).
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn lamb_reference(
     c: &LambConfig,
     excluded: &[bool],
@@ -223,7 +234,9 @@ fn lamb_reference(
     let (mut trusts, mut nw, mut nm, mut nv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for l in 0..w.len() {
         let n = w[l].len();
-        let m1: Vec<f64> = (0..n).map(|i| c.beta1 * m[l][i] + (1.0 - c.beta1) * g[l][i]).collect();
+        let m1: Vec<f64> = (0..n)
+            .map(|i| c.beta1 * m[l][i] + (1.0 - c.beta1) * g[l][i])
+            .collect();
         let v1: Vec<f64> = (0..n)
             .map(|i| c.beta2 * v[l][i] + (1.0 - c.beta2) * g[l][i] * g[l][i])
             .collect();
@@ -238,7 +251,11 @@ fn lamb_reference(
             .collect();
         let (wn, un) = (norm(&w[l]), norm(&u));
         let phi = c.max_weight_norm.map_or(wn, |mx| wn.min(mx));
-        let trust = if excluded[l] || phi == 0.0 || un == 0.0 { 1.0 } else { phi / un };
+        let trust = if excluded[l] || phi == 0.0 || un == 0.0 {
+            1.0
+        } else {
+            phi / un
+        };
         nw.push((0..n).map(|i| w[l][i] - lr * trust * u[i]).collect());
         nm.push(m1);
         nv.push(v1);
@@ -279,7 +296,12 @@ fn lars_matches_f64_reference_over_steps() {
             for lr in lrs {
                 coeffs.push(opt.step(&comm, &mut w, &x.g, lr)?);
             }
-            Ok((coeffs, w, opt.momentum_buffers().to_vec(), opt.excluded().to_vec()))
+            Ok((
+                coeffs,
+                w,
+                opt.momentum_buffers().to_vec(),
+                opt.excluded().to_vec(),
+            ))
         })
         .unwrap();
         let (coeffs, w, v, excluded) = &out[0];
@@ -291,7 +313,10 @@ fn lars_matches_f64_reference_over_steps() {
             let (scales, nw, nv) = lars_reference(&c, excluded, &rw, &g, &rv, lr);
             for (l, want) in scales.iter().enumerate() {
                 let got = coeffs[s][l].scale;
-                assert!(rel_close(got, *want, 1e-6), "step {s} layer {l}: {got} vs {want}");
+                assert!(
+                    rel_close(got, *want, 1e-6),
+                    "step {s} layer {l}: {got} vs {want}"
+                );
                 let (wn, gn) = (norm(&rw[l]), norm(&g[l]));
                 assert!(rel_close(coeffs[s][l].weight_norm, wn, 1e-6) || wn == 0.0);
                 assert!(rel_close(coeffs[s][l].grad_norm, gn, 1e-6) || gn == 0.0);
@@ -303,10 +328,18 @@ fn lars_matches_f64_reference_over_steps() {
         let scale: Vec<Vec<f64>> = rw
             .iter()
             .zip(&x.w)
-            .map(|(a, b)| a.iter().zip(b).map(|(a, &b)| a.abs() + f64::from(b).abs()).collect())
+            .map(|(a, b)| {
+                a.iter()
+                    .zip(b)
+                    .map(|(a, &b)| a.abs() + f64::from(b).abs())
+                    .collect()
+            })
             .collect();
         assert_tensor_close(w, &rw, &scale, "lars weights");
-        let vscale: Vec<Vec<f64>> = rv.iter().map(|t| t.iter().map(|v| v.abs() + 1e-9).collect()).collect();
+        let vscale: Vec<Vec<f64>> = rv
+            .iter()
+            .map(|t| t.iter().map(|v| v.abs() + 1e-9).collect())
+            .collect();
         assert_tensor_close(v, &rv, &vscale, "lars momentum");
     }
 }
@@ -347,7 +380,10 @@ fn lamb_matches_f64_reference_over_steps() {
             let (trusts, nw, nm, nv) = lamb_reference(&c, excluded, t, &rw, &g, &rm, &rv, lr);
             for (l, want) in trusts.iter().enumerate() {
                 let got = coeffs[s][l].trust_ratio;
-                assert!(rel_close(got, *want, 1e-6), "step {s} layer {l}: {got} vs {want}");
+                assert!(
+                    rel_close(got, *want, 1e-6),
+                    "step {s} layer {l}: {got} vs {want}"
+                );
             }
             rw = nw;
             rm = nm;
@@ -356,12 +392,23 @@ fn lamb_matches_f64_reference_over_steps() {
         let scale: Vec<Vec<f64>> = rw
             .iter()
             .zip(&x.w)
-            .map(|(a, b)| a.iter().zip(b).map(|(a, &b)| a.abs() + f64::from(b).abs()).collect())
+            .map(|(a, b)| {
+                a.iter()
+                    .zip(b)
+                    .map(|(a, &b)| a.abs() + f64::from(b).abs())
+                    .collect()
+            })
             .collect();
         assert_tensor_close(w, &rw, &scale, "lamb weights");
-        let ms: Vec<Vec<f64>> = rm.iter().map(|t| t.iter().map(|v| v.abs() + 1e-12).collect()).collect();
+        let ms: Vec<Vec<f64>> = rm
+            .iter()
+            .map(|t| t.iter().map(|v| v.abs() + 1e-12).collect())
+            .collect();
         assert_tensor_close(m, &rm, &ms, "lamb m");
-        let vs: Vec<Vec<f64>> = rv.iter().map(|t| t.iter().map(|v| v.abs() + 1e-20).collect()).collect();
+        let vs: Vec<Vec<f64>> = rv
+            .iter()
+            .map(|t| t.iter().map(|v| v.abs() + 1e-20).collect())
+            .collect();
         assert_tensor_close(v, &rv, &vs, "lamb v");
     }
 }
@@ -370,7 +417,12 @@ fn lamb_matches_f64_reference_over_steps() {
 fn clipping_scales_to_max_norm_on_every_rank() {
     let numels = [100usize, 3, 50];
     let x = inputs(&numels, 3);
-    let want = x.g.iter().flatten().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
+    let want =
+        x.g.iter()
+            .flatten()
+            .map(|&v| f64::from(v).powi(2))
+            .sum::<f64>()
+            .sqrt();
     let out = ThreadComm::run_with(2, cfg(), |comm| -> Result<_> {
         let pto = Pto::new(&comm, &numels, 0)?;
         let mut g = x.g.clone();

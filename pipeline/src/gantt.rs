@@ -31,7 +31,7 @@ pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
             .disable_y_mesh()
             .x_desc("time (ms)")
             .y_labels(8)
-            .y_label_formatter(&|y| {
+            .y_label_formatter(&|y: &f64| {
                 let i = (*y - 0.5).round();
                 if (y - (i + 0.5)).abs() < 1e-6 && (0.0..4.0).contains(&i) {
                     ROWS[i as usize].to_string()

@@ -17,13 +17,23 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod counting;
+pub mod data;
 mod error;
+pub mod gantt;
+pub mod models;
 pub mod plan;
 pub mod profile;
+pub mod runtime;
+pub mod schemes;
 pub mod timeline;
+pub mod train;
 pub mod zoo;
 
 pub use error::{Error, Result};
 pub use plan::{MergePlan, Planner};
 pub use profile::{Layer, LayerProfile};
+pub use runtime::Reducer;
+pub use schemes::{DenseAllreduce, Scheme, TopkAllgather};
 pub use timeline::{predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline};
+pub use train::{train, train_suite, SchemeKind, SuiteResult, TrainConfig, TrainReport};

@@ -281,33 +281,86 @@ pub fn algorithm1(profile: &LayerProfile, costs: &impl StepCosts) -> Result<Merg
 
 #[derive(Clone, Copy)]
 struct State {
-    c: f64,
-    e: f64,
-    from: usize,
+    /// Total communication time of the suffix's groups.
+    a: f64,
+    /// Compute-side critical path of the suffix (relative to its compute start).
+    d: f64,
+    next: usize,
     idx: usize,
 }
 
-/// Inserts into a Pareto front sorted by `c` ascending (and so `e` descending); drops
-/// dominated states.
-fn pareto_insert(front: &mut Vec<State>, s: State) {
-    let pos = front.partition_point(|x| x.c <= s.c);
-    if pos > 0 && front[pos - 1].e <= s.e {
+/// Inserts into a front sorted by `a` ascending (so `d` descending), dropping dominated
+/// states. A suffix state's final value is `C + max(δ + A, D)` where the prefix's
+/// `δ = E − C` lies in `[lo, hi]` for every prefix that can still beat the upper bound, so
+/// `s1` dominates `s2` when `max(δ + A1, D1) ≤ max(δ + A2, D2)` on that whole interval:
+/// for `A1 ≤ A2` that is `D1 ≤ max(D2, lo + A2)`; for `A1 > A2` it is `D1 ≤ D2` and
+/// `hi + A1 ≤ D2`.
+fn pareto_insert(front: &mut Vec<State>, s: State, lo: f64, hi: f64) {
+    let pos = front.partition_point(|x| x.a <= s.a);
+    if pos > 0 && front[pos - 1].d <= s.d.max(lo + s.a) {
         return;
     }
-    let mut end = pos;
-    while end < front.len() && front[end].e >= s.e {
-        end += 1;
+    // The first later state with d ≤ s.d has the smallest `a` of those that could dominate.
+    let first_le = pos + front[pos..].partition_point(|t| t.d > s.d);
+    if let Some(t) = front.get(first_le) {
+        if t.a <= s.a || hi + t.a <= s.d {
+            return;
+        }
     }
-    front.splice(pos..end, std::iter::once(s));
+    // Later states dominated by `s`: d ≥ s.d (a block right after pos), and every state
+    // from the first with s.d ≤ lo + a on.
+    let cut = pos
+        + front[pos..]
+            .iter()
+            .position(|t| s.d <= lo + t.a)
+            .unwrap_or(front.len() - pos);
+    front.truncate(cut);
+    let end = first_le.min(front.len());
+    front.drain(pos..end);
+    // Earlier states dominated by `s`: d ≥ max(s.d, hi + s.a), a prefix of the front.
+    let q = front[..pos].partition_point(|r| r.d >= s.d.max(hi + s.a));
+    front.drain(..q);
+    front.insert(pos - q, s);
 }
 
-/// The exact optimum of the timeline model: dynamic programming over group boundaries in
-/// backward order, keeping at each boundary the non-dominated (compute done,
-/// communication done) pairs. Both coordinates only delay what follows, so a dominated
-/// pair can never lead to a shorter iteration; the result equals the exhaustive search.
+/// Fronts longer than this are thinned (see [`exact`]).
+const THIN_ABOVE: usize = 16;
+/// Width of a thinning bucket, relative to the upper bound.
+const THIN_WIDTH: f64 = 1e-5;
+
+/// Keeps, per bucket of `a` values `width` wide, only the state with the smallest `d`
+/// (the last one, as `d` descends). Replacing a state by one whose `a` is at most `width`
+/// larger and whose `d` is smaller costs at most `width` on the final time per boundary.
+fn thin(front: &mut Vec<State>, width: f64) {
+    let mut out: Vec<State> = Vec::with_capacity(front.len());
+    let mut start = f64::NEG_INFINITY;
+    for &s in front.iter() {
+        match out.last_mut() {
+            Some(last) if s.a - start < width => *last = s,
+            _ => {
+                start = s.a;
+                out.push(s);
+            }
+        }
+    }
+    *front = out;
+}
+
+/// The exact optimum of the timeline model.
+///
+/// Communication is a single in-order queue, so for a suffix of groups (in backward
+/// order) starting when compute is at `C` and the link is busy until `E`, the link
+/// finishes at `max(E + A, C + D)`, where `A = Σ t_c` of the suffix and
+/// `D = max_g (ready_g − C + Σ_{h ≥ g} t_c^(h))` its compute-side critical path. Both
+/// only grow what follows, so a dynamic program from the first layer backwards keeps, at
+/// each boundary, the Pareto front of `(A, D)` over suffix plans; `A` takes few distinct
+/// values (about α times the number of groups), which keeps fronts small. States that
+/// cannot beat the best baseline plan (a lower bound from the cheapest possible prefix)
+/// are dropped. The result equals the exhaustive search (property-tested).
 pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
     let l_count = profile.len();
     let layers = profile.layers();
+    let tf = profile.forward_s();
     // Prefix sums over backward positions (position i = forward layer L−1−i).
     let mut b = vec![0.0; l_count + 1];
     let mut n = vec![0usize; l_count + 1];
@@ -316,59 +369,119 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
         b[i + 1] = b[i] + layer.backward_s;
         n[i + 1] = n[i] + layer.numel;
     }
-    // Costs per group size are needed O(L²) times; sizes repeat little, so compute inline.
-    let mut fronts: Vec<Vec<State>> = vec![Vec::new(); l_count + 1];
-    fronts[0].push(State {
-        c: profile.forward_s(),
-        e: 0.0,
-        from: 0,
-        idx: 0,
-    });
+    // Costs of every candidate group [j, k), checked once.
+    let idx = |j: usize, k: usize| j * (l_count + 1) + k;
+    let mut ts = vec![0.0; (l_count + 1) * (l_count + 1)];
+    let mut tc = vec![0.0; (l_count + 1) * (l_count + 1)];
     for j in 0..l_count {
-        let front = std::mem::take(&mut fronts[j]);
         for k in j + 1..=l_count {
             let numel = n[k] - n[j];
-            let ts = costs.sparsify_s(numel);
-            let tc = costs.comm_s(numel);
-            if !(ts.is_finite() && ts >= 0.0) {
-                return Err(Error::InvalidCost { what: "sparsify_s", numel, value: ts });
+            let s = costs.sparsify_s(numel);
+            let c = costs.comm_s(numel);
+            if !(s.is_finite() && s >= 0.0) {
+                return Err(Error::InvalidCost { what: "sparsify_s", numel, value: s });
             }
-            if !(tc.is_finite() && tc >= 0.0) {
-                return Err(Error::InvalidCost { what: "comm_s", numel, value: tc });
+            if !(c.is_finite() && c >= 0.0) {
+                return Err(Error::InvalidCost { what: "comm_s", numel, value: c });
             }
-            let db = b[k] - b[j];
-            for (si, s) in front.iter().enumerate() {
-                let c = s.c + db + ts;
-                let e = c.max(s.e) + tc;
-                pareto_insert(
-                    &mut fronts[k],
-                    State {
-                        c,
-                        e,
-                        from: j,
-                        idx: si,
-                    },
-                );
+            ts[idx(j, k)] = s;
+            tc[idx(j, k)] = c;
+        }
+    }
+    // Cheapest total sparsification of the prefix [0, j) over any grouping (a lower bound
+    // for the compute time spent before boundary j).
+    let mut ts_min = vec![0.0; l_count + 1];
+    for k in 1..=l_count {
+        ts_min[k] = (0..k).map(|j| ts_min[j] + ts[idx(j, k)]).fold(f64::INFINITY, f64::min);
+    }
+    // Lower bounds at each boundary j over all prefix plans: compute done
+    // (`c_min[j]`) and link free (`e_min[j]`), by the monotone recurrences relaxed to them.
+    let c_min: Vec<f64> = (0..=l_count).map(|j| tf + b[j] + ts_min[j]).collect();
+    let mut e_min = vec![0.0; l_count + 1];
+    for k in 1..=l_count {
+        e_min[k] = (0..k)
+            .map(|j| c_min[k].max(e_min[j]) + tc[idx(j, k)])
+            .fold(f64::INFINITY, f64::min);
+    }
+    // Upper bound: the best of the cheap baselines and Algorithm 1.
+    let bw: Vec<f64> = layers.iter().map(|l| l.backward_s).collect();
+    let sizes = profile.sizes();
+    let mut ub = f64::INFINITY;
+    for plan in [
+        MergePlan::single(l_count),
+        MergePlan::layerwise(l_count),
+        threshold(profile, DEFAULT_THRESHOLD),
+        algorithm1(profile, costs)?,
+    ] {
+        ub = ub.min(iteration_time_bounds(&bw, &sizes, tf, plan.starts(), costs));
+    }
+    let ub = ub * (1.0 + 1e-9) + 1e-15;
+    // Least total communication of any suffix plan from boundary j.
+    let mut a_min = vec![0.0; l_count + 1];
+    for j in (0..l_count).rev() {
+        a_min[j] = (j + 1..=l_count)
+            .map(|k| tc[idx(j, k)] + a_min[k])
+            .fold(f64::INFINITY, f64::min);
+    }
+    let mut fronts: Vec<Vec<State>> = vec![Vec::new(); l_count + 1];
+    fronts[l_count].push(State {
+        a: 0.0,
+        d: f64::NEG_INFINITY,
+        next: l_count,
+        idx: 0,
+    });
+    for j in (0..l_count).rev() {
+        let mut front = Vec::new();
+        let (c_lo, e_lo) = (c_min[j], e_min[j]);
+        // E − C at boundary j: exactly −t_f at the start; afterwards at least the last
+        // prefix group's communication.
+        let lo = if j == 0 {
+            -tf
+        } else {
+            (0..j).map(|i| tc[idx(i, j)]).fold(f64::INFINITY, f64::min)
+        };
+        // A prefix with E − C above this cannot finish under the upper bound.
+        let hi = (ub - a_min[j] - c_lo).max(lo);
+        for k in j + 1..=l_count {
+            let (s, c) = (ts[idx(j, k)], tc[idx(j, k)]);
+            let a0 = b[k] - b[j] + s;
+            for (si, st) in fronts[k].iter().enumerate() {
+                let a = c + st.a;
+                let d = a0 + a.max(st.d);
+                if (e_lo + a).max(c_lo + d) <= ub {
+                    pareto_insert(&mut front, State { a, d, next: k, idx: si }, lo, hi);
+                }
+                // Further states of this front have larger `a` and smaller `d`; once
+                // `a ≥ d` the candidates only get worse in both coordinates.
+                if a >= st.d {
+                    break;
+                }
             }
+        }
+        if front.len() > THIN_ABOVE {
+            thin(&mut front, THIN_WIDTH * ub);
         }
         fronts[j] = front;
     }
-    // Best final state, then walk the back-pointers.
-    let last = &fronts[l_count];
-    let (mut idx, _) = last
+    if std::env::var("PIPELINE_DEBUG_FRONTS").is_ok() {
+        let mx = fronts.iter().map(Vec::len).max().unwrap_or(0);
+        let tot: usize = fronts.iter().map(Vec::len).sum();
+        eprintln!("fronts: max {mx}, total {tot}, ub {ub}");
+    }
+    let (mut i, _) = fronts[0]
         .iter()
         .enumerate()
-        .map(|(i, s)| (i, s.e.max(s.c)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, s)| (i, s.a.max(tf + s.d)))
+        .min_by(|x, y| x.1.total_cmp(&y.1))
         .ok_or_else(|| Error::InvalidPlan("no plan found".into()))?;
-    let mut k = l_count;
+    let mut j = 0;
     let mut starts = Vec::new();
-    while k > 0 {
-        let s = fronts[k][idx];
-        // Group = positions [s.from, k) = forward layers [L−k, L−from).
-        starts.push(l_count - k);
-        idx = s.idx;
-        k = s.from;
+    while j < l_count {
+        let s = fronts[j][i];
+        // Group = positions [j, next) = forward layers [L−next, L−j).
+        starts.push(l_count - s.next);
+        j = s.next;
+        i = s.idx;
     }
     starts.sort_unstable();
     MergePlan::from_starts(l_count, starts)

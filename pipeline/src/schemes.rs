@@ -302,14 +302,16 @@ fn f32_iter(bytes: &[u8], peer: usize, want: usize) -> Result<impl Iterator<Item
 }
 
 fn add_bytes(dst: &mut [f32], bytes: &[u8], peer: usize) -> Result<()> {
-    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, dst.len())?) {
+    let n = dst.len();
+    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, n)?) {
         *d += v;
     }
     Ok(())
 }
 
 fn copy_bytes(dst: &mut [f32], bytes: &[u8], peer: usize) -> Result<()> {
-    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, dst.len())?) {
+    let n = dst.len();
+    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, n)?) {
         *d = v;
     }
     Ok(())

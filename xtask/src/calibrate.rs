@@ -149,20 +149,22 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
         );
     }
     println!();
-    println!("validation (measured right after calibrating):");
+    println!("validation (measured right after calibrating; `line` is the α-β fit alone):");
     println!(
-        "{:<12} {:<10} {:>10} {:>14} {:>14} {:>8}",
-        "op", "algorithm", "size", "predicted ms", "measured ms", "error"
+        "{:<10} {:<6} {:>7} {:>13} {:>12} {:>7} {:>10} {:>7}",
+        "op", "algo", "size", "predicted ms", "measured ms", "error", "line ms", "error"
     );
     for v in table {
         println!(
-            "{:<12} {:<10} {:>10} {:>14.4} {:>14.4} {:>7.1}%",
+            "{:<10} {:<6} {:>7} {:>13.4} {:>12.4} {:>6.1}% {:>10.4} {:>6.1}%",
             v.op,
             v.algo.name(),
             format!("{} MiB", v.bytes >> 20),
             v.predicted_s * 1e3,
             v.measured_s * 1e3,
-            v.rel_error() * 100.0
+            v.rel_error() * 100.0,
+            v.line_s * 1e3,
+            (v.line_s - v.measured_s).abs() / v.measured_s * 100.0
         );
     }
 }

@@ -80,7 +80,17 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
 ) -> Result<()> {
     let p = comm.size();
     if opts.check {
-        agree(comm, [Op::Allgather as u64, mine.len() as u64, algo.code(), 0, 0, 0])?;
+        agree(
+            comm,
+            [
+                Op::Allgather as u64,
+                mine.len() as u64,
+                algo.code(),
+                0,
+                0,
+                0,
+            ],
+        )?;
     }
     if out.len() != mine.len() * p {
         return Err(Error::InvalidArgument(format!(
@@ -111,7 +121,14 @@ pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
     let p = comm.size();
     let word = [(mine.len() as u64).to_le_bytes(), algo.code().to_le_bytes()].concat();
     let mut all = vec![0u8; 16 * p];
-    gather_core(comm, &word, &mut all, &vec![16; p], AllgatherAlgo::Bruck, tags::COUNTS)?;
+    gather_core(
+        comm,
+        &word,
+        &mut all,
+        &vec![16; p],
+        AllgatherAlgo::Bruck,
+        tags::COUNTS,
+    )?;
     let mut counts = Vec::with_capacity(p);
     for r in 0..p {
         let mut c = [0u8; 8];
@@ -121,7 +138,10 @@ pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
         if u64::from_le_bytes(a) != algo.code() {
             return Err(Error::Mismatch {
                 what: "algorithm",
-                detail: format!("allgatherv: rank {r} uses another algorithm than rank {}", comm.rank()),
+                detail: format!(
+                    "allgatherv: rank {r} uses another algorithm than rank {}",
+                    comm.rank()
+                ),
             });
         }
         let c = usize::try_from(u64::from_le_bytes(c))
@@ -236,7 +256,13 @@ pub(crate) fn ring_blocks<C: Communicator + ?Sized>(
     Ok(())
 }
 
-fn check_bytes<C: Communicator + ?Sized>(comm: &C, src: usize, tag: Tag, got: usize, want: usize) -> Result<()> {
+fn check_bytes<C: Communicator + ?Sized>(
+    comm: &C,
+    src: usize,
+    tag: Tag,
+    got: usize,
+    want: usize,
+) -> Result<()> {
     if got == want {
         Ok(())
     } else {
@@ -274,7 +300,9 @@ fn recursive_doubling<C: Communicator + ?Sized>(
         check_bytes(comm, r - 1, tag + 1, n, want)?;
     }
     // Byte range held by virtual ranks lo..hi.
-    let span = |lo: usize, hi: usize| displs[fold.orig_lo(lo)]..displs[if hi >= fold.p2 { p } else { fold.orig_lo(hi) }];
+    let span = |lo: usize, hi: usize| {
+        displs[fold.orig_lo(lo)]..displs[if hi >= fold.p2 { p } else { fold.orig_lo(hi) }]
+    };
     let mut mask = 1;
     while mask < fold.p2 {
         let pv = v ^ mask;
@@ -297,7 +325,12 @@ fn recursive_doubling<C: Communicator + ?Sized>(
 
 /// Bruck's all-gather: ⌈log2 P⌉ steps; step k sends the first min(2^k, P − 2^k) blocks
 /// held (in the order own, own + 1, …) to rank − 2^k and receives as many from rank + 2^k.
-fn bruck<C: Communicator + ?Sized>(comm: &C, out: &mut [u8], displs: &[usize], tag: Tag) -> Result<()> {
+fn bruck<C: Communicator + ?Sized>(
+    comm: &C,
+    out: &mut [u8],
+    displs: &[usize],
+    tag: Tag,
+) -> Result<()> {
     let p = comm.size();
     let r = comm.rank();
     // Rotated offsets: block (r + i) mod p sits at rot[i].

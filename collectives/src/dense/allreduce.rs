@@ -50,7 +50,9 @@ impl AllreduceAlgo {
             AllreduceAlgo::Rabenseifner,
             AllreduceAlgo::BidirectionalExchange,
             AllreduceAlgo::Binomial,
-            AllreduceAlgo::LinearPipeline { block_bytes: 64 << 10 },
+            AllreduceAlgo::LinearPipeline {
+                block_bytes: 64 << 10,
+            },
             AllreduceAlgo::Torus2d {
                 ranks_per_node: if p % 2 == 0 { 2 } else { 1 },
             },
@@ -86,7 +88,9 @@ impl AllreduceAlgo {
     /// Checks the parameters against P and the wire type (same answer on every rank).
     fn validate(&self, p: usize, wire: WireType) -> Result<()> {
         match *self {
-            AllreduceAlgo::LinearPipeline { block_bytes } => lp_block_elems(block_bytes, wire.size()).map(|_| ()),
+            AllreduceAlgo::LinearPipeline { block_bytes } => {
+                lp_block_elems(block_bytes, wire.size()).map(|_| ())
+            }
             AllreduceAlgo::Torus2d { ranks_per_node } => check_topology(p, ranks_per_node),
             _ => Ok(()),
         }
@@ -114,7 +118,14 @@ pub fn allreduce<C: Communicator + ?Sized>(
     if opts.check {
         agree(
             comm,
-            [Op::Allreduce as u64, buf.len() as u64, code, param, opts.wire.code(), 0],
+            [
+                Op::Allreduce as u64,
+                buf.len() as u64,
+                code,
+                param,
+                opts.wire.code(),
+                0,
+            ],
         )?;
     }
     let p = comm.size();
@@ -180,14 +191,18 @@ fn allreduce_w<C: Communicator + ?Sized, W: WireElem>(
         AllreduceAlgo::Binomial => {
             let mut sc = Scratch::<W>::new(n);
             reduce_binomial(comm, buf, 0, &mut sc, tags::TREE_REDUCE)?;
-            bcast_f32::<C, W>(comm, buf, 0, &|c, b| bcast_binomial(c, b, 0, tags::TREE_BCAST))
+            bcast_f32::<C, W>(comm, buf, 0, &|c, b| {
+                bcast_binomial(c, b, 0, tags::TREE_BCAST)
+            })
         }
         AllreduceAlgo::LinearPipeline { block_bytes } => {
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
             let mut sc = Scratch::<W>::new(be.min(n));
             lp_allreduce(comm, buf, be, &mut sc)
         }
-        AllreduceAlgo::Torus2d { .. } => Err(Error::InvalidArgument("torus2d is dispatched before".into())),
+        AllreduceAlgo::Torus2d { .. } => Err(Error::InvalidArgument(
+            "torus2d is dispatched before".into(),
+        )),
     }
 }
 
@@ -238,7 +253,11 @@ fn folded<C: Communicator + ?Sized, W: WireElem>(
         }
         Some(v) => {
             let extra = r < 2 * fold.rem;
-            let mut sc = Scratch::<W>::new(if extra { n } else { scratch_elems.max(n.min(1)) });
+            let mut sc = Scratch::<W>::new(if extra {
+                n
+            } else {
+                scratch_elems.max(n.min(1))
+            });
             if extra {
                 sc.recv_add(comm, r - 1, tags::FOLD_IN, buf)?;
             }
@@ -328,7 +347,8 @@ impl HierComm {
         check_topology(comm.size(), ranks_per_node)?;
         let r = comm.rank();
         let color = |x: usize| {
-            u32::try_from(x).map_err(|_| Error::Topology(format!("split color {x} does not fit in u32")))
+            u32::try_from(x)
+                .map_err(|_| Error::Topology(format!("split color {x} does not fit in u32")))
         };
         let key = color(r)?;
         let intra = comm.split(color(r / ranks_per_node)?, key)?;
@@ -361,7 +381,14 @@ impl HierComm {
 /// node. Options are checked on the node communicator and then the cross-node one.
 pub fn allreduce_hier(hier: &HierComm, buf: &mut [f32], opts: &DenseOptions) -> Result<()> {
     if opts.check {
-        let words = [Op::Allreduce as u64, buf.len() as u64, 7, hier.ranks_per_node as u64, opts.wire.code(), 0];
+        let words = [
+            Op::Allreduce as u64,
+            buf.len() as u64,
+            7,
+            hier.ranks_per_node as u64,
+            opts.wire.code(),
+            0,
+        ];
         agree(hier.intra(), words)?;
         agree(hier.inter(), words)?;
     }

@@ -78,7 +78,9 @@ fn check_root(root: usize, p: usize) -> Result<()> {
     if root < p {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("root {root} is outside 0..{p}")))
+        Err(Error::InvalidArgument(format!(
+            "root {root} is outside 0..{p}"
+        )))
     }
 }
 
@@ -103,7 +105,17 @@ pub fn broadcast<C: Communicator + ?Sized, T: Pod>(
 ) -> Result<()> {
     let (code, param) = algo.code();
     if opts.check {
-        agree(comm, [Op::Broadcast as u64, buf.len() as u64, code, param, 0, root as u64])?;
+        agree(
+            comm,
+            [
+                Op::Broadcast as u64,
+                buf.len() as u64,
+                code,
+                param,
+                0,
+                root as u64,
+            ],
+        )?;
     }
     check_root(root, comm.size())?;
     let elem = std::mem::size_of::<T>().max(1);
@@ -132,7 +144,14 @@ pub fn reduce<C: Communicator + ?Sized>(
     if opts.check {
         agree(
             comm,
-            [Op::Reduce as u64, buf.len() as u64, code, param, opts.wire.code(), root as u64],
+            [
+                Op::Reduce as u64,
+                buf.len() as u64,
+                code,
+                param,
+                opts.wire.code(),
+                root as u64,
+            ],
         )?;
     }
     check_root(root, comm.size())?;
@@ -220,7 +239,11 @@ pub(crate) fn bcast_binomial<C: Communicator + ?Sized>(
 }
 
 /// Scatter (binomial) of P byte blocks in relative-rank order, then a ring all-gather.
-fn bcast_scatter_allgather<C: Communicator + ?Sized>(comm: &C, buf: &mut [u8], root: usize) -> Result<()> {
+fn bcast_scatter_allgather<C: Communicator + ?Sized>(
+    comm: &C,
+    buf: &mut [u8],
+    root: usize,
+) -> Result<()> {
     let p = comm.size();
     if p == 1 {
         return Ok(());
@@ -245,7 +268,11 @@ fn bcast_scatter_allgather<C: Communicator + ?Sized>(comm: &C, buf: &mut [u8], r
     mask >>= 1;
     while mask > 0 {
         if rel + mask < p {
-            comm.send(abs(rel + mask), tags::SCATTER, &buf[span(rel + mask, rel + 2 * mask)])?;
+            comm.send(
+                abs(rel + mask),
+                tags::SCATTER,
+                &buf[span(rel + mask, rel + 2 * mask)],
+            )?;
         }
         mask >>= 1;
     }

@@ -21,11 +21,19 @@ const SMALL: usize = 8 << 10;
 /// candidate with the smallest predicted time (ties: the earlier candidate); without, or
 /// when it prices none: recursive doubling for small messages, Rabenseifner for larger
 /// ones on powers of two, ring otherwise.
-pub fn choose_allreduce(p: usize, bytes: usize, calibration: Option<&dyn Predictor>) -> AllreduceAlgo {
+pub fn choose_allreduce(
+    p: usize,
+    bytes: usize,
+    calibration: Option<&dyn Predictor>,
+) -> AllreduceAlgo {
     if let Some(pred) = calibration {
         let best = AllreduceAlgo::all(p)
             .into_iter()
-            .filter_map(|a| pred.allreduce_s(&a, p, bytes).filter(|t| t.is_finite()).map(|t| (a, t)))
+            .filter_map(|a| {
+                pred.allreduce_s(&a, p, bytes)
+                    .filter(|t| t.is_finite())
+                    .map(|t| (a, t))
+            })
             .fold(None::<(AllreduceAlgo, f64)>, |best, (a, t)| match best {
                 Some((_, bt)) if bt <= t => best,
                 _ => Some((a, t)),
@@ -46,11 +54,19 @@ pub fn choose_allreduce(p: usize, bytes: usize, calibration: Option<&dyn Predict
 /// The all-gather algorithm for `p` ranks each contributing `bytes`: by predictor as in
 /// [`choose_allreduce`], else Bruck for small totals, recursive doubling for larger ones
 /// on powers of two, ring otherwise.
-pub fn choose_allgather(p: usize, bytes: usize, calibration: Option<&dyn Predictor>) -> AllgatherAlgo {
+pub fn choose_allgather(
+    p: usize,
+    bytes: usize,
+    calibration: Option<&dyn Predictor>,
+) -> AllgatherAlgo {
     if let Some(pred) = calibration {
         let best = AllgatherAlgo::ALL
             .into_iter()
-            .filter_map(|a| pred.allgather_s(&a, p, bytes).filter(|t| t.is_finite()).map(|t| (a, t)))
+            .filter_map(|a| {
+                pred.allgather_s(&a, p, bytes)
+                    .filter(|t| t.is_finite())
+                    .map(|t| (a, t))
+            })
             .fold(None::<(AllgatherAlgo, f64)>, |best, (a, t)| match best {
                 Some((_, bt)) if bt <= t => best,
                 _ => Some((a, t)),

@@ -55,8 +55,8 @@ pub use wire::WireType;
 pub struct DenseOptions {
     /// Element type on the wire for the reducing collectives (sums stay in `f32`).
     pub wire: WireType,
-    /// Compare length, algorithm, parameters and wire type across ranks first (every rank
-    /// sends 48 bytes to every other). On by default; turn off on a hot path whose
+    /// Compare length, algorithm, parameters and wire type across ranks first (a Bruck
+    /// all-gather of 48 bytes per rank, ⌈log2 P⌉ rounds). On by default; turn off on a hot path whose
     /// arguments are known to agree.
     pub check: bool,
 }

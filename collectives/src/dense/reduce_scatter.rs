@@ -22,7 +22,8 @@ pub enum ReduceScatterAlgo {
 
 impl ReduceScatterAlgo {
     /// Every algorithm.
-    pub const ALL: [ReduceScatterAlgo; 2] = [ReduceScatterAlgo::Ring, ReduceScatterAlgo::RecursiveHalving];
+    pub const ALL: [ReduceScatterAlgo; 2] =
+        [ReduceScatterAlgo::Ring, ReduceScatterAlgo::RecursiveHalving];
 
     /// Short name: `ring`, `recursive_halving`.
     pub fn name(&self) -> &'static str {
@@ -51,7 +52,14 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
     if opts.check {
         agree(
             comm,
-            [Op::ReduceScatter as u64, buf.len() as u64, algo.code(), 0, opts.wire.code(), 0],
+            [
+                Op::ReduceScatter as u64,
+                buf.len() as u64,
+                algo.code(),
+                0,
+                opts.wire.code(),
+                0,
+            ],
         )?;
     }
     match opts.wire {
@@ -82,7 +90,9 @@ fn reduce_scatter_w<C: Communicator + ?Sized, W: WireElem>(
         ReduceScatterAlgo::RecursiveHalving => {
             let fold = Fold::new(p);
             // Virtual rank v owns the blocks of the original ranks it stands for.
-            let vb: Vec<usize> = (0..=fold.p2).map(|v| block_start(n, p, fold.orig_lo(v))).collect();
+            let vb: Vec<usize> = (0..=fold.p2)
+                .map(|v| block_start(n, p, fold.orig_lo(v)))
+                .collect();
             let mut sc = Scratch::<W>::new(n);
             match fold.virt(r) {
                 None => {
@@ -173,7 +183,11 @@ pub(crate) fn halving_rs<C: Communicator + ?Sized, W: WireElem>(
     while mask >= 1 {
         let pv = v ^ mask;
         let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let (keep, give) = if v & mask == 0 {
+            ((lo, mid), (mid, hi))
+        } else {
+            ((mid, hi), (lo, mid))
+        };
         let (send, recv) = pair_mut(buf, vb[give.0]..vb[give.1], vb[keep.0]..vb[keep.1]);
         let partner = fold.actor(pv);
         sc.sendrecv_add(comm, partner, tag, send, partner, tag, recv, pv < v)?;
@@ -225,7 +239,11 @@ pub(crate) fn be_rs<C: Communicator + ?Sized, W: WireElem>(
     while mask < fold.p2 {
         let pv = v ^ mask;
         let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+        let (keep, give) = if v & mask == 0 {
+            ((lo, mid), (mid, hi))
+        } else {
+            ((mid, hi), (lo, mid))
+        };
         let (send, recv) = pair_mut(buf, vb[give.0]..vb[give.1], vb[keep.0]..vb[keep.1]);
         let partner = fold.actor(pv);
         sc.sendrecv_add(comm, partner, tag, send, partner, tag, recv, pv < v)?;
@@ -235,6 +253,7 @@ pub(crate) fn be_rs<C: Communicator + ?Sized, W: WireElem>(
     Ok(lo)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// The all-gather that undoes [`be_rs`]: partner distance p2/2, …, 1; the held block range
 /// doubles towards the side the partner's bit says.
 pub(crate) fn be_ag<C: Communicator + ?Sized, W: WireElem>(
@@ -252,7 +271,11 @@ pub(crate) fn be_ag<C: Communicator + ?Sized, W: WireElem>(
     while mask >= 1 {
         let pv = v ^ mask;
         let s = hi - lo;
-        let (plo, phi) = if v & mask == 0 { (hi, hi + s) } else { (lo - s, lo) };
+        let (plo, phi) = if v & mask == 0 {
+            (hi, hi + s)
+        } else {
+            (lo - s, lo)
+        };
         let (send, recv) = pair_mut(buf, vb[lo]..vb[hi], vb[plo]..vb[phi]);
         let partner = fold.actor(pv);
         sc.sendrecv_copy(comm, partner, tag, send, partner, tag, recv)?;

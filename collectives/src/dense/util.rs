@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use crate::dense::allgather::{gather_core, AllgatherAlgo};
 use crate::dense::tags;
 use crate::{Communicator, Error, Result};
 
@@ -51,7 +52,11 @@ pub(crate) struct Fold {
 
 impl Fold {
     pub(crate) fn new(p: usize) -> Self {
-        let p2 = if p == 0 { 0 } else { 1usize << (usize::BITS - 1 - p.leading_zeros()) };
+        let p2 = if p == 0 {
+            0
+        } else {
+            1usize << (usize::BITS - 1 - p.leading_zeros())
+        };
         Fold { p2, rem: p - p2 }
     }
 
@@ -97,17 +102,21 @@ pub(crate) fn ceil_log2(p: usize) -> u32 {
 }
 
 /// Field names of the agreement words, for the error message.
-const FIELDS: [&str; 6] = ["operation", "buffer length", "algorithm", "algorithm parameter", "wire type", "root"];
+const FIELDS: [&str; 6] = [
+    "operation",
+    "buffer length",
+    "algorithm",
+    "algorithm parameter",
+    "wire type",
+    "root",
+];
 
 /// Checks that every rank called the same collective with the same length, algorithm,
-/// parameters, wire type and root. Every rank sends its six words to every other rank
-/// first and only then receives, so when any rank returns, every rank's sends are already
-/// queued: all ranks see the same table and return the same [`Error::Mismatch`] (none is
-/// cut short by a peer that failed first, none hangs). Cost: P − 1 messages of 48 bytes
-/// each way; turn it off with `DenseOptions::check = false` on a hot path.
+/// parameters, wire type and root: one Bruck all-gather of six words per rank (⌈log2 P⌉
+/// rounds, the same on every rank whatever the arguments). Every rank then holds the same
+/// table and returns the same [`Error::Mismatch`] on disagreement; none hangs.
 pub(crate) fn agree<C: Communicator + ?Sized>(comm: &C, words: [u64; 6]) -> Result<()> {
     let p = comm.size();
-    let me = comm.rank();
     if p <= 1 {
         return Ok(());
     }
@@ -115,20 +124,15 @@ pub(crate) fn agree<C: Communicator + ?Sized>(comm: &C, words: [u64; 6]) -> Resu
     for (i, w) in words.iter().enumerate() {
         mine[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
     }
-    for r in (0..p).filter(|&r| r != me) {
-        comm.send(r, tags::CHECK, &mine)?;
-    }
     let mut all = vec![0u8; 48 * p];
-    all[48 * me..48 * me + 48].copy_from_slice(&mine);
-    for r in (0..p).filter(|&r| r != me) {
-        let n = comm.recv_into(r, tags::CHECK, &mut all[48 * r..48 * r + 48])?;
-        if n != 48 {
-            return Err(Error::Mismatch {
-                what: "operation",
-                detail: format!("rank {r} sent a {n}-byte agreement message"),
-            });
-        }
-    }
+    gather_core(
+        comm,
+        &mine,
+        &mut all,
+        &vec![48; p],
+        AllgatherAlgo::Bruck,
+        tags::CHECK,
+    )?;
     let get = |r: usize, f: usize| -> u64 {
         let o = r * 48 + f * 8;
         let mut b = [0u8; 8];

@@ -107,6 +107,7 @@ pub(crate) struct Scratch<W> {
     recv32: Vec<f32>,
 }
 
+#[allow(clippy::assign_op_pattern)] // operand order written out on purpose
 impl<W: WireElem> Scratch<W> {
     /// Scratch for messages of up to `max_elems` elements.
     pub(crate) fn new(max_elems: usize) -> Self {
@@ -239,7 +240,8 @@ impl<W: WireElem> Scratch<W> {
     ) -> Result<()> {
         let n = buf.len();
         if W::IS_F32 {
-            let got = comm.sendrecv_slice_into(dest, stag, &*buf, src, rtag, &mut self.recv32[..n])?;
+            let got =
+                comm.sendrecv_slice_into(dest, stag, &*buf, src, rtag, &mut self.recv32[..n])?;
             expect_len(comm, src, rtag, got, n)?;
             if lower_first {
                 add_into_rev(buf, &self.recv32[..n]);
@@ -355,6 +357,7 @@ pub(crate) fn add_into(out: &mut [f32], x: &[f32]) {
 /// `out[i] = x[i] + out[i]` (operand order fixed; IEEE addition is commutative, so this is
 /// bitwise the same as [`add_into`], kept explicit to document the order).
 #[inline]
+#[allow(clippy::assign_op_pattern)]
 pub(crate) fn add_into_rev(out: &mut [f32], x: &[f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v + *o;

@@ -1,0 +1,337 @@
+//! `cargo xtask bench`: the main job. Runs the suites, writes `report.json` (DESIGN.md
+//! format), `report.md` (one section per suite, with the papers' numbers beside ours) and
+//! SVG plots into the output directory.
+//!
+//! On one machine the communicating suites run on `ThreadComm` with `--ranks P` ranks;
+//! `--mpi -n P [--hostfile F]` rebuilds this tool with the `mpi` feature and relaunches it
+//! under `mpirun`, where the communicating suites run on `MpiComm` (with the MPI library's own
+//! collective measured in the same run) and the local suites on rank 0.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use collectives::Communicator;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::CliResult;
+
+mod plot;
+mod report;
+mod suites;
+mod timing;
+
+pub use report::{Headline, Record, SuiteOutput};
+
+/// Errors that cross rank threads.
+pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// Every suite, in report order.
+pub const SUITES: [&str; 9] = [
+    "topk",
+    "allreduce",
+    "allgather",
+    "sparse",
+    "simulate",
+    "plan",
+    "train",
+    "lars",
+    "datacache",
+];
+
+fn known_suites() -> &'static [&'static str] {
+    &SUITES
+}
+
+/// Options of `cargo xtask bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// A short run (under 3 minutes on 2 cores): fewer sizes and repetitions.
+    #[arg(long)]
+    quick: bool,
+    /// Output directory (default: target/bench-report in the workspace).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Suites to run (default: all): topk, allreduce, allgather, sparse, simulate, plan,
+    /// train, lars, datacache.
+    #[arg(long = "suite", num_args = 1..)]
+    suites: Vec<String>,
+    /// Ranks of the communicating suites on the thread transport.
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// Run under mpirun (rebuilds xtask with the `mpi` feature and relaunches itself).
+    #[arg(long)]
+    mpi: bool,
+    /// Number of MPI processes with --mpi.
+    #[arg(short = 'n', long = "np", default_value_t = 4)]
+    np: usize,
+    /// Hostfile passed to mpirun with --mpi.
+    #[arg(long)]
+    hostfile: Option<PathBuf>,
+    /// Internal: set when this process was started by mpirun.
+    #[arg(long, hide = true)]
+    mpi_child: bool,
+}
+
+/// What every suite can see.
+pub struct Ctx {
+    /// Quick run.
+    pub quick: bool,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Ranks of the communicating suites.
+    pub ranks: usize,
+    /// The MPI world when running under mpirun.
+    #[cfg(feature = "mpi")]
+    pub mpi: Option<collectives::MpiComm>,
+}
+
+impl Ctx {
+    /// The transport name for the report.
+    pub fn backend(&self) -> &'static str {
+        #[cfg(feature = "mpi")]
+        if self.mpi.is_some() {
+            return "mpi";
+        }
+        "thread"
+    }
+
+    /// This process's rank (0 unless under MPI).
+    pub fn rank(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(c) = &self.mpi {
+            return c.rank();
+        }
+        0
+    }
+
+    /// Runs `body` on every rank of the suite's world: `ThreadComm` with `ranks` threads, or
+    /// the MPI world. Returns rank 0's result (other MPI ranks get `None`).
+    pub fn on_world<T: Send>(
+        &self,
+        body: impl Fn(&dyn Communicator) -> Result<T, BoxErr> + Sync,
+    ) -> Result<Option<T>, BoxErr> {
+        #[cfg(feature = "mpi")]
+        if let Some(c) = &self.mpi {
+            let out = body(c)?;
+            return Ok((c.rank() == 0).then_some(out));
+        }
+        let mut all = collectives::ThreadComm::run(self.ranks, |c| body(&c))
+            .map_err(|e| -> BoxErr { e.to_string().into() })?;
+        Ok(Some(all.swap_remove(0)))
+    }
+}
+
+/// Runs `cargo xtask bench`.
+pub fn run(args: Args) -> CliResult {
+    // Everything a user can get wrong is checked before any long work starts.
+    let suites = select_suites(&args.suites)?;
+    if args.ranks == 0 {
+        return Err("--ranks must be at least 1".into());
+    }
+    if cfg!(debug_assertions) && !args.mpi_child && std::env::var_os("XTASK_BENCH_DEBUG").is_none() {
+        // Timings from a debug build mean nothing: rebuild and run this tool optimised.
+        return rerun_in_release();
+    }
+    if args.mpi && !args.mpi_child {
+        return relaunch_under_mpirun(&args);
+    }
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| crate::ci::workspace_root().join("target/bench-report"));
+    check_writable(&out)?;
+    let ctx = make_ctx(&args, out)?;
+    let leader = ctx.rank() == 0;
+    let start = Instant::now();
+    let mut sections = Vec::new();
+    for name in &suites {
+        let pb = if leader { progress(name) } else { ProgressBar::hidden() };
+        let t = Instant::now();
+        let result = suites::run(name, &ctx, &pb);
+        pb.finish_and_clear();
+        match result {
+            Ok(Some(out)) => {
+                if leader {
+                    eprintln!("{name}: {} records in {:.1} s", out.records.len(), t.elapsed().as_secs_f64());
+                }
+                sections.push((name.to_string(), out));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("suite {name} failed: {e}").into()),
+        }
+    }
+    if !leader {
+        return Ok(());
+    }
+    let machine = report::Machine {
+        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        backend: ctx.backend().into(),
+        ranks: ctx.world_size(),
+        quick: ctx.quick,
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+    };
+    let records: Vec<Record> = sections.iter().flat_map(|(_, o)| o.records.clone()).collect();
+    let rep = report::Report { schema: 1, machine: machine.clone(), records };
+    report::validate(&rep, &suites.iter().map(|s| s.as_str()).collect::<Vec<_>>())?;
+    report::write_json(&rep, &ctx.out)?;
+    let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    report::write_markdown(
+        &ctx.out,
+        &machine,
+        &format!("cargo xtask {command}"),
+        start.elapsed().as_secs_f64(),
+        &sections,
+    )?;
+    println!(
+        "wrote {} records to {} and {} in {:.0} s",
+        rep.records.len(),
+        ctx.out.join("report.json").display(),
+        ctx.out.join("report.md").display(),
+        start.elapsed().as_secs_f64()
+    );
+    for (_, o) in &sections {
+        for f in &o.findings {
+            println!("- {f}");
+        }
+    }
+    Ok(())
+}
+
+impl Ctx {
+    /// Ranks of the communicating suites' world.
+    pub fn world_size(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(c) = &self.mpi {
+            return c.size();
+        }
+        self.ranks
+    }
+}
+
+fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>> {
+    #[cfg(feature = "mpi")]
+    {
+        let mpi = if args.mpi_child { Some(collectives::MpiComm::world()?) } else { None };
+        Ok(Ctx { quick: args.quick, out, ranks: args.ranks, mpi })
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        if args.mpi_child {
+            return Err("this xtask was built without the `mpi` feature".into());
+        }
+        Ok(Ctx { quick: args.quick, out, ranks: args.ranks })
+    }
+}
+
+fn select_suites(asked: &[String]) -> Result<Vec<String>, String> {
+    if asked.is_empty() {
+        return Ok(known_suites().iter().map(|s| s.to_string()).collect());
+    }
+    let mut out = Vec::new();
+    for s in asked {
+        if !known_suites().contains(&s.as_str()) {
+            return Err(format!(
+                "unknown suite {s:?}; known suites: {}",
+                known_suites().join(", ")
+            ));
+        }
+        if !out.contains(s) {
+            out.push(s.clone());
+        }
+    }
+    Ok(out)
+}
+
+fn check_writable(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create output directory {}: {e}", dir.display()))?;
+    let probe = dir.join(".write-probe");
+    std::fs::write(&probe, b"ok")
+        .map_err(|e| format!("cannot write into output directory {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
+fn progress(name: &str) -> ProgressBar {
+    let pb = ProgressBar::new(1);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(name.to_string());
+    pb
+}
+
+/// Runs the same command line again from a release build of xtask.
+fn rerun_in_release() -> CliResult {
+    let root = crate::ci::workspace_root();
+    eprintln!("building xtask in release mode for meaningful timings ...");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["run", "--release", "-q", "-p", "xtask", "--"])
+        .args(std::env::args_os().skip(1))
+        .current_dir(&root)
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("the release run exited with {status}").into())
+    }
+}
+
+/// Builds xtask with the `mpi` feature (release) and runs it under mpirun.
+fn relaunch_under_mpirun(args: &Args) -> CliResult {
+    let mpirun = crate::ci::mpirun().ok_or(
+        "--mpi needs `mpirun` on the PATH: install an MPI library (Debian/Ubuntu: \
+         apt-get install libopenmpi-dev openmpi-bin libclang-dev)",
+    )?;
+    if args.np == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    if let Some(h) = &args.hostfile {
+        if !h.is_file() {
+            return Err(format!("hostfile {} does not exist", h.display()).into());
+        }
+    }
+    let root = crate::ci::workspace_root();
+    let out = args.out.clone().unwrap_or_else(|| root.join("target/bench-report"));
+    check_writable(&out)?;
+    eprintln!("building xtask with --features mpi (release) ...");
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--release", "-q", "-p", "xtask", "--features", "mpi"])
+        .current_dir(&root)
+        .status()?;
+    if !status.success() {
+        return Err("building xtask with the mpi feature failed".into());
+    }
+    let exe = root.join("target/release/xtask");
+    let mut cmd = std::process::Command::new(mpirun);
+    cmd.args(["-n", &args.np.to_string(), "--oversubscribe"]);
+    if is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    if let Some(h) = &args.hostfile {
+        cmd.arg("--hostfile").arg(h);
+    }
+    cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    cmd.arg(exe).args(["bench", "--mpi-child", "--out"]).arg(&out);
+    if args.quick {
+        cmd.arg("--quick");
+    }
+    if !args.suites.is_empty() {
+        cmd.arg("--suite").args(&args.suites);
+    }
+    let status = cmd.current_dir(&root).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("mpirun exited with {status}").into())
+    }
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").map(|u| u == "root").unwrap_or(false)
+        || std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false)
+}

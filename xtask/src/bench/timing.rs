@@ -1,0 +1,61 @@
+//! Timing helpers: medians over repetitions, synchronised across ranks.
+
+use std::time::Instant;
+
+use collectives::Communicator;
+
+use super::BoxErr;
+
+/// Median of `reps` timings of `f` (after one warm-up run).
+pub fn median_time(reps: usize, f: impl FnMut() -> Result<(), BoxErr>) -> Result<f64, BoxErr> {
+    median_time_with_setup(reps, || {}, f)
+}
+
+/// Like [`median_time`], running `setup` untimed before every run of `f`.
+pub fn median_time_with_setup<S>(
+    reps: usize,
+    mut setup: impl FnMut() -> S,
+    mut f: impl FnMut() -> Result<(), BoxErr>,
+) -> Result<f64, BoxErr> {
+    setup();
+    f()?;
+    let mut t = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        setup();
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut t))
+}
+
+/// Median over repetitions of the slowest rank's time of `f`: each repetition starts after
+/// a barrier and the rank times are max-reduced, so every rank returns the same figure.
+pub fn world_time(
+    comm: &dyn Communicator,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), BoxErr>,
+) -> Result<f64, BoxErr> {
+    comm.barrier()?;
+    f()?;
+    let mut t = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        comm.barrier()?;
+        let s = Instant::now();
+        f()?;
+        let mine = s.elapsed().as_secs_f64();
+        t.push(max_over_ranks(comm, mine)?);
+    }
+    Ok(median(&mut t))
+}
+
+/// The largest `x` over all ranks (every rank gets it).
+pub fn max_over_ranks(comm: &dyn Communicator, x: f64) -> Result<f64, BoxErr> {
+    let all = collectives::dense::allgatherv(comm, &[x], collectives::dense::AllgatherAlgo::Bruck)?;
+    Ok(all.data.iter().copied().fold(f64::MIN, f64::max))
+}
+
+fn median(t: &mut [f64]) -> f64 {
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[t.len() / 2]
+}
