@@ -79,7 +79,8 @@ const T_LP_BCAST: u32 = 10;
 const CTX_INTER: u32 = 100;
 
 /// Start of block `i` of `n` items in `parts` near-equal blocks (first `n mod parts` get one
-/// more), as `collectives::dense::block_start`.
+/// more). `collectives` splits its buffers with this same function.
+#[inline]
 pub fn block_start(n: usize, parts: usize, i: usize) -> usize {
     if parts == 0 {
         return 0;

@@ -36,6 +36,7 @@ pub mod models;
 pub mod presets;
 pub mod schedule;
 pub mod sparse;
+pub mod sparse_replay;
 pub mod topology;
 
 pub use algorithm::{Algorithm, Collective};
@@ -48,4 +49,5 @@ pub use fit::{
 pub use models::{LinearModel, ReductionModel, SparseAllgatherModel, TopkModel};
 pub use schedule::{Prediction, RankCost, Schedule};
 pub use sparse::{predict_sparse, rank_sparse, SparseCase, SparseCost};
+pub use sparse_replay::{replay_sparse, Observed, SparseStep};
 pub use topology::{Link, Topology};

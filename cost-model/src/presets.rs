@@ -92,6 +92,20 @@ impl OmgsPreset {
     }
 }
 
+/// Per-message latency of 1 Gbit/s Ethernet with TCP, seconds. Chosen, not published: paper
+/// 000 publishes only whole-collective fits (see [`OMGS_ALLGATHER`]); 50 µs is a typical
+/// one-way small-message latency of MPI over TCP on GbE.
+pub const ETHERNET_1GBE_ALPHA_S: f64 = 50e-6;
+
+/// Paper 000's cluster as physical links: `nodes` machines, one GPU each, joined by 1 Gbit/s
+/// Ethernet with [`ETHERNET_1GBE_ALPHA_S`] per message. Use it to run real algorithms on
+/// `SimComm`: unlike [`OmgsPreset::topology`], α here is one message's start-up, not a whole
+/// all-gather's.
+pub fn ethernet_1gbe(nodes: usize) -> Result<Topology> {
+    let link = Link::from_gbit(ETHERNET_1GBE_ALPHA_S, 1.0);
+    Topology::new(nodes, 1, link, link)
+}
+
 /// Intra-node latency for V100 GPUs joined by NVLink, seconds. Chosen, not published:
 /// paper 001 gives no α; 5 µs is NCCL's typical intra-node small-message latency.
 pub const NVLINK_ALPHA_S: f64 = 5e-6;

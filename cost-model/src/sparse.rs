@@ -12,8 +12,10 @@
 //! Worst case. Sparse bytes depend on the data (how many indices coincide when merged).
 //! Where Table 1 gives an interval `[best, worst]`, [`predict_sparse`] returns the worst
 //! end, so rankings are conservative; for P that is not a power of two the latency terms
-//! use `⌈log2 P⌉`. These are the papers' complexity models, not schedules of our
-//! implementations: `StepStats` of a real step report the data-dependent bytes.
+//! use `⌈log2 P⌉`. These are the papers' complexity models; the exact schedules of our
+//! implementations, with the data-dependent counts as input, are in
+//! [`crate::sparse_replay`], whose tests check where the two agree (and by how much they
+//! differ where the implementation frames blocks or the paper counts other rounds).
 
 use serde::{Deserialize, Serialize};
 
@@ -119,12 +121,13 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
             2.0 * clg(p / teams) + lg(tf),
             2.0 * k * (tf * tf + 2.0 * pf - 3.0 * tf) / pf,
         ),
-        // ExDyna (paper 002 §IV): all-gather of counts (⌈log P⌉α), all-gather of the
-        // indices padded to the largest count ((P − 1)k words), all-reduce of the values
-        // at the union, worst case |union| = min(P·k, d) (Rabenseifner).
+        // ExDyna (paper 002 §IV): all-gather of the counts (⌈log P⌉α, P − 1 words),
+        // all-gather of the indices padded to the largest count ((P − 1)k words),
+        // all-reduce of the values at the union, worst case |union| = min(P·k, d)
+        // (Rabenseifner).
         Algorithm::Exdyna => {
             let u = (pf * k).min(d);
-            flat(4.0 * l, (pf - 1.0) * k + 2.0 * (pf - 1.0) / pf * u)
+            flat(4.0 * l, (pf - 1.0) * (k + 1.0) + 2.0 * (pf - 1.0) / pf * u)
         }
         // Paper 001 Eq. 7-10 with n GPUs per node and m nodes: intra reduce-scatter
         // (n − 1)α_intra + 4(n − 1)d/n β_intra; inter all-gather α_inter log m +

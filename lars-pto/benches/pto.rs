@@ -2,7 +2,8 @@
 //! (each rank computes its layers, then all-gather) and without it (every rank computes
 //! every layer), for the ResNet-50 and BERT-base tensor sizes at P = 1, 2, 4, 8 on
 //! `ThreadComm`. The P rank threads stay alive across iterations; the time is rank 0's,
-//! all-gather included (see `lars_pto::bench_support`).
+//! all-gather included; each rank has its own copy of the inputs unless P copies exceed the
+//! budget of `lars_pto::bench_support::copy_budget_bytes` (see that module).
 //!
 //! Filter like any criterion bench, e.g. `cargo bench -p lars-pto --bench pto -- p4`.
 
@@ -37,6 +38,9 @@ fn bench(c: &mut Criterion) {
                             .get_or_insert_with(|| Arc::new(ModelData::new(numels, opt, 1)))
                             .clone();
                         let world = BenchWorld::new(p, d, opt, mode).expect("bench world");
+                        if !world.per_rank_copies() && p > 1 {
+                            eprintln!("note: {model} p{p}: ranks share one copy of the inputs");
+                        }
                         b.iter_custom(|iters| world.run(iters).expect("bench step"));
                     });
                 }

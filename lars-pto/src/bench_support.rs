@@ -6,6 +6,11 @@
 //! [`BenchWorld::run`] makes every rank do `iters` coefficient computations, each started
 //! by a barrier, and returns the time rank 0 spent in them, all-gather included.
 //!
+//! Each rank gets its own copy of the inputs, as ranks of a real job each hold theirs: with
+//! one shared copy, ranks that all compute every layer in lockstep would read the same cache
+//! lines and make the "local" baseline look cheaper than it is. When `P` copies would exceed
+//! [`copy_budget_bytes`] (BERT-base at P = 8), the ranks share one read-only copy instead.
+//!
 //! The model sizes are local lists (this crate cannot depend on `pipeline`'s model zoo).
 
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -102,6 +107,14 @@ pub struct ModelData {
 }
 
 impl ModelData {
+    /// Bytes held by all tensors.
+    pub fn bytes(&self) -> usize {
+        [&self.weights, &self.grads, &self.exp_avg, &self.exp_avg_sq]
+            .iter()
+            .map(|t| t.iter().map(|x| x.len() * 4).sum::<usize>())
+            .sum()
+    }
+
     /// Data for `numels`, with moments only when `opt` needs them.
     pub fn new(numels: &[usize], opt: Optimizer, seed: u64) -> ModelData {
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -141,6 +154,15 @@ impl ModelData {
     }
 }
 
+/// Largest total size of per-rank input copies a [`BenchWorld`] makes: 4 GiB, or
+/// `LARS_PTO_BENCH_COPY_BUDGET` bytes when that is set.
+pub fn copy_budget_bytes() -> usize {
+    std::env::var("LARS_PTO_BENCH_COPY_BUDGET")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4 << 30)
+}
+
 enum Cmd {
     Run(u64),
     Stop,
@@ -148,14 +170,17 @@ enum Cmd {
 
 /// `P` rank threads that stay alive across measurements.
 pub struct BenchWorld {
+    per_rank_copies: bool,
     cmds: Vec<Sender<Cmd>>,
     done: Receiver<(usize, Result<Duration>)>,
     handles: Vec<JoinHandle<()>>,
 }
 
 impl BenchWorld {
-    /// Starts `p` ranks that compute `opt`'s coefficients over `data` in `mode`.
+    /// Starts `p` ranks that compute `opt`'s coefficients over `data` in `mode`, each on its
+    /// own copy of `data` when `p` copies fit in [`copy_budget_bytes`].
     pub fn new(p: usize, data: Arc<ModelData>, opt: Optimizer, mode: Mode) -> Result<BenchWorld> {
+        let per_rank_copies = p > 1 && p.saturating_mul(data.bytes()) <= copy_budget_bytes();
         let comms = ThreadComm::world(p, ThreadConfig::with_timeout(Duration::from_secs(300)))?;
         let (done_tx, done) = channel();
         let mut cmds = Vec::with_capacity(p);
@@ -166,16 +191,34 @@ impl BenchWorld {
             let data = data.clone();
             let done_tx = done_tx.clone();
             handles.push(std::thread::spawn(move || {
-                rank_main(comm, &data, opt, mode, rx, done_tx)
+                if per_rank_copies {
+                    let own = ModelData {
+                        numels: data.numels.clone(),
+                        weights: data.weights.clone(),
+                        grads: data.grads.clone(),
+                        exp_avg: data.exp_avg.clone(),
+                        exp_avg_sq: data.exp_avg_sq.clone(),
+                    };
+                    drop(data);
+                    rank_main(comm, &own, opt, mode, rx, done_tx)
+                } else {
+                    rank_main(comm, &data, opt, mode, rx, done_tx)
+                }
             }));
         }
         let world = BenchWorld {
+            per_rank_copies,
             cmds,
             done,
             handles,
         };
         world.collect()?; // construction outcome of every rank
         Ok(world)
+    }
+
+    /// Whether every rank works on its own copy of the inputs.
+    pub fn per_rank_copies(&self) -> bool {
+        self.per_rank_copies
     }
 
     /// Runs `iters` steps on every rank; returns rank 0's total time in them.

@@ -173,7 +173,12 @@ fn norms(k: &Consts, w: &[f32], g: &[f32], m: &[f32], v: &[f32]) -> (f64, f64) {
     while start < n {
         let end = (start + B).min(n);
         let len = end - start;
-        let (w, g, m, v) = (&w[start..end], &g[start..end], &m[start..end], &v[start..end]);
+        let (w, g, m, v) = (
+            &w[start..end],
+            &g[start..end],
+            &m[start..end],
+            &v[start..end],
+        );
         let u = &mut buf[..len];
         for ((((u, &w), &g), &m), &v) in u.iter_mut().zip(w).zip(g).zip(m).zip(v) {
             *u = k.elem(w, g, m, v).2;

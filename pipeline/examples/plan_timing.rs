@@ -11,7 +11,12 @@ fn main() {
             let plan = planner.plan(&p, &c).expect("plan");
             let dt = t0.elapsed().as_secs_f64();
             let it = predict(&p, &plan, &c).expect("predict").iteration_s;
-            println!("{name:14} {planner:10} groups {:4} iter {:.4} s  planned in {:.2} ms", plan.num_groups(), it, dt * 1e3);
+            println!(
+                "{name:14} {planner:10} groups {:4} iter {:.4} s  planned in {:.2} ms",
+                plan.num_groups(),
+                it,
+                dt * 1e3
+            );
         }
     }
 }

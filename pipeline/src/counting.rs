@@ -61,7 +61,15 @@ impl<C: Communicator> Communicator for CountingComm<C> {
         self.count(data.len());
         self.inner.sendrecv(dest, st, data, src, rt)
     }
-    fn sendrecv_into(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag, buf: &mut [u8]) -> Result<usize> {
+    fn sendrecv_into(
+        &self,
+        dest: usize,
+        st: Tag,
+        data: &[u8],
+        src: usize,
+        rt: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
         self.count(data.len());
         self.inner.sendrecv_into(dest, st, data, src, rt, buf)
     }

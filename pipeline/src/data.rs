@@ -44,7 +44,9 @@ impl InMemory {
             )));
         }
         if let Some(bad) = y.iter().find(|&&c| c >= classes) {
-            return Err(Error::InvalidArgument(format!("label {bad} ≥ {classes} classes")));
+            return Err(Error::InvalidArgument(format!(
+                "label {bad} ≥ {classes} classes"
+            )));
         }
         Ok(InMemory { x, y, dim, classes })
     }
@@ -83,7 +85,13 @@ impl Dataset for InMemory {
 
 /// A generated task: inputs `x ~ N(0, I)` of `dim` features, labels
 /// `argmax(W₂·tanh(W₁·x))` of a random teacher with 32 hidden units. Returns (train, test).
-pub fn synthetic(train: usize, test: usize, dim: usize, classes: usize, seed: u64) -> Result<(InMemory, InMemory)> {
+pub fn synthetic(
+    train: usize,
+    test: usize,
+    dim: usize,
+    classes: usize,
+    seed: u64,
+) -> Result<(InMemory, InMemory)> {
     if dim == 0 || classes < 2 || train == 0 || test == 0 {
         return Err(Error::InvalidArgument(format!(
             "synthetic data needs samples, dimension and ≥ 2 classes (train {train}, test {test}, dim {dim}, classes {classes})"
@@ -92,8 +100,12 @@ pub fn synthetic(train: usize, test: usize, dim: usize, classes: usize, seed: u6
     const HIDDEN: usize = 32;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let n01 = Normal::new(0.0f32, 1.0).unwrap_or_else(|_| unreachable!("valid normal"));
-    let w1: Vec<f32> = (0..HIDDEN * dim).map(|_| n01.sample(&mut rng) / (dim as f32).sqrt()).collect();
-    let w2: Vec<f32> = (0..classes * HIDDEN).map(|_| n01.sample(&mut rng)).collect();
+    let w1: Vec<f32> = (0..HIDDEN * dim)
+        .map(|_| n01.sample(&mut rng) / (dim as f32).sqrt())
+        .collect();
+    let w2: Vec<f32> = (0..classes * HIDDEN)
+        .map(|_| n01.sample(&mut rng))
+        .collect();
     let mut make = |n: usize| -> Result<InMemory> {
         let mut x = Vec::with_capacity(n * dim);
         let mut y = Vec::with_capacity(n);
@@ -101,10 +113,21 @@ pub fn synthetic(train: usize, test: usize, dim: usize, classes: usize, seed: u6
         for _ in 0..n {
             let xs: Vec<f32> = (0..dim).map(|_| n01.sample(&mut rng)).collect();
             for (j, hj) in h.iter_mut().enumerate() {
-                *hj = w1[j * dim..(j + 1) * dim].iter().zip(&xs).map(|(a, b)| a * b).sum::<f32>().tanh();
+                *hj = w1[j * dim..(j + 1) * dim]
+                    .iter()
+                    .zip(&xs)
+                    .map(|(a, b)| a * b)
+                    .sum::<f32>()
+                    .tanh();
             }
             let label = (0..classes)
-                .map(|c| w2[c * HIDDEN..(c + 1) * HIDDEN].iter().zip(&h).map(|(a, b)| a * b).sum::<f32>())
+                .map(|c| {
+                    w2[c * HIDDEN..(c + 1) * HIDDEN]
+                        .iter()
+                        .zip(&h)
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                })
                 .enumerate()
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(c, _)| c)

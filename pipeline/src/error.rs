@@ -29,7 +29,9 @@ pub enum Error {
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
     /// A cost model that returned a negative or non-finite time.
-    #[error("cost model gave {what} = {value} s for {numel} elements; times must be finite and ≥ 0")]
+    #[error(
+        "cost model gave {what} = {value} s for {numel} elements; times must be finite and ≥ 0"
+    )]
     InvalidCost {
         /// Which cost (sparsify or comm).
         what: &'static str,
@@ -75,7 +77,9 @@ pub enum Error {
         iteration: u64,
     },
     /// A layer reported before the layers after it (backward runs from the last layer).
-    #[error("layer {layer} reported out of order in iteration {iteration}: expected layer {expected}")]
+    #[error(
+        "layer {layer} reported out of order in iteration {iteration}: expected layer {expected}"
+    )]
     LayerOutOfOrder {
         /// The layer reported.
         layer: usize,

@@ -45,7 +45,10 @@ pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
             Rectangle::new([(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)], color.filled())
         };
         let outline = |row: f64, s: f64, e: f64| {
-            Rectangle::new([(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)], BLACK.stroke_width(1))
+            Rectangle::new(
+                [(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)],
+                BLACK.stroke_width(1),
+            )
         };
         let f = timeline.forward;
         chart
@@ -78,7 +81,12 @@ pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
             )
             .map_err(plot_err)?;
         chart
-            .draw_series(timeline.groups.iter().map(|g| outline(0.0, g.comm.start, g.comm.end)))
+            .draw_series(
+                timeline
+                    .groups
+                    .iter()
+                    .map(|g| outline(0.0, g.comm.start, g.comm.end)),
+            )
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
@@ -86,21 +94,33 @@ pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
 }
 
 /// Writes [`gantt_svg`] to `path`.
-pub fn write_gantt(timeline: &Timeline, title: &str, path: impl AsRef<std::path::Path>) -> Result<()> {
+pub fn write_gantt(
+    timeline: &Timeline,
+    title: &str,
+    path: impl AsRef<std::path::Path>,
+) -> Result<()> {
     let svg = gantt_svg(timeline, title)?;
-    std::fs::write(path.as_ref(), svg).map_err(|e| Error::Io(format!("{}: {e}", path.as_ref().display())))
+    std::fs::write(path.as_ref(), svg)
+        .map_err(|e| Error::Io(format!("{}: {e}", path.as_ref().display())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{predict, MergePlan, SimpleCosts, LayerProfile};
+    use crate::{predict, LayerProfile, MergePlan, SimpleCosts};
 
     #[test]
     fn draws_an_svg() {
-        let p = LayerProfile::from_sizes("m", &[100, 2000, 30]).unwrap().scaled(1.0).unwrap();
+        let p = LayerProfile::from_sizes("m", &[100, 2000, 30])
+            .unwrap()
+            .scaled(1.0)
+            .unwrap();
         let p = p.with_backward_times(0.01, &[0.01, 0.02, 0.005]).unwrap();
-        let c = SimpleCosts { gamma: 1e-6, alpha: 0.01, beta: 1e-6 };
+        let c = SimpleCosts {
+            gamma: 1e-6,
+            alpha: 0.01,
+            beta: 1e-6,
+        };
         let t = predict(&p, &MergePlan::layerwise(3), &c).unwrap();
         let svg = gantt_svg(&t, "test").unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("</svg>"));

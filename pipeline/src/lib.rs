@@ -17,6 +17,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod check;
 pub mod counting;
 pub mod data;
 mod error;

@@ -28,7 +28,11 @@ pub trait Model: Send {
     fn forward(&mut self, x: &[f32], batch: usize) -> Result<Vec<f32>>;
     /// Backward from `dlogits` (`batch × classes`) of the last forward; calls `hook(tensor,
     /// grad)` once per tensor, last tensor first.
-    fn backward(&mut self, dlogits: &[f32], hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>) -> Result<()>;
+    fn backward(
+        &mut self,
+        dlogits: &[f32],
+        hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()>;
     /// Backward FLOPs per sample of each tensor (forward order), for a FLOP-based profile.
     fn backward_flops(&self) -> Vec<f64>;
     /// Element counts per tensor.
@@ -55,7 +59,11 @@ pub trait Model: Send {
 
 /// Softmax cross-entropy: mean loss, correct predictions, and `dlogits` (already divided
 /// by the batch).
-pub fn softmax_xent(logits: &[f32], labels: &[usize], classes: usize) -> Result<(f32, usize, Vec<f32>)> {
+pub fn softmax_xent(
+    logits: &[f32],
+    labels: &[usize],
+    classes: usize,
+) -> Result<(f32, usize, Vec<f32>)> {
     if logits.len() != labels.len() * classes {
         return Err(Error::InvalidArgument(format!(
             "{} logits for {} labels × {classes} classes",
@@ -69,7 +77,9 @@ pub fn softmax_xent(logits: &[f32], labels: &[usize], classes: usize) -> Result<
     let mut correct = 0;
     for (i, &y) in labels.iter().enumerate() {
         if y >= classes {
-            return Err(Error::InvalidArgument(format!("label {y} ≥ {classes} classes")));
+            return Err(Error::InvalidArgument(format!(
+                "label {y} ≥ {classes} classes"
+            )));
         }
         let row = &logits[i * classes..(i + 1) * classes];
         let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -97,7 +107,14 @@ fn init(rng: &mut impl Rng, n: usize, fan_in: usize) -> Vec<f32> {
 }
 
 /// `y = x·Wᵀ + b` for a batch; `w` is `out × in`.
-fn linear_fwd(x: &[f32], w: &[f32], b: &[f32], batch: usize, n_in: usize, n_out: usize) -> Vec<f32> {
+fn linear_fwd(
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    batch: usize,
+    n_in: usize,
+    n_out: usize,
+) -> Vec<f32> {
     let mut y = vec![0.0; batch * n_out];
     for s in 0..batch {
         let xs = &x[s * n_in..(s + 1) * n_in];
@@ -110,7 +127,14 @@ fn linear_fwd(x: &[f32], w: &[f32], b: &[f32], batch: usize, n_in: usize, n_out:
 }
 
 /// Gradients of a linear layer: (dW, db, dx).
-fn linear_bwd(x: &[f32], w: &[f32], dy: &[f32], batch: usize, n_in: usize, n_out: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn linear_bwd(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    batch: usize,
+    n_in: usize,
+    n_out: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut dw = vec![0.0; n_out * n_in];
     let mut db = vec![0.0; n_out];
     let mut dx = vec![0.0; batch * n_in];
@@ -148,7 +172,9 @@ impl Mlp {
     /// An MLP with layer widths `dims` (input, hidden..., classes), He-initialised from `seed`.
     pub fn new(dims: &[usize], seed: u64) -> Result<Self> {
         if dims.len() < 2 || dims.contains(&0) {
-            return Err(Error::InvalidArgument(format!("MLP widths {dims:?}: need ≥ 2, all > 0")));
+            return Err(Error::InvalidArgument(format!(
+                "MLP widths {dims:?}: need ≥ 2, all > 0"
+            )));
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut params = Vec::new();
@@ -199,7 +225,14 @@ impl Model for Mlp {
         let mut h = x.to_vec();
         let n = self.dims.len() - 1;
         for i in 0..n {
-            let y = linear_fwd(&h, &self.params[2 * i], &self.params[2 * i + 1], batch, self.dims[i], self.dims[i + 1]);
+            let y = linear_fwd(
+                &h,
+                &self.params[2 * i],
+                &self.params[2 * i + 1],
+                batch,
+                self.dims[i],
+                self.dims[i + 1],
+            );
             self.acts.push(std::mem::replace(&mut h, y));
             if i + 1 < n {
                 h.iter_mut().for_each(|v| *v = v.max(0.0));
@@ -207,14 +240,27 @@ impl Model for Mlp {
         }
         Ok(h)
     }
-    fn backward(&mut self, dlogits: &[f32], hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
+    fn backward(
+        &mut self,
+        dlogits: &[f32],
+        hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
         let n = self.dims.len() - 1;
         if self.acts.len() != n || dlogits.len() != self.batch * self.classes() {
-            return Err(Error::InvalidArgument("backward without a matching forward".into()));
+            return Err(Error::InvalidArgument(
+                "backward without a matching forward".into(),
+            ));
         }
         let mut dy = dlogits.to_vec();
         for i in (0..n).rev() {
-            let (dw, db, mut dx) = linear_bwd(&self.acts[i], &self.params[2 * i], &dy, self.batch, self.dims[i], self.dims[i + 1]);
+            let (dw, db, mut dx) = linear_bwd(
+                &self.acts[i],
+                &self.params[2 * i],
+                &dy,
+                self.batch,
+                self.dims[i],
+                self.dims[i + 1],
+            );
             hook(2 * i + 1, &db)?;
             hook(2 * i, &dw)?;
             if i > 0 {
@@ -253,7 +299,15 @@ pub struct SmallCnn {
 }
 
 /// 3×3 convolution, padding 1, on `b × cin × s × s`.
-fn conv_fwd(x: &[f32], w: &[f32], bias: &[f32], b: usize, cin: usize, cout: usize, s: usize) -> Vec<f32> {
+fn conv_fwd(
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    b: usize,
+    cin: usize,
+    cout: usize,
+    s: usize,
+) -> Vec<f32> {
     let mut y = vec![0.0; b * cout * s * s];
     for n in 0..b {
         for co in 0..cout {
@@ -287,7 +341,15 @@ fn conv_fwd(x: &[f32], w: &[f32], bias: &[f32], b: usize, cin: usize, cout: usiz
 }
 
 /// Gradients of [`conv_fwd`]: (dW, db, dx).
-fn conv_bwd(x: &[f32], w: &[f32], dy: &[f32], b: usize, cin: usize, cout: usize, s: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn conv_bwd(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    b: usize,
+    cin: usize,
+    cout: usize,
+    s: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut dw = vec![0.0; cout * cin * 9];
     let mut db = vec![0.0; cout];
     let mut dx = vec![0.0; b * cin * s * s];
@@ -406,10 +468,17 @@ impl Model for SmallCnn {
         &mut self.params
     }
     fn param_names(&self) -> Vec<String> {
-        ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        [
+            "conv1.weight",
+            "conv1.bias",
+            "conv2.weight",
+            "conv2.bias",
+            "fc.weight",
+            "fc.bias",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     }
     fn input_dim(&self) -> usize {
         self.c * self.s * self.s
@@ -426,27 +495,71 @@ impl Model for SmallCnn {
             )));
         }
         let (s, h) = (self.s, self.s / 2);
-        let y1 = conv_fwd(x, &self.params[0], &self.params[1], batch, self.c, self.c1, s);
+        let y1 = conv_fwd(
+            x,
+            &self.params[0],
+            &self.params[1],
+            batch,
+            self.c,
+            self.c1,
+            s,
+        );
         let p1 = relu_pool_fwd(&y1, batch * self.c1, s);
-        let y2 = conv_fwd(&p1, &self.params[2], &self.params[3], batch, self.c1, self.c2, h);
+        let y2 = conv_fwd(
+            &p1,
+            &self.params[2],
+            &self.params[3],
+            batch,
+            self.c1,
+            self.c2,
+            h,
+        );
         let p2 = relu_pool_fwd(&y2, batch * self.c2, h);
         let flat = self.c2 * (s / 4) * (s / 4);
-        let logits = linear_fwd(&p2, &self.params[4], &self.params[5], batch, flat, self.classes);
+        let logits = linear_fwd(
+            &p2,
+            &self.params[4],
+            &self.params[5],
+            batch,
+            flat,
+            self.classes,
+        );
         self.batch = batch;
         self.cache = vec![x.to_vec(), y1, p1, y2, p2];
         Ok(logits)
     }
-    fn backward(&mut self, dlogits: &[f32], hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>) -> Result<()> {
+    fn backward(
+        &mut self,
+        dlogits: &[f32],
+        hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
         if self.cache.len() != 5 || dlogits.len() != self.batch * self.classes {
-            return Err(Error::InvalidArgument("backward without a matching forward".into()));
+            return Err(Error::InvalidArgument(
+                "backward without a matching forward".into(),
+            ));
         }
         let (s, h, b) = (self.s, self.s / 2, self.batch);
         let flat = self.c2 * (s / 4) * (s / 4);
-        let (dw, db, dp2) = linear_bwd(&self.cache[4], &self.params[4], dlogits, b, flat, self.classes);
+        let (dw, db, dp2) = linear_bwd(
+            &self.cache[4],
+            &self.params[4],
+            dlogits,
+            b,
+            flat,
+            self.classes,
+        );
         hook(5, &db)?;
         hook(4, &dw)?;
         let dy2 = relu_pool_bwd(&self.cache[3], &dp2, b * self.c2, h);
-        let (dw, db, dp1) = conv_bwd(&self.cache[2], &self.params[2], &dy2, b, self.c1, self.c2, h);
+        let (dw, db, dp1) = conv_bwd(
+            &self.cache[2],
+            &self.params[2],
+            &dy2,
+            b,
+            self.c1,
+            self.c2,
+            h,
+        );
         hook(3, &db)?;
         hook(2, &dw)?;
         let dy1 = relu_pool_bwd(&self.cache[1], &dp1, b * self.c1, s);
@@ -456,7 +569,10 @@ impl Model for SmallCnn {
         Ok(())
     }
     fn backward_flops(&self) -> Vec<f64> {
-        let (s, h) = ((self.s * self.s) as f64, ((self.s / 2) * (self.s / 2)) as f64);
+        let (s, h) = (
+            (self.s * self.s) as f64,
+            ((self.s / 2) * (self.s / 2)) as f64,
+        );
         let flat = (self.c2 * (self.s / 4) * (self.s / 4)) as f64;
         vec![
             4.0 * 9.0 * (self.c * self.c1) as f64 * s,
@@ -466,6 +582,77 @@ impl Model for SmallCnn {
             4.0 * flat * self.classes as f64,
             self.classes as f64,
         ]
+    }
+}
+
+/// A model whose forward and per-tensor backward also take fixed extra times (sleeps),
+/// emulating an accelerator whose per-layer times come from a profile: the real gradients
+/// are still computed, and the hooks fire after each tensor's emulated time.
+pub struct EmulatedDevice {
+    inner: Box<dyn Model>,
+    forward_s: f64,
+    backward_s: Vec<f64>,
+}
+
+impl EmulatedDevice {
+    /// Wraps `inner` with the forward time and per-tensor backward times of `profile`.
+    pub fn new(inner: Box<dyn Model>, profile: &LayerProfile) -> Result<Self> {
+        if profile.sizes() != inner.param_sizes() {
+            return Err(Error::InvalidArgument(
+                "profile does not match the model's tensors".into(),
+            ));
+        }
+        Ok(EmulatedDevice {
+            forward_s: profile.forward_s(),
+            backward_s: profile.layers().iter().map(|l| l.backward_s).collect(),
+            inner,
+        })
+    }
+}
+
+fn sleep_s(t: f64) {
+    if t > 0.0 && t.is_finite() {
+        std::thread::sleep(std::time::Duration::from_secs_f64(t));
+    }
+}
+
+impl Model for EmulatedDevice {
+    fn name(&self) -> String {
+        format!("emulated({})", self.inner.name())
+    }
+    fn params(&self) -> &[Vec<f32>] {
+        self.inner.params()
+    }
+    fn params_mut(&mut self) -> &mut [Vec<f32>] {
+        self.inner.params_mut()
+    }
+    fn param_names(&self) -> Vec<String> {
+        self.inner.param_names()
+    }
+    fn input_dim(&self) -> usize {
+        self.inner.input_dim()
+    }
+    fn classes(&self) -> usize {
+        self.inner.classes()
+    }
+    fn forward(&mut self, x: &[f32], batch: usize) -> Result<Vec<f32>> {
+        let y = self.inner.forward(x, batch)?;
+        sleep_s(self.forward_s);
+        Ok(y)
+    }
+    fn backward(
+        &mut self,
+        dlogits: &[f32],
+        hook: &mut dyn FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let times = self.backward_s.clone();
+        self.inner.backward(dlogits, &mut |t, g| {
+            sleep_s(times.get(t).copied().unwrap_or(0.0));
+            hook(t, g)
+        })
+    }
+    fn backward_flops(&self) -> Vec<f64> {
+        self.inner.backward_flops()
     }
 }
 
@@ -493,12 +680,20 @@ mod tests {
             for i in [0, model.params()[t].len() / 2, model.params()[t].len() - 1] {
                 let eps = 1e-2;
                 model.params_mut()[t][i] += eps;
-                let lp = softmax_xent(&model.forward(x, b).unwrap(), labels, model.classes()).unwrap().0;
+                let lp = softmax_xent(&model.forward(x, b).unwrap(), labels, model.classes())
+                    .unwrap()
+                    .0;
                 model.params_mut()[t][i] -= 2.0 * eps;
-                let lm = softmax_xent(&model.forward(x, b).unwrap(), labels, model.classes()).unwrap().0;
+                let lm = softmax_xent(&model.forward(x, b).unwrap(), labels, model.classes())
+                    .unwrap()
+                    .0;
                 model.params_mut()[t][i] += eps;
                 let num = (lp - lm) / (2.0 * eps);
-                assert!((num - grads[t][i]).abs() < 2e-2 * (1.0 + num.abs()), "tensor {t}[{i}]: numeric {num}, analytic {}", grads[t][i]);
+                assert!(
+                    (num - grads[t][i]).abs() < 2e-2 * (1.0 + num.abs()),
+                    "tensor {t}[{i}]: numeric {num}, analytic {}",
+                    grads[t][i]
+                );
             }
         }
     }

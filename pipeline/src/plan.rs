@@ -32,7 +32,9 @@ impl MergePlan {
             return Err(Error::InvalidPlan("a plan needs at least one layer".into()));
         }
         if starts.first() != Some(&0) {
-            return Err(Error::InvalidPlan("the first group must start at layer 0".into()));
+            return Err(Error::InvalidPlan(
+                "the first group must start at layer 0".into(),
+            ));
         }
         if starts.windows(2).any(|w| w[0] >= w[1]) || starts.iter().any(|&s| s >= layers) {
             return Err(Error::InvalidPlan(format!(
@@ -108,7 +110,9 @@ impl MergePlan {
 
     /// Groups as lists of layer indices, forward order.
     pub fn groups(&self) -> Vec<Vec<usize>> {
-        (0..self.num_groups()).map(|g| self.range(g).collect()).collect()
+        (0..self.num_groups())
+            .map(|g| self.range(g).collect())
+            .collect()
     }
 
     /// The group holding `layer`.
@@ -379,10 +383,18 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
             let s = costs.sparsify_s(numel);
             let c = costs.comm_s(numel);
             if !(s.is_finite() && s >= 0.0) {
-                return Err(Error::InvalidCost { what: "sparsify_s", numel, value: s });
+                return Err(Error::InvalidCost {
+                    what: "sparsify_s",
+                    numel,
+                    value: s,
+                });
             }
             if !(c.is_finite() && c >= 0.0) {
-                return Err(Error::InvalidCost { what: "comm_s", numel, value: c });
+                return Err(Error::InvalidCost {
+                    what: "comm_s",
+                    numel,
+                    value: c,
+                });
             }
             ts[idx(j, k)] = s;
             tc[idx(j, k)] = c;
@@ -392,7 +404,9 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
     // for the compute time spent before boundary j).
     let mut ts_min = vec![0.0; l_count + 1];
     for k in 1..=l_count {
-        ts_min[k] = (0..k).map(|j| ts_min[j] + ts[idx(j, k)]).fold(f64::INFINITY, f64::min);
+        ts_min[k] = (0..k)
+            .map(|j| ts_min[j] + ts[idx(j, k)])
+            .fold(f64::INFINITY, f64::min);
     }
     // Lower bounds at each boundary j over all prefix plans: compute done
     // (`c_min[j]`) and link free (`e_min[j]`), by the monotone recurrences relaxed to them.
@@ -449,7 +463,17 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
                 let a = c + st.a;
                 let d = a0 + a.max(st.d);
                 if (e_lo + a).max(c_lo + d) <= ub {
-                    pareto_insert(&mut front, State { a, d, next: k, idx: si }, lo, hi);
+                    pareto_insert(
+                        &mut front,
+                        State {
+                            a,
+                            d,
+                            next: k,
+                            idx: si,
+                        },
+                        lo,
+                        hi,
+                    );
                 }
                 // Further states of this front have larger `a` and smaller `d`; once
                 // `a ≥ d` the candidates only get worse in both coordinates.
@@ -462,11 +486,6 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
             thin(&mut front, THIN_WIDTH * ub);
         }
         fronts[j] = front;
-    }
-    if std::env::var("PIPELINE_DEBUG_FRONTS").is_ok() {
-        let mx = fronts.iter().map(Vec::len).max().unwrap_or(0);
-        let tot: usize = fronts.iter().map(Vec::len).sum();
-        eprintln!("fronts: max {mx}, total {tot}, ub {ub}");
     }
     let (mut i, _) = fronts[0]
         .iter()
@@ -505,7 +524,11 @@ pub fn exhaustive(profile: &LayerProfile, costs: &impl StepCosts) -> Result<Merg
         starts.clear();
         starts.push(0);
         // Bit i set: a group starts at layer i + 1.
-        starts.extend((0..l_count - 1).filter(|i| mask >> i & 1 == 1).map(|i| i + 1));
+        starts.extend(
+            (0..l_count - 1)
+                .filter(|i| mask >> i & 1 == 1)
+                .map(|i| i + 1),
+        );
         let t = iteration_time_bounds(&bw, &sizes, profile.forward_s(), &starts, costs);
         if !t.is_finite() {
             return Err(Error::InvalidCost {
@@ -553,9 +576,16 @@ mod tests {
     #[test]
     fn threshold_8192_gives_table_v_group_counts() {
         // Paper 000 Table V, MGS-SGD column.
-        for (name, groups) in [("vgg16", 13), ("resnet50", 53), ("inception_v4", 150), ("lstm_ptb", 9)] {
+        for (name, groups) in [
+            ("vgg16", 13),
+            ("resnet50", 53),
+            ("inception_v4", 150),
+            ("lstm_ptb", 9),
+        ] {
             let p = zoo::profile(name).unwrap();
-            let plan = Planner::Threshold(8192).plan(&p, &OmgsCosts::preset(16).unwrap()).unwrap();
+            let plan = Planner::Threshold(8192)
+                .plan(&p, &OmgsCosts::preset(16).unwrap())
+                .unwrap();
             assert_eq!(plan.num_groups(), groups, "{name}");
         }
     }
@@ -564,7 +594,10 @@ mod tests {
     fn threshold_semantics() {
         let p = LayerProfile::from_sizes("t", &[5, 3, 10, 2, 7]).unwrap();
         // From the end: 7+2 = 9 ≥ 8 closes {3,4}; 10 closes {2}; 3+5 = 8 closes {0,1}.
-        assert_eq!(threshold(&p, 8).groups(), vec![vec![0, 1], vec![2], vec![3, 4]]);
+        assert_eq!(
+            threshold(&p, 8).groups(),
+            vec![vec![0, 1], vec![2], vec![3, 4]]
+        );
         assert_eq!(threshold(&p, 0).num_groups(), 5);
         assert_eq!(threshold(&p, 1000).num_groups(), 1);
     }
@@ -585,10 +618,16 @@ mod tests {
 
     #[test]
     fn planner_names_round_trip() {
-        for p in Planner::ALL.iter().chain([&Planner::Exhaustive, &Planner::Threshold(5)]) {
+        for p in Planner::ALL
+            .iter()
+            .chain([&Planner::Exhaustive, &Planner::Threshold(5)])
+        {
             assert_eq!(&p.to_string().parse::<Planner>().unwrap(), p);
         }
-        assert!(matches!("fastest".parse::<Planner>(), Err(Error::UnknownPlanner(_))));
+        assert!(matches!(
+            "fastest".parse::<Planner>(),
+            Err(Error::UnknownPlanner(_))
+        ));
         assert!("threshold:x".parse::<Planner>().is_err());
         assert_eq!(Planner::default(), Planner::Exact);
     }
@@ -601,7 +640,10 @@ mod tests {
             let best = time(&p, &Planner::default().plan(&p, &c).unwrap(), &c);
             for planner in Planner::ALL {
                 let t = time(&p, &planner.plan(&p, &c).unwrap(), &c);
-                assert!(best <= t * (1.0 + 1e-12), "{name}: default {best} > {planner} {t}");
+                assert!(
+                    best <= t * (1.0 + 1e-12),
+                    "{name}: default {best} > {planner} {t}"
+                );
             }
         }
     }
@@ -620,15 +662,29 @@ mod tests {
             assert!(opt <= a1 * (1.0 + 1e-12));
             worst = worst.max(a1 / opt - 1.0);
         }
-        assert!(worst > 1e-6, "Algorithm 1 matched the optimum on every profile tried");
+        assert!(
+            worst > 1e-6,
+            "Algorithm 1 matched the optimum on every profile tried"
+        );
     }
 
     #[test]
     fn bad_inputs() {
         let p = LayerProfile::from_sizes("big", &[1; 30]).unwrap();
-        let c = SimpleCosts { gamma: 0.0, alpha: 1.0, beta: 0.0 };
-        assert!(matches!(exhaustive(&p, &c), Err(Error::TooManyLayers { .. })));
-        let neg = SimpleCosts { gamma: 0.0, alpha: -1.0, beta: 0.0 };
+        let c = SimpleCosts {
+            gamma: 0.0,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        assert!(matches!(
+            exhaustive(&p, &c),
+            Err(Error::TooManyLayers { .. })
+        ));
+        let neg = SimpleCosts {
+            gamma: 0.0,
+            alpha: -1.0,
+            beta: 0.0,
+        };
         assert!(matches!(exact(&p, &neg), Err(Error::InvalidCost { .. })));
     }
 

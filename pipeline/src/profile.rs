@@ -245,7 +245,9 @@ pub fn average_backward(samples: &[Vec<f64>], warmup: usize) -> Result<Vec<f64>>
     let mut sum = vec![0.0; first.len()];
     for s in used {
         if s.len() != sum.len() {
-            return Err(Error::InvalidArgument("samples of different lengths".into()));
+            return Err(Error::InvalidArgument(
+                "samples of different lengths".into(),
+            ));
         }
         for (a, b) in sum.iter_mut().zip(s) {
             *a += b;
@@ -282,7 +284,10 @@ mod tests {
             r#"{"model":"m","layers":[{"name":"a","numel":4,"backward_s":null}]}"#,
         ] {
             assert!(
-                matches!(LayerProfile::from_json(bad), Err(Error::InvalidLayer { .. })),
+                matches!(
+                    LayerProfile::from_json(bad),
+                    Err(Error::InvalidLayer { .. })
+                ),
                 "{bad}"
             );
         }

@@ -30,10 +30,7 @@ use crate::{Error, Result};
 pub use crate::schemes::{Compress, Exchange, ExchangeCtx, Payload, Scheme};
 
 enum Job {
-    Group {
-        ctx: ExchangeCtx,
-        payload: Payload,
-    },
+    Group { ctx: ExchangeCtx, payload: Payload },
     Stop,
 }
 
@@ -79,7 +76,9 @@ impl<C: Communicator + 'static> Reducer<C> {
     /// back with [`Reducer::shutdown`]).
     pub fn new(comm: C, sizes: &[usize], plan: MergePlan, scheme: &dyn Scheme) -> Result<Self> {
         if sizes.is_empty() {
-            return Err(Error::InvalidArgument("a reducer needs at least one layer".into()));
+            return Err(Error::InvalidArgument(
+                "a reducer needs at least one layer".into(),
+            ));
         }
         if let Some(i) = sizes.iter().position(|&n| n == 0 || n > u32::MAX as usize) {
             return Err(Error::InvalidLayer {
@@ -196,7 +195,9 @@ impl<C: Communicator + 'static> Reducer<C> {
     /// ignore it.
     pub fn set_density(&mut self, density: f64) -> Result<()> {
         if !(density.is_finite() && density > 0.0 && density <= 1.0) {
-            return Err(Error::InvalidArgument(format!("density {density} outside (0, 1]")));
+            return Err(Error::InvalidArgument(format!(
+                "density {density} outside (0, 1]"
+            )));
         }
         for c in &mut self.compressors {
             c.set_density(density);
@@ -224,6 +225,12 @@ impl<C: Communicator + 'static> Reducer<C> {
         }
         if !self.in_iteration {
             self.begin()?;
+        }
+        if self.reported >= l_count {
+            return Err(Error::LayerTwice {
+                layer,
+                iteration: self.iteration,
+            });
         }
         let expected = l_count - 1 - self.reported;
         if layer != expected {
@@ -263,7 +270,10 @@ impl<C: Communicator + 'static> Reducer<C> {
         let payload = match self.compressors[g].compress(buf) {
             Ok(p) => p,
             Err(e) => {
+                // The group's data is gone and the other ranks will wait for it: the
+                // reducer stays failed rather than risk a wrong update.
                 self.buffers[g] = vec![0.0; n];
+                self.failed = Some(e.clone());
                 return Err(e);
             }
         };
@@ -309,7 +319,9 @@ impl<C: Communicator + 'static> Reducer<C> {
             let done = match self.thread.as_ref().map(|t| t.done.recv()) {
                 Some(Ok(d)) => d,
                 _ => {
-                    first_err.get_or_insert(Error::CommThread("the communication thread is gone".into()));
+                    first_err.get_or_insert(Error::CommThread(
+                        "the communication thread is gone".into(),
+                    ));
                     break;
                 }
             };
@@ -343,7 +355,11 @@ impl<C: Communicator + 'static> Reducer<C> {
                 let off = self.offsets[l];
                 out[l] = avg[off..off + self.sizes[l]].to_vec();
             }
-            self.buffers[g] = if avg.len() == self.buffers_len(g) { avg } else { vec![0.0; self.buffers_len(g)] };
+            self.buffers[g] = if avg.len() == self.buffers_len(g) {
+                avg
+            } else {
+                vec![0.0; self.buffers_len(g)]
+            };
             timings.push(GroupTiming {
                 layers: range.collect(),
                 numel: self.buffers[g].len(),
@@ -449,4 +465,144 @@ fn comm_loop<C: Communicator>(
     }
     drop(exchangers);
     comm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schemes::{DenseAllreduce, TopkAllgather};
+    use collectives::ThreadComm;
+
+    #[test]
+    fn dense_reducer_averages_and_records_a_timeline() {
+        let sizes = [3usize, 2, 4];
+        let out = ThreadComm::run(3, |comm| -> Result<(Vec<Vec<f32>>, Timeline)> {
+            let r = comm.rank() as f32;
+            let plan = MergePlan::from_starts(3, vec![0, 2])?;
+            let mut red = Reducer::new(comm, &sizes, plan, &DenseAllreduce)?;
+            let mut last = Vec::new();
+            for _ in 0..2 {
+                red.begin()?;
+                red.forward_done()?;
+                for l in (0..3).rev() {
+                    red.ready(l, &vec![r + l as f32; sizes[l]])?;
+                }
+                last = red.finish()?;
+            }
+            let t = red
+                .last_timeline()
+                .cloned()
+                .ok_or(Error::InvalidArgument("no timeline".into()))?;
+            red.shutdown()?;
+            Ok((last, t))
+        })
+        .unwrap();
+        for (grads, t) in &out {
+            for l in 0..3 {
+                assert_eq!(grads[l], vec![1.0 + l as f32; sizes[l]]);
+            }
+            assert_eq!(t.groups.len(), 2);
+            assert_eq!(t.groups[0].layers, vec![2]);
+            assert!(t.iteration_s >= t.compute_end_s);
+        }
+    }
+
+    #[test]
+    fn sparse_reducer_matches_a_p1_reference() {
+        // With P = 1 and density 1, error feedback returns the gradient itself.
+        let out = ThreadComm::run(1, |comm| -> Result<Vec<Vec<f32>>> {
+            let mut red = Reducer::new(
+                comm,
+                &[2, 3],
+                MergePlan::single(2),
+                &TopkAllgather { density: 1.0 },
+            )?;
+            red.ready(1, &[1.0, -2.0, 3.0])?;
+            red.ready(0, &[4.0, 5.0])?;
+            red.finish()
+        })
+        .unwrap();
+        assert_eq!(out[0], vec![vec![4.0, 5.0], vec![1.0, -2.0, 3.0]]);
+    }
+
+    #[test]
+    fn misuse_is_a_typed_error() {
+        ThreadComm::run(1, |comm| -> Result<()> {
+            let mut red = Reducer::new(
+                comm,
+                &[2, 3, 1],
+                MergePlan::layerwise(3),
+                &TopkAllgather { density: 0.5 },
+            )?;
+            assert!(matches!(
+                red.ready(2, &[1.0, 2.0]),
+                Err(Error::GradientLength { .. })
+            ));
+            assert!(matches!(
+                red.ready(7, &[1.0]),
+                Err(Error::NoSuchLayer { .. })
+            ));
+            assert!(matches!(
+                red.ready(0, &[1.0, 2.0]),
+                Err(Error::LayerOutOfOrder { .. })
+            ));
+            red.ready(2, &[1.0])?;
+            assert!(matches!(
+                red.ready(2, &[1.0]),
+                Err(Error::LayerTwice { .. })
+            ));
+            assert!(matches!(
+                red.finish(),
+                Err(Error::IncompleteIteration { missing: 2, .. })
+            ));
+            assert!(matches!(
+                red.begin(),
+                Err(Error::IncompleteIteration { .. })
+            ));
+            red.ready(1, &[0.0; 3])?;
+            assert!(red.set_density(0.0).is_err());
+            assert!(matches!(
+                red.ready(0, &[f32::NAN, 0.0]),
+                Err(Error::InvalidArgument(_))
+            ));
+            // A failed compression leaves the reducer failed: no silent wrong update.
+            assert!(red.finish().is_err());
+            Ok(())
+        })
+        .unwrap();
+        let bad = ThreadComm::run(1, |comm| -> Result<()> {
+            Reducer::new(comm, &[2, 0], MergePlan::layerwise(2), &DenseAllreduce).map(|_| ())
+        });
+        assert!(bad.is_err());
+        let bad = ThreadComm::run(1, |comm| -> Result<()> {
+            Reducer::new(comm, &[2, 1], MergePlan::layerwise(3), &DenseAllreduce).map(|_| ())
+        });
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_rank_that_falls_behind_is_reported_on_every_rank() {
+        let res = ThreadComm::run_all(
+            2,
+            collectives::ThreadConfig::with_timeout(std::time::Duration::from_secs(2)),
+            |comm| -> Result<()> {
+                let rank = comm.rank();
+                let mut red = Reducer::new(comm, &[4], MergePlan::single(1), &DenseAllreduce)?;
+                // Rank 1 skips an iteration's worth of work: its counter is ahead.
+                let iterations = if rank == 1 { 1 } else { 2 };
+                if rank == 1 {
+                    red.iteration = 1;
+                }
+                for _ in 0..iterations {
+                    red.ready(0, &[1.0; 4])?;
+                    red.finish()?;
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        for r in res {
+            assert!(r.is_err(), "{r:?}");
+        }
+    }
 }

@@ -47,7 +47,12 @@ pub trait Compress: Send {
 /// same on every rank.
 pub trait Exchange: Send {
     /// Exchanges one group.
-    fn exchange(&mut self, comm: &dyn Communicator, ctx: ExchangeCtx, payload: Payload) -> Result<Vec<f32>>;
+    fn exchange(
+        &mut self,
+        comm: &dyn Communicator,
+        ctx: ExchangeCtx,
+        payload: Payload,
+    ) -> Result<Vec<f32>>;
 }
 
 /// A reduction scheme: one compressor and one exchanger per merged group.
@@ -55,7 +60,12 @@ pub trait Scheme: Send + Sync {
     /// Short name for reports.
     fn name(&self) -> String;
     /// The pair for group `index` of `numel` elements on `ranks` ranks.
-    fn group(&self, index: usize, numel: usize, ranks: usize) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)>;
+    fn group(
+        &self,
+        index: usize,
+        numel: usize,
+        ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)>;
 }
 
 /// Tag of the built-in exchanges' messages.
@@ -74,7 +84,9 @@ fn header(ctx: ExchangeCtx) -> [u8; HEADER] {
 /// Checks a received message's header against this rank's position.
 fn check_header(comm: &dyn Communicator, peer: usize, ctx: ExchangeCtx, msg: &[u8]) -> Result<()> {
     let Some(h) = msg.get(..HEADER) else {
-        return Err(Error::InvalidArgument(format!("message from rank {peer} lacks its header")));
+        return Err(Error::InvalidArgument(format!(
+            "message from rank {peer} lacks its header"
+        )));
     };
     let it = u64::from_le_bytes(h[..8].try_into().unwrap_or([0; 8]));
     let group = u32::from_le_bytes(h[8..12].try_into().unwrap_or([0; 4]));
@@ -92,7 +104,11 @@ fn check_header(comm: &dyn Communicator, peer: usize, ctx: ExchangeCtx, msg: &[u
     if numel != ctx.numel {
         return Err(Error::Collectives(collectives::Error::Mismatch {
             what: "group length",
-            detail: format!("rank {} has {}, rank {peer} has {numel}", comm.rank(), ctx.numel),
+            detail: format!(
+                "rank {} has {}, rank {peer} has {numel}",
+                comm.rank(),
+                ctx.numel
+            ),
         }));
     }
     Ok(())
@@ -115,7 +131,10 @@ pub fn exact_topk(acc: &[f32], k: usize) -> Result<SparseGrad<f32>> {
     let mut idx: Vec<u32> = (0..acc.len() as u32).collect();
     if k > 0 && k < acc.len() {
         idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            acc[b as usize].abs().total_cmp(&acc[a as usize].abs()).then(a.cmp(&b))
+            acc[b as usize]
+                .abs()
+                .total_cmp(&acc[a as usize].abs())
+                .then(a.cmp(&b))
         });
     }
     idx.truncate(k);
@@ -182,7 +201,11 @@ impl Compress for Identity {
 
 /// Ring all-gather of one byte blob per rank (P−1 send-receive rounds); returns the blobs
 /// in rank order, each checked against `ctx`.
-pub fn ring_allgather(comm: &dyn Communicator, ctx: ExchangeCtx, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+pub fn ring_allgather(
+    comm: &dyn Communicator,
+    ctx: ExchangeCtx,
+    mine: Vec<u8>,
+) -> Result<Vec<Vec<u8>>> {
     let p = comm.size();
     let r = comm.rank();
     let mut blobs: Vec<Vec<u8>> = vec![Vec::new(); p];
@@ -207,7 +230,12 @@ pub fn ring_allgather(comm: &dyn Communicator, ctx: ExchangeCtx, mine: Vec<u8>) 
 pub struct SparseAllgather;
 
 impl Exchange for SparseAllgather {
-    fn exchange(&mut self, comm: &dyn Communicator, ctx: ExchangeCtx, payload: Payload) -> Result<Vec<f32>> {
+    fn exchange(
+        &mut self,
+        comm: &dyn Communicator,
+        ctx: ExchangeCtx,
+        payload: Payload,
+    ) -> Result<Vec<f32>> {
         let sg = match payload {
             Payload::Sparse(s) => s,
             Payload::Dense(d) => SparseGrad::from_dense(&d)?,
@@ -242,7 +270,12 @@ fn chunk_bounds(n: usize, p: usize, i: usize) -> std::ops::Range<usize> {
 pub struct DenseRing;
 
 impl Exchange for DenseRing {
-    fn exchange(&mut self, comm: &dyn Communicator, ctx: ExchangeCtx, payload: Payload) -> Result<Vec<f32>> {
+    fn exchange(
+        &mut self,
+        comm: &dyn Communicator,
+        ctx: ExchangeCtx,
+        payload: Payload,
+    ) -> Result<Vec<f32>> {
         let mut data = match payload {
             Payload::Dense(d) => d,
             Payload::Sparse(s) => s.to_dense(),
@@ -293,7 +326,11 @@ fn f32_iter(bytes: &[u8], peer: usize, want: usize) -> Result<impl Iterator<Item
     if bytes.len() != want * 4 {
         return Err(Error::Collectives(collectives::Error::Mismatch {
             what: "dense chunk length",
-            detail: format!("rank {peer} sent {} bytes, expected {}", bytes.len(), want * 4),
+            detail: format!(
+                "rank {peer} sent {} bytes, expected {}",
+                bytes.len(),
+                want * 4
+            ),
         }));
     }
     Ok(bytes
@@ -330,11 +367,22 @@ impl Scheme for TopkAllgather {
     fn name(&self) -> String {
         format!("topk-allgather(ρ={})", self.density)
     }
-    fn group(&self, _index: usize, numel: usize, _ranks: usize) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(
+        &self,
+        _index: usize,
+        numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
         if !(self.density.is_finite() && self.density > 0.0 && self.density <= 1.0) {
-            return Err(Error::InvalidArgument(format!("density {} outside (0, 1]", self.density)));
+            return Err(Error::InvalidArgument(format!(
+                "density {} outside (0, 1]",
+                self.density
+            )));
         }
-        Ok((Box::new(TopkCompress::new(numel, self.density)), Box::new(SparseAllgather)))
+        Ok((
+            Box::new(TopkCompress::new(numel, self.density)),
+            Box::new(SparseAllgather),
+        ))
     }
 }
 
@@ -346,7 +394,12 @@ impl Scheme for DenseAllreduce {
     fn name(&self) -> String {
         "dense-ring".into()
     }
-    fn group(&self, _index: usize, _numel: usize, _ranks: usize) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(
+        &self,
+        _index: usize,
+        _numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
         Ok((Box::new(Identity), Box::new(DenseRing)))
     }
 }
@@ -363,7 +416,12 @@ pub struct CollectiveSparse {
 }
 
 impl Exchange for CollectiveSparse {
-    fn exchange(&mut self, comm: &dyn Communicator, ctx: ExchangeCtx, payload: Payload) -> Result<Vec<f32>> {
+    fn exchange(
+        &mut self,
+        comm: &dyn Communicator,
+        ctx: ExchangeCtx,
+        payload: Payload,
+    ) -> Result<Vec<f32>> {
         let grad = match payload {
             Payload::Dense(d) => d,
             Payload::Sparse(s) => s.to_dense(),
@@ -401,7 +459,12 @@ impl Scheme for CollectiveScheme {
     fn name(&self) -> String {
         format!("{}(ρ={})", self.name, self.density)
     }
-    fn group(&self, _index: usize, _numel: usize, _ranks: usize) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(
+        &self,
+        _index: usize,
+        _numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
         if !collectives::sparse::NAMES.contains(&self.name.as_str()) {
             return Err(Error::InvalidArgument(format!(
                 "unknown sparse allreduce `{}`; known: {}",
@@ -443,7 +506,11 @@ mod tests {
         for p in [1, 2, 3, 4] {
             let out = ThreadComm::run(p, |comm| -> Result<(Vec<f32>, Vec<f32>)> {
                 let r = comm.rank() as f32;
-                let ctx = ExchangeCtx { iteration: 3, group: 1, numel: 7 };
+                let ctx = ExchangeCtx {
+                    iteration: 3,
+                    group: 1,
+                    numel: 7,
+                };
                 let grad: Vec<f32> = (0..7).map(|i| i as f32 + r).collect();
                 let dense = DenseRing.exchange(&comm, ctx, Payload::Dense(grad.clone()))?;
                 let sparse = SparseAllgather.exchange(&comm, ctx, Payload::Dense(grad))?;
@@ -469,7 +536,11 @@ mod tests {
             collectives::ThreadConfig::with_timeout(std::time::Duration::from_secs(2)),
             |comm| -> Result<Vec<f32>> {
                 let it = if comm.rank() == 1 { 4 } else { 5 };
-                let ctx = ExchangeCtx { iteration: it, group: 0, numel: 3 };
+                let ctx = ExchangeCtx {
+                    iteration: it,
+                    group: 0,
+                    numel: 3,
+                };
                 SparseAllgather.exchange(&comm, ctx, Payload::Dense(vec![1.0; 3]))
             },
         )

@@ -145,6 +145,61 @@ impl StepCosts for DenseCosts {
     }
 }
 
+/// Sparse costs from a machine calibration (`cargo xtask calibrate`): its first top-k fit
+/// for `t_s`, and for `t_c` its all-gather fit (bytes per rank: 8 per selected element,
+/// index and value) or, without one, a ring all-gather over its ping-pong link,
+/// `(P − 1)·(α + β·bytes)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CalibratedCosts {
+    /// Top-k time model.
+    pub topk: cost_model::TopkModel,
+    /// All-gather time `α + β·bytes` for `bytes` per rank.
+    pub allgather: cost_model::LinearModel,
+    /// Density ρ.
+    pub density: f64,
+}
+
+impl CalibratedCosts {
+    /// Costs from `cal` at `density`.
+    pub fn from_calibration(cal: &cost_model::Calibration, density: f64) -> Result<Self> {
+        let topk = cal
+            .topk
+            .first()
+            .map(|t| t.fit.model)
+            .ok_or_else(|| Error::InvalidArgument("the calibration has no top-k fit".into()))?;
+        let allgather = match cal
+            .collectives
+            .iter()
+            .find(|c| c.op == cost_model::Collective::Allgather)
+        {
+            Some(c) => c.fit.model,
+            None => {
+                let link = cal.pingpong.model;
+                let rounds = cal.ranks.saturating_sub(1).max(1) as f64;
+                cost_model::LinearModel::new(rounds * link.alpha_s, rounds * link.beta_s)
+            }
+        };
+        Ok(CalibratedCosts {
+            topk,
+            allgather,
+            density,
+        })
+    }
+}
+
+impl StepCosts for CalibratedCosts {
+    fn sparsify_s(&self, numel: usize) -> f64 {
+        self.topk.time(numel)
+    }
+    fn comm_s(&self, numel: usize) -> f64 {
+        let k = ((self.density * numel as f64).ceil() as usize).clamp(1, numel.max(1));
+        self.allgather.time(8 * k)
+    }
+    fn comm_alpha_s(&self) -> f64 {
+        self.allgather.alpha_s
+    }
+}
+
 /// Costs with sparsification removed (the dense MG-WFBP view of any comm model).
 #[derive(Debug, Clone, Copy)]
 pub struct NoSparsify<C>(pub C);
@@ -232,7 +287,11 @@ fn checked(what: &'static str, numel: usize, v: f64) -> Result<f64> {
 }
 
 /// Predicts the timeline of `plan` on `profile` with `costs` (paper 000 Eq. 2-9, 17).
-pub fn predict(profile: &LayerProfile, plan: &MergePlan, costs: &impl StepCosts) -> Result<Timeline> {
+pub fn predict(
+    profile: &LayerProfile,
+    plan: &MergePlan,
+    costs: &impl StepCosts,
+) -> Result<Timeline> {
     plan.check_layers(profile.len())?;
     let layers = profile.layers();
     let tf = profile.forward_s();
@@ -252,7 +311,10 @@ pub fn predict(profile: &LayerProfile, plan: &MergePlan, costs: &impl StepCosts)
         }
         let ts = checked("sparsify_s", numel, costs.sparsify_s(numel))?;
         let tc = checked("comm_s", numel, costs.comm_s(numel))?;
-        let sparsify = Span { start: t, end: t + ts };
+        let sparsify = Span {
+            start: t,
+            end: t + ts,
+        };
         t += ts;
         let cstart = t.max(comm_free);
         comm_free = cstart + tc;
@@ -267,7 +329,10 @@ pub fn predict(profile: &LayerProfile, plan: &MergePlan, costs: &impl StepCosts)
         });
     }
     Ok(Timeline {
-        forward: Span { start: 0.0, end: tf },
+        forward: Span {
+            start: 0.0,
+            end: tf,
+        },
         backward,
         groups,
         iteration_s: comm_free.max(t),
@@ -333,9 +398,27 @@ mod tests {
         let t = predict(&p, &MergePlan::layerwise(2), &c).unwrap();
         // Layer 2 (index 1): backward 0.5..1.5, comm 1.5..4.5; layer 1: backward 1.5..3.5,
         // comm max(3.5, 4.5)..6.5.
-        assert_eq!(t.backward[1], Span { start: 0.5, end: 1.5 });
-        assert_eq!(t.groups[0].comm, Span { start: 1.5, end: 4.5 });
-        assert_eq!(t.groups[1].comm, Span { start: 4.5, end: 6.5 });
+        assert_eq!(
+            t.backward[1],
+            Span {
+                start: 0.5,
+                end: 1.5
+            }
+        );
+        assert_eq!(
+            t.groups[0].comm,
+            Span {
+                start: 1.5,
+                end: 4.5
+            }
+        );
+        assert_eq!(
+            t.groups[1].comm,
+            Span {
+                start: 4.5,
+                end: 6.5
+            }
+        );
         assert_eq!(t.iteration_s, 6.5);
         assert_eq!(t.compute_end_s, 3.5);
         assert_eq!(t.non_overlapped_comm_s, 3.0);
@@ -374,7 +457,16 @@ mod tests {
             predict(&p, &MergePlan::single(1), &Nan),
             Err(Error::InvalidCost { .. })
         ));
-        assert!(predict(&p, &MergePlan::single(2), &SimpleCosts { gamma: 0.0, alpha: 0.0, beta: 0.0 }).is_err());
+        assert!(predict(
+            &p,
+            &MergePlan::single(2),
+            &SimpleCosts {
+                gamma: 0.0,
+                alpha: 0.0,
+                beta: 0.0
+            }
+        )
+        .is_err());
     }
 
     #[test]

@@ -54,7 +54,9 @@ impl FromStr for SchemeKind {
             "lags" => SchemeKind::Lags,
             "mgs" => SchemeKind::Mgs,
             "omgs" => SchemeKind::Omgs,
-            other if collectives::sparse::NAMES.contains(&other) => SchemeKind::Collective(other.into()),
+            other if collectives::sparse::NAMES.contains(&other) => {
+                SchemeKind::Collective(other.into())
+            }
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "unknown scheme `{other}`; known: dense, topk, lags, mgs, omgs, {}",
@@ -124,7 +126,9 @@ impl FromStr for ModelKind {
         match s {
             "mlp" => Ok(ModelKind::Mlp),
             "cnn" => Ok(ModelKind::Cnn),
-            o => Err(Error::InvalidArgument(format!("unknown model `{o}` (mlp or cnn)"))),
+            o => Err(Error::InvalidArgument(format!(
+                "unknown model `{o}` (mlp or cnn)"
+            ))),
         }
     }
 }
@@ -137,7 +141,9 @@ impl ModelKind {
             ModelKind::Cnn => {
                 let side = (dim as f64).sqrt().round() as usize;
                 if side * side != dim {
-                    return Err(Error::InvalidArgument(format!("CNN needs a square input, got {dim} features")));
+                    return Err(Error::InvalidArgument(format!(
+                        "CNN needs a square input, got {dim} features"
+                    )));
                 }
                 Box::new(SmallCnn::new(1, side, classes, seed)?)
             }
@@ -274,7 +280,11 @@ pub fn planning_costs(ranks: usize, dense: bool) -> Box<dyn StepCosts + Send + S
     if dense {
         match DenseCosts::preset(ranks.clamp(2, 16).next_power_of_two().min(16)) {
             Ok(c) => Box::new(c),
-            Err(_) => Box::new(SimpleCosts { gamma: 0.0, alpha: 1e-4, beta: 3.2e-8 }),
+            Err(_) => Box::new(SimpleCosts {
+                gamma: 0.0,
+                alpha: 1e-4,
+                beta: 3.2e-8,
+            }),
         }
     } else {
         match OmgsCosts::preset(ranks) {
@@ -289,7 +299,10 @@ pub fn planning_costs(ranks: usize, dense: bool) -> Box<dyn StepCosts + Send + S
 }
 
 /// The profile (FLOP-based backward times at the paper's device speed) and the plan.
-pub fn plan_for(cfg: &TrainConfig, model: &dyn Model) -> Result<(LayerProfile, MergePlan, Planner)> {
+pub fn plan_for(
+    cfg: &TrainConfig,
+    model: &dyn Model,
+) -> Result<(LayerProfile, MergePlan, Planner)> {
     let profile = model.profile(cfg.batch, crate::zoo::DEVICE_FLOPS)?;
     let planner = cfg.planner.unwrap_or_else(|| cfg.scheme.default_planner());
     let costs = planning_costs(cfg.ranks, cfg.scheme.is_dense());
@@ -307,13 +320,23 @@ fn density_at(cfg: &TrainConfig, epoch: usize) -> f64 {
 
 fn validate(cfg: &TrainConfig, train: &dyn Dataset, test: &dyn Dataset) -> Result<()> {
     if cfg.ranks == 0 || cfg.batch == 0 || cfg.epochs == 0 {
-        return Err(Error::InvalidArgument("ranks, batch and epochs must be positive".into()));
+        return Err(Error::InvalidArgument(
+            "ranks, batch and epochs must be positive".into(),
+        ));
     }
     if !(cfg.density.is_finite() && cfg.density > 0.0 && cfg.density <= 1.0) {
-        return Err(Error::InvalidArgument(format!("density {} outside (0, 1]", cfg.density)));
+        return Err(Error::InvalidArgument(format!(
+            "density {} outside (0, 1]",
+            cfg.density
+        )));
     }
-    if !(cfg.lr.is_finite() && cfg.lr > 0.0) || !cfg.warmup_epochs.is_finite() || cfg.warmup_epochs < 0.0 {
-        return Err(Error::InvalidArgument("learning rate must be positive and warm-up ≥ 0".into()));
+    if !(cfg.lr.is_finite() && cfg.lr > 0.0)
+        || !cfg.warmup_epochs.is_finite()
+        || cfg.warmup_epochs < 0.0
+    {
+        return Err(Error::InvalidArgument(
+            "learning rate must be positive and warm-up ≥ 0".into(),
+        ));
     }
     if train.len() / cfg.ranks < cfg.batch {
         return Err(Error::InvalidArgument(format!(
@@ -323,8 +346,11 @@ fn validate(cfg: &TrainConfig, train: &dyn Dataset, test: &dyn Dataset) -> Resul
             cfg.batch
         )));
     }
-    if test.is_empty() || train.input_dim() != test.input_dim() || train.classes() != test.classes() {
-        return Err(Error::InvalidArgument("train and test sets disagree or test is empty".into()));
+    if test.is_empty() || train.input_dim() != test.input_dim() || train.classes() != test.classes()
+    {
+        return Err(Error::InvalidArgument(
+            "train and test sets disagree or test is empty".into(),
+        ));
     }
     Ok(())
 }
@@ -367,7 +393,9 @@ fn run_rank<C: Communicator + 'static>(
     let rank = comm.rank();
     let p = comm.size();
     let (counting, bytes) = CountingComm::new(comm);
-    let mut model = cfg.model.build(train.input_dim(), train.classes(), cfg.seed)?;
+    let mut model = cfg
+        .model
+        .build(train.input_dim(), train.classes(), cfg.seed)?;
     let sizes = model.param_sizes();
     let scheme = cfg.scheme.scheme(cfg.density);
     let mut reducer = Reducer::new(counting, &sizes, plan.clone(), &*scheme)?;
@@ -387,7 +415,9 @@ fn run_rank<C: Communicator + 'static>(
         let t_epoch = Instant::now();
         reducer.set_density(density_at(cfg, epoch))?;
         let mut order = shard.clone();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(cfg.seed ^ (epoch as u64 + 1) * 0x9E37_79B9 ^ rank as u64);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+            cfg.seed ^ (epoch as u64 + 1) * 0x9E37_79B9 ^ rank as u64,
+        );
         order.shuffle(&mut rng);
         let (mut loss_sum, mut correct) = (0.0f32, 0usize);
         for it in 0..iters {
@@ -420,7 +450,11 @@ fn run_rank<C: Communicator + 'static>(
             }
             if rank == 0 {
                 if let Some(f) = progress {
-                    f(TrainEvent::Iteration { epoch: epoch + 1, iter: it + 1, of: iters });
+                    f(TrainEvent::Iteration {
+                        epoch: epoch + 1,
+                        iter: it + 1,
+                        of: iters,
+                    });
                 }
             }
         }
@@ -457,24 +491,32 @@ pub fn train(
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
     validate(cfg, train, test)?;
-    let probe = cfg.model.build(train.input_dim(), train.classes(), cfg.seed)?;
+    let probe = cfg
+        .model
+        .build(train.input_dim(), train.classes(), cfg.seed)?;
     let (_, plan, planner) = plan_for(cfg, &*probe)?;
     let model_name = probe.name();
     drop(probe);
-    let outs = ThreadComm::run_with(cfg.ranks, ThreadConfig::default(), |comm| -> Result<RankOut> {
-        match cfg.transport {
-            Transport::Thread => run_rank(comm, cfg, train, test, &plan, progress),
-            Transport::Sim(topo, mode) => {
-                let sim = SimComm::new(comm, topo, mode)?;
-                run_rank(sim, cfg, train, test, &plan, progress)
+    let outs = ThreadComm::run_with(
+        cfg.ranks,
+        ThreadConfig::default(),
+        |comm| -> Result<RankOut> {
+            match cfg.transport {
+                Transport::Thread => run_rank(comm, cfg, train, test, &plan, progress),
+                Transport::Sim(topo, mode) => {
+                    let sim = SimComm::new(comm, topo, mode)?;
+                    run_rank(sim, cfg, train, test, &plan, progress)
+                }
             }
-        }
-    })
+        },
+    )
     .map_err(|e| match e {
         collectives::RunError::Failed { error, .. } => error,
         other => Error::CommThread(other.to_string()),
     })?;
-    let first = outs.first().ok_or_else(|| Error::InvalidArgument("no ranks".into()))?;
+    let first = outs
+        .first()
+        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))?;
     let bytes_per_rank = outs.iter().map(|o| o.bytes as f64).sum::<f64>() / outs.len() as f64;
     Ok(TrainReport {
         scheme: cfg.scheme.to_string(),
@@ -558,9 +600,19 @@ mod tests {
     #[test]
     fn bad_configs_are_errors() {
         let (tr, te) = synthetic(64, 16, 4, 2, 5).unwrap();
-        let cfg = TrainConfig { ranks: 4, batch: 32, ..TrainConfig::default() };
-        assert!(matches!(train(&cfg, &tr, &te, None), Err(Error::InvalidArgument(_))));
+        let cfg = TrainConfig {
+            ranks: 4,
+            batch: 32,
+            ..TrainConfig::default()
+        };
+        assert!(matches!(
+            train(&cfg, &tr, &te, None),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!("sgd".parse::<SchemeKind>().is_err());
-        assert_eq!("spardl".parse::<SchemeKind>().unwrap(), SchemeKind::Collective("spardl".into()));
+        assert_eq!(
+            "spardl".parse::<SchemeKind>().unwrap(),
+            SchemeKind::Collective("spardl".into())
+        );
     }
 }

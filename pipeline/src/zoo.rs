@@ -65,7 +65,15 @@ impl Net {
     }
 
     /// Conv `cin→cout` with a `kh×kw` kernel producing `hw` output pixels.
-    fn conv(&mut self, name: &str, cin: usize, cout: usize, k: (usize, usize), hw: usize, bias: bool) {
+    fn conv(
+        &mut self,
+        name: &str,
+        cin: usize,
+        cout: usize,
+        k: (usize, usize),
+        hw: usize,
+        bias: bool,
+    ) {
         let numel = cout * cin * k.0 * k.1;
         self.tensor(format!("{name}.weight"), numel, 2.0 * (numel * hw) as f64);
         if bias {
@@ -83,7 +91,11 @@ impl Net {
     /// Linear `n_in→n_out` applied to `tokens` positions per sample.
     fn linear(&mut self, name: &str, n_in: usize, n_out: usize, tokens: usize, bias: bool) {
         let numel = n_in * n_out;
-        self.tensor(format!("{name}.weight"), numel, 2.0 * (numel * tokens) as f64);
+        self.tensor(
+            format!("{name}.weight"),
+            numel,
+            2.0 * (numel * tokens) as f64,
+        );
         if bias {
             self.tensor(format!("{name}.bias"), n_out, (n_out * tokens) as f64);
         }
@@ -107,7 +119,9 @@ impl Net {
 
 /// VGG-16 with batch norm for CIFAR-10 (32×32 input), batch 128 (paper 000 Table IV).
 pub fn vgg16_cifar10() -> LayerProfile {
-    const CFG: [usize; 18] = [64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0];
+    const CFG: [usize; 18] = [
+        64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
+    ];
     let mut net = Net::new("vgg16", 128);
     let (mut cin, mut side, mut i) = (3, 32, 0);
     for &c in &CFG {
@@ -146,7 +160,14 @@ pub fn resnet50() -> LayerProfile {
             net.conv(&format!("{p}.conv3"), planes, planes * 4, (1, 1), hw, false);
             net.bn(&format!("{p}.bn3"), planes * 4, hw);
             if b == 0 {
-                net.conv(&format!("{p}.downsample.0"), inplanes, planes * 4, (1, 1), hw, false);
+                net.conv(
+                    &format!("{p}.downsample.0"),
+                    inplanes,
+                    planes * 4,
+                    (1, 1),
+                    hw,
+                    false,
+                );
                 net.bn(&format!("{p}.downsample.1"), planes * 4, hw);
             }
             inplanes = planes * 4;
@@ -161,17 +182,18 @@ pub fn resnet50() -> LayerProfile {
 /// batch norm with weight and bias).
 pub fn inception_v4() -> LayerProfile {
     let mut net = Net::new("inception_v4", 32);
-    let basic = |net: &mut Net, name: String, cin: usize, cout: usize, k: (usize, usize), side: usize| {
-        net.conv(&format!("{name}.conv"), cin, cout, k, side * side, false);
-        net.bn(&format!("{name}.bn"), cout, side * side);
-    };
+    let basic =
+        |net: &mut Net, name: String, cin: usize, cout: usize, k: (usize, usize), side: usize| {
+            net.conv(&format!("{name}.conv"), cin, cout, k, side * side, false);
+            net.bn(&format!("{name}.bn"), cout, side * side);
+        };
     let f = |i: usize, rest: &str| format!("features.{i}.{rest}");
     // Stem.
     basic(&mut net, "features.0".into(), 3, 32, (3, 3), 149);
     basic(&mut net, "features.1".into(), 32, 32, (3, 3), 147);
     basic(&mut net, "features.2".into(), 32, 64, (3, 3), 147);
     basic(&mut net, f(3, "conv"), 64, 96, (3, 3), 73); // Mixed_3a
-    // Mixed_4a.
+                                                       // Mixed_4a.
     basic(&mut net, f(4, "branch0.0"), 160, 64, (1, 1), 73);
     basic(&mut net, f(4, "branch0.1"), 64, 96, (3, 3), 71);
     basic(&mut net, f(4, "branch1.0"), 160, 64, (1, 1), 73);
@@ -250,8 +272,16 @@ pub fn lstm_ptb() -> LayerProfile {
     net.tensor("encoder.weight".into(), VOCAB * H, (STEPS * H) as f64);
     for l in 0..2 {
         let n_in = H;
-        net.tensor(format!("rnn.weight_ih_l{l}"), 4 * H * n_in, 2.0 * (4 * H * n_in * STEPS) as f64);
-        net.tensor(format!("rnn.weight_hh_l{l}"), 4 * H * H, 2.0 * (4 * H * H * STEPS) as f64);
+        net.tensor(
+            format!("rnn.weight_ih_l{l}"),
+            4 * H * n_in,
+            2.0 * (4 * H * n_in * STEPS) as f64,
+        );
+        net.tensor(
+            format!("rnn.weight_hh_l{l}"),
+            4 * H * H,
+            2.0 * (4 * H * H * STEPS) as f64,
+        );
         net.tensor(format!("rnn.bias_ih_l{l}"), 4 * H, (4 * H * STEPS) as f64);
         net.tensor(format!("rnn.bias_hh_l{l}"), 4 * H, (4 * H * STEPS) as f64);
     }
@@ -267,9 +297,21 @@ pub fn bert_base() -> LayerProfile {
     const SEQ: usize = 128;
     let mut net = Net::new("bert_base", 32);
     let e = "embeddings";
-    net.tensor(format!("{e}.word_embeddings.weight"), 30_522 * H, (SEQ * H) as f64);
-    net.tensor(format!("{e}.position_embeddings.weight"), 512 * H, (SEQ * H) as f64);
-    net.tensor(format!("{e}.token_type_embeddings.weight"), 2 * H, (SEQ * H) as f64);
+    net.tensor(
+        format!("{e}.word_embeddings.weight"),
+        30_522 * H,
+        (SEQ * H) as f64,
+    );
+    net.tensor(
+        format!("{e}.position_embeddings.weight"),
+        512 * H,
+        (SEQ * H) as f64,
+    );
+    net.tensor(
+        format!("{e}.token_type_embeddings.weight"),
+        2 * H,
+        (SEQ * H) as f64,
+    );
     net.tensor(format!("{e}.LayerNorm.weight"), H, 4.0 * (SEQ * H) as f64);
     net.tensor(format!("{e}.LayerNorm.bias"), H, (SEQ * H) as f64);
     for l in 0..12 {
@@ -278,11 +320,23 @@ pub fn bert_base() -> LayerProfile {
             net.linear(&format!("{p}.attention.self.{qkv}"), H, H, SEQ, true);
         }
         net.linear(&format!("{p}.attention.output.dense"), H, H, SEQ, true);
-        net.tensor(format!("{p}.attention.output.LayerNorm.weight"), H, 4.0 * (SEQ * H) as f64);
-        net.tensor(format!("{p}.attention.output.LayerNorm.bias"), H, (SEQ * H) as f64);
+        net.tensor(
+            format!("{p}.attention.output.LayerNorm.weight"),
+            H,
+            4.0 * (SEQ * H) as f64,
+        );
+        net.tensor(
+            format!("{p}.attention.output.LayerNorm.bias"),
+            H,
+            (SEQ * H) as f64,
+        );
         net.linear(&format!("{p}.intermediate.dense"), H, I, SEQ, true);
         net.linear(&format!("{p}.output.dense"), I, H, SEQ, true);
-        net.tensor(format!("{p}.output.LayerNorm.weight"), H, 4.0 * (SEQ * H) as f64);
+        net.tensor(
+            format!("{p}.output.LayerNorm.weight"),
+            H,
+            4.0 * (SEQ * H) as f64,
+        );
         net.tensor(format!("{p}.output.LayerNorm.bias"), H, (SEQ * H) as f64);
     }
     net.linear("pooler.dense", H, H, 1, true);

@@ -8,16 +8,8 @@ use crate::dense::tags;
 use crate::{Communicator, Error, Result};
 
 /// Start of block `i` when `n` items are split into `parts` nearly equal blocks (the first
-/// `n % parts` blocks get one more).
-#[inline]
-pub fn block_start(n: usize, parts: usize, i: usize) -> usize {
-    if parts == 0 {
-        return 0;
-    }
-    let q = n / parts;
-    let rem = n % parts;
-    i * q + i.min(rem)
-}
+/// `n % parts` blocks get one more). The cost model replays the same split, so it owns it.
+pub use cost_model::dense::block_start;
 
 /// Range of block `i` of `n` items split into `parts` nearly equal blocks.
 #[inline]

@@ -6,7 +6,7 @@ use std::cell::Cell;
 
 use sparsify::{ExactTopK, MsTopK, Selector};
 
-use super::{SelectorKind, SparseOptions, StepStats, NAMES};
+use super::{SelectorKind, SparseOptions, NAMES};
 use crate::{Communicator, Error, Result, Tag};
 
 /// Tags of the sparse algorithms (`0x6100..=0x613F`), one per phase.
@@ -73,7 +73,7 @@ impl Config {
     }
 }
 
-const FIELDS: [&str; 7] = [
+const FIELDS: [&str; 8] = [
     "algorithm",
     "dense length d",
     "density",
@@ -81,6 +81,7 @@ const FIELDS: [&str; 7] = [
     "teams",
     "ranks per node",
     "f16 wire",
+    "exdyna warm start",
 ];
 
 fn selector_code(s: SelectorKind) -> u64 {
@@ -122,7 +123,7 @@ fn setup_inner(
     opts: &SparseOptions,
 ) -> Result<Config> {
     let p = comm.size();
-    let words: [u64; 7] = [
+    let words: [u64; 8] = [
         code,
         d as u64,
         density.to_bits(),
@@ -130,6 +131,7 @@ fn setup_inner(
         opts.teams.map_or(0, |t| t as u64),
         opts.ranks_per_node.map_or(0, |t| t as u64),
         opts.f16_wire as u64,
+        opts.exdyna_warm_start as u64,
     ];
     if p > 1 {
         let mine: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -245,19 +247,6 @@ impl<'a> Counting<'a> {
 
     pub fn counts(&self) -> Counts {
         self.c.get()
-    }
-
-    /// Step stats with the traffic filled in.
-    pub fn stats(&self) -> StepStats {
-        let c = self.counts();
-        StepStats {
-            messages: c.messages,
-            rounds: c.rounds,
-            bytes_sent: c.bytes_sent,
-            bytes_recv: c.bytes_recv,
-            entries_recv: c.entries_recv,
-            ..StepStats::default()
-        }
     }
 }
 
@@ -586,18 +575,6 @@ pub(crate) fn finish_update(e: &Entries, d: usize, p: usize) -> sparsify::Sparse
         }
     }
     sparsify::SparseGrad::from_parts_unchecked(idx, val, d)
-}
-
-/// Fills the update fields of the stats.
-pub(crate) fn with_update(
-    mut s: StepStats,
-    u: &sparsify::SparseGrad<f32>,
-    selected: usize,
-) -> StepStats {
-    s.selected = selected;
-    s.nnz = u.nnz();
-    s.density = u.density();
-    s
 }
 
 #[cfg(test)]

@@ -14,13 +14,31 @@
 //! `min_blk` is at least 1 so no partition empties. At density 1 the threshold is 0 (every
 //! entry selected). Conserves mass: each rank zeroes its residual exactly at the union it
 //! contributed to.
+//!
+//! **Warm start** ([`SparseOptions::exdyna_warm_start`], off by default; not in the
+//! paper): the threshold `1/(2√k)` assumes gradients of unit norm, and as it moves by at
+//! most 0.5% per step it can take hundreds of steps to reach its working value (until
+//! then far more than `k` entries are selected). With the option, on the first step each
+//! rank selects with its own partition's exact threshold: the magnitude of the
+//! `k_part`-th largest accumulated entry of the partition (`sparsify::ExactTopK`), with
+//! `k_part = round(k · |partition| / d)` in `1..=|partition|` (the smallest positive
+//! `f32` where that magnitude is 0, so zeros are never selected). So the first step selects
+//! about `k` in all. The ranks' thresholds travel with the first step's count all-gather
+//! (4 more bytes per rank, no extra message) and every rank continues from their mean,
+//! summed in rank order: one threshold, identical on every rank, as in the paper, which
+//! Algorithm 5's scaling then keeps adjusting from the global count.
 
 use sparsify::SparseGrad;
 
-use super::common::{self, bruck, tags, Config, Counting, Group};
-use super::{SparseAllreduce, SparseOptions, StepStats};
-use crate::dense::{allreduce, choose_allreduce, DenseOptions};
+use sparsify::{ExactTopK, Selector};
+
+use super::common::{bruck, tags, Config, Entries, Group};
+use super::scaffold::{self, accessors, constructor};
+use super::{SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
+
+#[cfg(doc)]
+use super::SparseOptions;
 
 /// Paper 002 Algorithm 3's α (PAPERS.md: 1.05 and 1/1.05 = 0.95238).
 const ALPHA: f64 = 1.05;
@@ -45,16 +63,7 @@ pub struct ExDyna {
 }
 
 impl ExDyna {
-    /// Builds ExDyna (collective; see [`super::build`]).
-    pub fn new(
-        comm: &dyn Communicator,
-        d: usize,
-        density: f64,
-        opts: &SparseOptions,
-    ) -> Result<Self> {
-        let cfg = common::setup(comm, common::name_code("exdyna"), d, density, opts)?;
-        Ok(Self::from_config(cfg))
-    }
+    constructor!("exdyna", "ExDyna");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         let (p, d) = (cfg.p, cfg.d);
@@ -111,6 +120,18 @@ impl ExDyna {
         s.min(self.cfg.d)..e.min(self.cfg.d)
     }
 
+    /// Warm start: the magnitude of the `k_part`-th largest accumulated entry of `range`
+    /// (see the module docs), or the current threshold for an empty range.
+    fn warm_threshold(&self, range: std::ops::Range<usize>) -> Result<f32> {
+        if range.is_empty() {
+            return Ok(self.threshold);
+        }
+        let (k, d) = (self.cfg.k() as f64, self.cfg.d as f64);
+        let k_part = ((k * range.len() as f64 / d).round() as usize).clamp(1, range.len());
+        let (_, info) = ExactTopK::new().select(&self.resid[range], k_part)?;
+        Ok(info.threshold.max(f32::MIN_POSITIVE))
+    }
+
     /// Algorithm 3 lines 1-28: re-map last step's per-worker counts to partitions and move
     /// one block between unbalanced neighbours.
     fn adjust(&mut self) {
@@ -155,44 +176,30 @@ impl ExDyna {
 }
 
 impl SparseAllreduce for ExDyna {
-    fn name(&self) -> &'static str {
-        "exdyna"
-    }
-    fn len(&self) -> usize {
-        self.cfg.d
-    }
-    fn density(&self) -> f64 {
-        self.cfg.density
-    }
-    fn residual(&self) -> &[f32] {
-        &self.resid
-    }
+    accessors!("exdyna", |s| &s.resid);
 
     fn step(
         &mut self,
         comm: &dyn Communicator,
         grad: &[f32],
     ) -> Result<(SparseGrad<f32>, StepStats)> {
-        self.cfg.check_step(comm, grad)?;
+        let cc = self.cfg.begin(comm, grad)?;
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
-        let cc = Counting::new(comm);
-        for (r, &g) in self.resid.iter_mut().zip(grad) {
-            *r += g;
-        }
-        if let Some((i, v)) = self.resid.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(sparsify::Error::NonFinite {
-                index: i,
-                value: *v,
-            }
-            .into());
-        }
+        scaffold::accumulate(&mut self.resid, grad);
+        scaffold::check_finite(&self.resid)?;
         if self.t >= 1 {
             self.adjust();
         }
         // Algorithm 3 line 29 and Algorithm 4: threshold selection in the own partition.
         let alloc = ((self.t % p as u64) as usize + rank) % p;
         let range = self.part_range(alloc);
-        let thr = self.threshold;
+        // Same on every rank: the option is agreed at construction.
+        let warm = self.t == 0 && self.cfg.opts.exdyna_warm_start && k < d;
+        let thr = if warm {
+            self.warm_threshold(range.clone())?
+        } else {
+            self.threshold
+        };
         let mut mine: Vec<u32> = range
             .clone()
             .filter(|&i| self.resid[i].abs() >= thr)
@@ -211,19 +218,24 @@ impl SparseAllreduce for ExDyna {
                 .unwrap_or(range.start);
             mine.push(best as u32);
         }
-        // All-gather of the counts, then of the indices padded to the largest count.
+        // All-gather of the counts (with the warm-start thresholds on a warm step), then
+        // of the indices padded to the largest count.
         let g = Group::world(p, rank);
-        let counts_b = bruck(
-            &cc,
-            &g,
-            (mine.len() as u32).to_le_bytes().to_vec(),
-            Some(&vec![4; p]),
-            tags::EX_COUNTS,
-        )?;
-        let kt: Vec<usize> = counts_b
-            .iter()
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .collect();
+        let mut head = (mine.len() as u32).to_le_bytes().to_vec();
+        if warm {
+            head.extend_from_slice(&thr.to_bits().to_le_bytes());
+        }
+        let sizes = vec![head.len(); p];
+        let counts_b = bruck(&cc, &g, head, Some(&sizes), tags::EX_COUNTS)?;
+        let word = |b: &[u8], w: usize| u32::from_le_bytes([b[w], b[w + 1], b[w + 2], b[w + 3]]);
+        let kt: Vec<usize> = counts_b.iter().map(|b| word(b, 0) as usize).collect();
+        if warm {
+            let sum: f64 = counts_b
+                .iter()
+                .map(|b| f64::from(f32::from_bits(word(b, 4))))
+                .sum();
+            self.threshold = (sum / p as f64) as f32;
+        }
         let m_t = kt.iter().copied().max().unwrap_or(0);
         let mut padded = mine.clone();
         padded.resize(m_t, u32::MAX);
@@ -253,16 +265,10 @@ impl SparseAllreduce for ExDyna {
             union.extend_from_slice(own);
         }
         // Every rank's accumulated values at the union, summed (Algorithm 1).
-        let mut vals: Vec<f32> = union.iter().map(|&i| self.resid[i as usize]).collect();
-        for &i in &union {
-            self.resid[i as usize] = 0.0;
-        }
-        let dense = DenseOptions::default().unchecked();
-        let algo = choose_allreduce(p, 4 * vals.len(), None);
-        allreduce(&cc, &mut vals, algo, &dense)?;
+        let vals = scaffold::allreduce_at(&cc, &mut self.resid, &union)?;
         let mut pairs: Vec<(u32, f32)> = union.into_iter().zip(vals).collect();
         pairs.sort_unstable_by_key(|x| x.0);
-        let sum = common::Entries {
+        let sum = Entries {
             idx: pairs.iter().map(|x| x.0).collect(),
             val: pairs.iter().map(|x| x.1).collect(),
         };
@@ -281,8 +287,7 @@ impl SparseAllreduce for ExDyna {
         }
         self.kt = kt;
         self.t += 1;
-        let update = common::finish_update(&sum, d, p);
-        let mut stats = common::with_update(cc.stats(), &update, mine.len());
+        let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), mine.len());
         // Paper 002 Eq. 5.
         stats.padding = Some(if k_actual == 0 {
             1.0

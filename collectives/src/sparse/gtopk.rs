@@ -9,67 +9,41 @@
 //! contributions a merge discards at indices that *are* in the global top-k are lost by
 //! design and reported as [`StepStats::mass_dropped`] by the rank that discarded them.
 
-use sparsify::{ErrorFeedback, SparseGrad};
+use sparsify::SparseGrad;
 
-use super::common::{self, ceil_log2, sum_ordered, tags, topk_entries, Config, Counting, Entries};
-use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use super::common::{ceil_log2, sum_ordered, tags, topk_entries, Config, Entries};
+use super::scaffold::{self, accessors, constructor, Feedback};
+use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
 
 /// gTopk: tree merge keeping the global top-k.
 pub struct GTopk {
     cfg: Config,
-    fb: ErrorFeedback,
-    sel: Box<dyn sparsify::Selector>,
+    fb: Feedback,
 }
 
 impl GTopk {
-    /// Builds gTopk (collective; see [`super::build`]).
-    pub fn new(
-        comm: &dyn Communicator,
-        d: usize,
-        density: f64,
-        opts: &SparseOptions,
-    ) -> Result<Self> {
-        let cfg = common::setup(comm, common::name_code("gtopk"), d, density, opts)?;
-        Ok(Self::from_config(cfg))
-    }
+    constructor!("gtopk", "gTopk");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         GTopk {
-            fb: ErrorFeedback::new(cfg.d),
-            sel: common::make_selector(cfg.opts.selector, SelectorKind::Exact),
+            fb: Feedback::new(&cfg, cfg.d, SelectorKind::Exact),
             cfg,
         }
     }
 }
 
 impl SparseAllreduce for GTopk {
-    fn name(&self) -> &'static str {
-        "gtopk"
-    }
-    fn len(&self) -> usize {
-        self.cfg.d
-    }
-    fn density(&self) -> f64 {
-        self.cfg.density
-    }
-    fn residual(&self) -> &[f32] {
-        self.fb.residual()
-    }
+    accessors!("gtopk", |s| s.fb.residual());
 
     fn step(
         &mut self,
         comm: &dyn Communicator,
         grad: &[f32],
     ) -> Result<(SparseGrad<f32>, StepStats)> {
-        self.cfg.check_step(comm, grad)?;
+        let cc = self.cfg.begin(comm, grad)?;
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
-        let cc = Counting::new(comm);
-        let (sg, _) = self.fb.step(self.sel.as_mut(), grad, k)?;
-        let local = Entries {
-            idx: sg.indices().to_vec(),
-            val: sg.values().to_vec(),
-        };
+        let local = self.fb.select(grad, k, 0)?;
         let levels = ceil_log2(p);
         let mut cur = local.clone();
         let mut dropped: Vec<Entries> = Vec::new();
@@ -109,7 +83,7 @@ impl SparseAllreduce for GTopk {
         }
         let in_global = |i: u32| global.idx.binary_search(&i).is_ok();
         // Put back the locally selected entries that did not make the global top-k.
-        let resid = self.fb.residual_mut();
+        let resid = self.fb.fb.residual_mut();
         for (&i, &v) in local.idx.iter().zip(&local.val) {
             if !in_global(i) {
                 resid[i as usize] += v;
@@ -121,8 +95,7 @@ impl SparseAllreduce for GTopk {
             .filter(|(&i, _)| in_global(i))
             .map(|(_, &v)| v as f64)
             .sum();
-        let update = common::finish_update(&global, d, p);
-        let mut stats = common::with_update(cc.stats(), &update, k);
+        let (update, mut stats) = scaffold::finish(&self.cfg, &global, cc.counts(), k);
         stats.mass_dropped = mass_dropped;
         Ok((update, stats))
     }

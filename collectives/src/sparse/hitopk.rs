@@ -13,10 +13,11 @@
 //! slice owner does not select stays in its residual, which is zero outside its slice.
 
 use half::f16;
-use sparsify::{ErrorFeedback, SparseGrad};
+use sparsify::SparseGrad;
 
 use super::common::{self, bruck, sum_ordered, tags, Config, Counting, Entries, Group};
-use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use super::scaffold::{self, accessors, constructor, Feedback};
+use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::dense::{block_range, reduce_scatter, DenseOptions, ReduceScatterAlgo, WireType};
 use crate::{Communicator, Error, Result};
 
@@ -29,22 +30,12 @@ pub struct HiTopK {
     /// Residual of this rank's slice only (zero elsewhere), as a full-length vector.
     resid: Vec<f32>,
     /// Error feedback over the slice.
-    fb: ErrorFeedback,
-    sel: Box<dyn sparsify::Selector>,
+    fb: Feedback,
     buf: Vec<f32>,
 }
 
 impl HiTopK {
-    /// Builds HiTopKComm (collective, splits `comm` by node; see [`super::build`]).
-    pub fn new(
-        comm: &dyn Communicator,
-        d: usize,
-        density: f64,
-        opts: &SparseOptions,
-    ) -> Result<Self> {
-        let cfg = common::setup(comm, common::name_code("hitopk"), d, density, opts)?;
-        Self::from_config(comm, cfg)
-    }
+    constructor!("hitopk", "HiTopKComm", with_comm);
 
     pub(crate) fn from_config(comm: &dyn Communicator, cfg: Config) -> Result<Self> {
         let p = cfg.p;
@@ -66,8 +57,7 @@ impl HiTopK {
             intra,
             inter,
             resid: vec![0.0; cfg.d],
-            fb: ErrorFeedback::new(slice.len()),
-            sel: common::make_selector(cfg.opts.selector, SelectorKind::MsTopK),
+            fb: Feedback::new(&cfg, slice.len(), SelectorKind::MsTopK),
             buf: vec![0.0; cfg.d],
             cfg,
         })
@@ -110,18 +100,7 @@ fn decode16(b: &[u8], range: std::ops::Range<usize>) -> Result<Entries> {
 }
 
 impl SparseAllreduce for HiTopK {
-    fn name(&self) -> &'static str {
-        "hitopk"
-    }
-    fn len(&self) -> usize {
-        self.cfg.d
-    }
-    fn density(&self) -> f64 {
-        self.cfg.density
-    }
-    fn residual(&self) -> &[f32] {
-        &self.resid
-    }
+    accessors!("hitopk", |s| &s.resid);
 
     fn step(
         &mut self,
@@ -129,7 +108,7 @@ impl SparseAllreduce for HiTopK {
         grad: &[f32],
     ) -> Result<(SparseGrad<f32>, StepStats)> {
         self.cfg.check_step(comm, grad)?;
-        let (p, d, n) = (self.cfg.p, self.cfg.d, self.n);
+        let (d, n) = (self.cfg.d, self.n);
         let f16_wire = self.cfg.opts.f16_wire;
         let cci = Counting::new(self.intra.as_ref());
         let cce = Counting::new(self.inter.as_ref());
@@ -151,24 +130,12 @@ impl SparseAllreduce for HiTopK {
         // 2. Top-(ρ·d/n) of residual + slice (Algorithm 2 lines 5-7, Eq. 5).
         let kn = ((self.cfg.density * slice.len() as f64).ceil() as usize).min(slice.len());
         let part = &self.buf[slice.clone()];
-        let (mine, selected) = if f16_wire {
-            let (sg, _) = self.fb.step_as::<f16>(self.sel.as_mut(), part, kn)?;
-            let e = Entries {
-                idx: sg
-                    .indices()
-                    .iter()
-                    .map(|&i| i + slice.start as u32)
-                    .collect(),
-                val: sg.values().iter().map(|v| v.to_f32()).collect(),
-            };
-            (e, sg.nnz())
+        let mine = if f16_wire {
+            self.fb.select_as::<f16>(part, kn, slice.start)?
         } else {
-            let (sg, _) = self.fb.step(self.sel.as_mut(), part, kn)?;
-            (
-                Entries::from_local(sg.indices(), sg.values(), slice.start),
-                sg.nnz(),
-            )
+            self.fb.select(part, kn, slice.start)?
         };
+        let selected = mine.len();
         self.resid[slice.clone()].copy_from_slice(self.fb.residual());
         // 3. All-gather among the ranks with this local index, summed in node order.
         let ge = Group::world(self.inter.size(), self.inter.rank());
@@ -178,40 +145,26 @@ impl SparseAllreduce for HiTopK {
             mine.encode()
         };
         let blocks = bruck(&cce, &ge, enc, None, tags::HI_INTER)?;
-        let mut parts = Vec::with_capacity(blocks.len());
-        for (x, b) in blocks.iter().enumerate() {
+        let parts = scaffold::decode_blocks(&cce, &blocks, ge.me, |_, b| {
             let e = if f16_wire {
                 decode16(b, slice.clone())?
             } else {
                 Entries::decode_all(b, slice.clone())?
             };
-            if x != ge.me {
-                cce.add_entries(e.len());
-            }
-            parts.push(e);
-        }
+            Ok((e, true))
+        })?;
         let refs: Vec<&Entries> = parts.iter().collect();
         let summed = sum_ordered(&refs);
         // 4. Intra-node all-gather of the summed slices (sent in f32: sums of f16 values).
         let gi = Group::world(n, j);
         let blocks = bruck(&cci, &gi, summed.encode(), None, tags::HI_INTRA)?;
-        let mut all = Entries::default();
-        for (x, b) in blocks.iter().enumerate() {
-            let e = Entries::decode_all(b, block_range(d, n, x))?;
-            if x != j {
-                cci.add_entries(e.len());
-            }
-            all.idx.extend_from_slice(&e.idx);
-            all.val.extend_from_slice(&e.val);
-        }
-        let update = common::finish_update(&all, d, p);
-        let mut stats = common::with_update(cci.stats(), &update, selected);
-        let e = cce.counts();
-        stats.messages += e.messages;
-        stats.rounds += e.rounds;
-        stats.bytes_sent += e.bytes_sent;
-        stats.bytes_recv += e.bytes_recv;
-        stats.entries_recv += e.entries_recv;
-        Ok((update, stats))
+        let parts = scaffold::decode_ranges(&cci, &blocks, j, |x| block_range(d, n, x))?;
+        let counts = cci.counts() + cce.counts();
+        Ok(scaffold::finish(
+            &self.cfg,
+            &scaffold::concat(&parts),
+            counts,
+            selected,
+        ))
     }
 }

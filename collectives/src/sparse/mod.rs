@@ -38,6 +38,7 @@ mod common;
 mod exdyna;
 mod gtopk;
 mod hitopk;
+mod scaffold;
 mod spardl;
 mod topka;
 mod topkdsa;
@@ -92,6 +93,11 @@ pub struct SparseOptions {
     pub ranks_per_node: Option<usize>,
     /// HiTopKComm: send values as `f16` (paper 001 §5.3 uses FP16 on the wire).
     pub f16_wire: bool,
+    /// ExDyna: on the first step, start from the partitions' exact top-k thresholds
+    /// instead of paper 002's `1/(2√k)` (which can select far more than `k` for hundreds
+    /// of steps); the online scaling of Algorithm 5 continues from there. Off by default
+    /// (the paper's behaviour). See [`ExDyna`].
+    pub exdyna_warm_start: bool,
 }
 
 /// What one step did, as seen by this rank.
@@ -143,6 +149,13 @@ pub trait SparseAllreduce: Send {
     /// aggregated update (sum over ranks / P), bit-identical on every rank, and this rank's
     /// stats. `comm` must be the communicator (or an equivalent wrapper of it) the
     /// algorithm was built on; `grad.len()` must be `d`.
+    ///
+    /// A wrong communicator or gradient length is checked locally, before any message:
+    /// that rank returns `Error::InvalidArgument` at once, and its peers, left waiting
+    /// for its messages, get `Error::PeerFailed` or `Error::Timeout` from the transport
+    /// (never a hang, but not the same typed error everywhere). Agreeing on the length
+    /// would cost an extra all-reduce (`⌈log2 P⌉` rounds) on every step, while `d` is
+    /// already agreed at construction, so a wrong length is a local caller bug.
     fn step(
         &mut self,
         comm: &dyn Communicator,

@@ -25,6 +25,7 @@ use sparsify::{Selector, SparseGrad};
 use super::common::{
     self, bruck, ceil_log2, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
 };
+use super::scaffold::{self, accessors};
 use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
 use crate::{Communicator, Error, Result};
 
@@ -61,6 +62,15 @@ pub struct SparDl {
     last_n: usize,
 }
 
+/// The name [`super::build`] knows SparDL with this Spar-All-Gather by.
+fn sag_name(sag: Sag) -> &'static str {
+    match sag {
+        Sag::None => "spardl",
+        Sag::Recursive => "spardl_rsag",
+        Sag::Bruck => "spardl_bsag",
+    }
+}
+
 fn smallest_prime_factor(p: usize) -> usize {
     (2..=p).find(|f| p % f == 0).unwrap_or(1)
 }
@@ -74,12 +84,7 @@ impl SparDl {
         sag: Sag,
         opts: &SparseOptions,
     ) -> Result<Self> {
-        let name = match sag {
-            Sag::None => "spardl",
-            Sag::Recursive => "spardl_rsag",
-            Sag::Bruck => "spardl_bsag",
-        };
-        let cfg = common::setup(comm, common::name_code(name), d, density, opts)?;
+        let cfg = common::setup(comm, common::name_code(sag_name(sag)), d, density, opts)?;
         Self::from_config(cfg, sag).map_err(|e| common::fail_together(comm, e))
     }
 
@@ -298,31 +303,15 @@ impl SparDl {
 }
 
 impl SparseAllreduce for SparDl {
-    fn name(&self) -> &'static str {
-        match self.sag {
-            Sag::None => "spardl",
-            Sag::Recursive => "spardl_rsag",
-            Sag::Bruck => "spardl_bsag",
-        }
-    }
-    fn len(&self) -> usize {
-        self.cfg.d
-    }
-    fn density(&self) -> f64 {
-        self.cfg.density
-    }
-    fn residual(&self) -> &[f32] {
-        &self.resid
-    }
+    accessors!(|s| sag_name(s.sag), |s| &s.resid);
 
     fn step(
         &mut self,
         comm: &dyn Communicator,
         grad: &[f32],
     ) -> Result<(SparseGrad<f32>, StepStats)> {
-        self.cfg.check_step(comm, grad)?;
-        let (p, d) = (self.cfg.p, self.cfg.d);
-        let cc = Counting::new(comm);
+        let cc = self.cfg.begin(comm, grad)?;
+        let d = self.cfg.d;
         // Algorithm 1 lines 1-3: acc = residual + grad; `resid` keeps acc (the copy), `work`
         // is what the selections consume.
         for ((r, w), &g) in self.resid.iter_mut().zip(self.work.iter_mut()).zip(grad) {
@@ -351,15 +340,8 @@ impl SparseAllreduce for SparDl {
             Some(&sizes[..])
         };
         let blocks = bruck(&cc, &team, fin.encode(), known, tags::AG)?;
-        let mut all = Entries::default();
-        for (j, b) in blocks.iter().enumerate() {
-            let e = Entries::decode_all(b, self.block(j))?;
-            if j != q {
-                cc.add_entries(e.len());
-            }
-            all.idx.extend_from_slice(&e.idx);
-            all.val.extend_from_slice(&e.val);
-        }
+        let parts = scaffold::decode_ranges(&cc, &blocks, q, |j| self.block(j))?;
+        let all = scaffold::concat(&parts);
         // Algorithm 1 lines 12-14: at the final indices the residual is what this rank
         // discarded there; elsewhere it stays the accumulated gradient.
         for &i in &all.idx {
@@ -368,8 +350,6 @@ impl SparseAllreduce for SparDl {
                 self.resid[i] = self.work[i];
             }
         }
-        let update = common::finish_update(&all, d, p);
-        let stats = common::with_update(cc.stats(), &update, selected);
-        Ok((update, stats))
+        Ok(scaffold::finish(&self.cfg, &all, cc.counts(), selected))
     }
 }

@@ -5,17 +5,17 @@
 //! than its sparse form. Paper 003 Table 1: `(P + 2 log P)α` and between `4k(P−1)/P` and
 //! `(2k + n)(P−1)/P` numbers. Conserves mass: every selected entry reaches the update.
 
-use sparsify::{ErrorFeedback, SparseGrad};
+use sparsify::SparseGrad;
 
-use super::common::{self, bruck, sum_ordered, tags, Config, Counting, Entries, Group};
-use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use super::common::{bruck, sum_ordered, tags, Config, Entries, Group};
+use super::scaffold::{self, accessors, constructor, Feedback};
+use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
 
 /// TopkDSA: sparse reduce-scatter plus an all-gather that switches to dense blocks.
 pub struct TopkDsa {
     cfg: Config,
-    fb: ErrorFeedback,
-    sel: Box<dyn sparsify::Selector>,
+    fb: Feedback,
     dense_blocks: usize,
 }
 
@@ -25,21 +25,11 @@ fn start(d: usize, p: usize, j: usize) -> usize {
 }
 
 impl TopkDsa {
-    /// Builds TopkDSA (collective; see [`super::build`]).
-    pub fn new(
-        comm: &dyn Communicator,
-        d: usize,
-        density: f64,
-        opts: &SparseOptions,
-    ) -> Result<Self> {
-        let cfg = common::setup(comm, common::name_code("topkdsa"), d, density, opts)?;
-        Ok(Self::from_config(cfg))
-    }
+    constructor!("topkdsa", "TopkDSA");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         TopkDsa {
-            fb: ErrorFeedback::new(cfg.d),
-            sel: common::make_selector(cfg.opts.selector, SelectorKind::Exact),
+            fb: Feedback::new(&cfg, cfg.d, SelectorKind::Exact),
             dense_blocks: 0,
             cfg,
         }
@@ -88,30 +78,17 @@ fn decode_block(b: &[u8], range: std::ops::Range<usize>) -> Result<(Entries, boo
 }
 
 impl SparseAllreduce for TopkDsa {
-    fn name(&self) -> &'static str {
-        "topkdsa"
-    }
-    fn len(&self) -> usize {
-        self.cfg.d
-    }
-    fn density(&self) -> f64 {
-        self.cfg.density
-    }
-    fn residual(&self) -> &[f32] {
-        self.fb.residual()
-    }
+    accessors!("topkdsa", |s| s.fb.residual());
 
     fn step(
         &mut self,
         comm: &dyn Communicator,
         grad: &[f32],
     ) -> Result<(SparseGrad<f32>, StepStats)> {
-        self.cfg.check_step(comm, grad)?;
+        let cc = self.cfg.begin(comm, grad)?;
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
-        let cc = Counting::new(comm);
-        let (sg, _) = self.fb.step(self.sel.as_mut(), grad, k)?;
-        let idx = sg.indices();
-        let val = sg.values();
+        let local = self.fb.select(grad, k, 0)?;
+        let (idx, val) = (&local.idx, &local.val);
         let range = |j: usize| start(d, p, j)..start(d, p, j + 1);
         let part_of = |j: usize| {
             let r = range(j);
@@ -149,19 +126,18 @@ impl SparseAllreduce for TopkDsa {
             None,
             tags::DSA_AG,
         )?;
-        let mut all = Entries::default();
-        self.dense_blocks = 0;
-        for (j, b) in blocks.iter().enumerate() {
+        let mut dense_blocks = 0;
+        let parts = scaffold::decode_blocks(&cc, &blocks, rank, |j, b| {
             let (e, dense) = decode_block(b, range(j))?;
-            self.dense_blocks += dense as usize;
-            if j != rank && !dense {
-                cc.add_entries(e.len());
-            }
-            all.idx.extend_from_slice(&e.idx);
-            all.val.extend_from_slice(&e.val);
-        }
-        let update = common::finish_update(&all, d, p);
-        let stats = common::with_update(cc.stats(), &update, k);
-        Ok((update, stats))
+            dense_blocks += dense as usize;
+            Ok((e, !dense))
+        })?;
+        self.dense_blocks = dense_blocks;
+        Ok(scaffold::finish(
+            &self.cfg,
+            &scaffold::concat(&parts),
+            cc.counts(),
+            k,
+        ))
     }
 }

@@ -24,7 +24,7 @@ fn clusters(quick: bool) -> Result<Vec<Cluster>, BoxErr> {
     let mut v = Vec::new();
     let one_gbe_ps: &[usize] = if quick { &[16] } else { &[4, 16] };
     for &p in one_gbe_ps {
-        v.push(Cluster { name: "1gbe", topo: cost_model::presets::omgs_1gbe(p)?.topology()? });
+        v.push(Cluster { name: "1gbe", topo: cost_model::presets::ethernet_1gbe(p)? });
     }
     if !quick {
         v.push(Cluster { name: "cloud25gbe", topo: cost_model::presets::cloud_25gbe(2, 8) });
@@ -77,7 +77,11 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             let grad = gradient(d, sim.rank() as u64 + 1);
             for &density in &densities {
                 for name in NAMES {
-                    let opts = SparseOptions { ranks_per_node: Some(topo.ranks_per_node), ..Default::default() };
+                    let opts = SparseOptions {
+                        ranks_per_node: Some(topo.ranks_per_node),
+                        exdyna_warm_start: true,
+                        ..Default::default()
+                    };
                     let mut algo = match build(name, &sim, d, density, &opts) {
                         Ok(a) => a,
                         Err(collectives::Error::InvalidArgument(_)) => continue,
@@ -167,7 +171,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     out.markdown = format!(
         "Each algorithm runs for real over `SimComm`, which moves the data between rank \
          threads and keeps an α-β clock per rank (intra- and inter-node links). Clusters: \
-         `1gbe`, paper 000's 16-node 1 GbE cluster (α, β fitted by the authors, PAPERS.md); \
+         `1gbe`, paper 000's 16-node 1 GbE cluster as physical links (1 Gbit/s, 50 µs per \
+         message: `cost_model::presets::ethernet_1gbe`); \
          `cloud25gbe`, 8 GPUs per node on NVLink and 25 GbE between nodes, as in paper 001. \
          d = 2^{} elements (f32). Simulated communication time of the slowest rank; local \
          compute (selection) is not modelled here.\n\n{}",

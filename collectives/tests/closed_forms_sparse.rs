@@ -1,0 +1,374 @@
+//! The cost model's replay of each sparse all-reduce (`cost_model::replay_sparse`) equals
+//! what `SimComm` measures when the real algorithm runs: per rank, the rounds, messages,
+//! bytes sent and received, and the simulated clock (up to float rounding), for every
+//! algorithm, P in {1, 2, 3, 4, 5, 6, 8, 16}, several d and densities, consecutive steps,
+//! on flat and two-level topologies.
+//!
+//! The data-dependent counts the replay needs come from the run itself: the ranks'
+//! `StepStats::selected` (HiTopKComm, ExDyna), the update's support per block (TopkDSA,
+//! HiTopKComm; the gradients are positive, so no sum is exactly zero), SparDL's `h()` and
+//! `last_gathered()` (B-SAG), and for TopkDSA each rank's own selection, recomputed with
+//! the same error feedback and exact top-k the algorithm uses.
+
+use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAllreduce, SparseOptions};
+use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};
+use cost_model::dense::block_start;
+use cost_model::{
+    predict_sparse, replay_sparse, Algorithm, Link, Observed, Prediction, SparseCase, SparseStep,
+    Topology,
+};
+use sparsify::{ErrorFeedback, ExactTopK};
+
+const STEPS: usize = 2;
+
+fn inter() -> Link {
+    Link {
+        alpha_s: 5e-5,
+        beta_s_per_byte: 8e-9,
+    }
+}
+
+fn intra() -> Link {
+    Link {
+        alpha_s: 3e-6,
+        beta_s_per_byte: 2e-11,
+    }
+}
+
+fn algo_of(name: &str) -> Algorithm {
+    match name {
+        "topka" => Algorithm::Topka,
+        "topkdsa" => Algorithm::Topkdsa,
+        "gtopk" => Algorithm::Gtopk,
+        "cltk" => Algorithm::Cltk,
+        "spardl" => Algorithm::Spardl,
+        "spardl_rsag" => Algorithm::SpardlRsag,
+        "spardl_bsag" => Algorithm::SpardlBsag,
+        "hitopk" => Algorithm::Hitopk,
+        _ => Algorithm::Exdyna,
+    }
+}
+
+/// Positive, distinct-ish values, different per rank and step.
+fn grad(d: usize, rank: usize, step: usize) -> Vec<f32> {
+    (0..d)
+        .map(|i| ((i * 7919 + rank * 104_729 + step * 13) % 1000) as f32 / 1000.0 + 0.001)
+        .collect()
+}
+
+/// What one rank saw in one step.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    sim: SimStats,
+    selected: usize,
+    support: Vec<u32>,
+    /// TopkDSA: this rank's selected entries per block of d split in P.
+    per_block: Vec<usize>,
+    /// B-SAG: h before the step and the entries after the sum between teams.
+    h: f64,
+    gathered: usize,
+}
+
+enum Alg {
+    Any(Box<dyn SparseAllreduce>),
+    Bsag(SparDl),
+}
+
+/// Runs `STEPS` steps of `name` over SimComm<ThreadComm>, resetting SimComm's counters and
+/// clocks (after a barrier) before each step. Returns `[rank][step]`.
+fn measure(
+    topo: &Topology,
+    name: &'static str,
+    d: usize,
+    density: f64,
+    opts: SparseOptions,
+) -> Vec<Vec<Seen>> {
+    let p = topo.ranks();
+    let topo = *topo;
+    ThreadComm::run(p, move |c| -> collectives::Result<Vec<Seen>> {
+        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+        let r = sim.rank();
+        let mut alg = if name == "spardl_bsag" {
+            Alg::Bsag(SparDl::new(&sim, d, density, Sag::Bruck, &opts)?)
+        } else {
+            Alg::Any(build(name, &sim, d, density, &opts)?)
+        };
+        // TopkDSA's selections, recomputed as the algorithm makes them.
+        let k = ((density * d as f64).ceil() as usize).clamp(1, d);
+        let mut fb = ErrorFeedback::new(d);
+        let mut sel = ExactTopK::new();
+        let mut out = Vec::new();
+        for s in 0..STEPS {
+            let g = grad(d, r, s);
+            let mut seen = Seen::default();
+            if name == "topkdsa" {
+                let (sg, _) = fb.step(&mut sel, &g, k)?;
+                seen.per_block = (0..p)
+                    .map(|j| {
+                        let (a, b) = (block_start(d, p, j), block_start(d, p, j + 1));
+                        sg.indices()
+                            .iter()
+                            .filter(|&&i| (a..b).contains(&(i as usize)))
+                            .count()
+                    })
+                    .collect();
+            }
+            sim.barrier()?;
+            sim.reset();
+            let (update, st) = match &mut alg {
+                Alg::Any(a) => a.step(&sim, &g)?,
+                Alg::Bsag(a) => {
+                    seen.h = a.h();
+                    let res = a.step(&sim, &g)?;
+                    seen.gathered = a.last_gathered();
+                    res
+                }
+            };
+            seen.sim = sim.stats();
+            seen.selected = st.selected;
+            seen.support = update.indices().to_vec();
+            out.push(seen);
+        }
+        Ok(out)
+    })
+    .unwrap()
+}
+
+/// The counts of step `s` that the replay of `algo` needs, from what the ranks saw.
+fn observed(
+    algo: Algorithm,
+    seen: &[Vec<Seen>],
+    s: usize,
+    d: usize,
+    n: usize,
+    m: usize,
+) -> Observed {
+    let p = seen.len();
+    let support_in = |parts: usize, j: usize| {
+        let (a, b) = (block_start(d, parts, j), block_start(d, parts, j + 1));
+        seen[0][s]
+            .support
+            .iter()
+            .filter(|&&i| (a..b).contains(&(i as usize)))
+            .count()
+    };
+    match algo {
+        Algorithm::Topkdsa => Observed::TopkDsa {
+            sent: seen.iter().map(|r| r[s].per_block.clone()).collect(),
+            reduced: (0..p).map(|j| support_in(p, j)).collect(),
+        },
+        Algorithm::SpardlBsag => Observed::Bsag {
+            h: seen[0][s].h,
+            gathered: (0..m).map(|q| seen[q][s].gathered).collect(),
+        },
+        Algorithm::Hitopk => Observed::HiTopK {
+            selected: seen.iter().map(|r| r[s].selected).collect(),
+            summed: (0..n).map(|j| support_in(n, j)).collect(),
+        },
+        Algorithm::Exdyna => Observed::ExDyna {
+            selected: seen.iter().map(|r| r[s].selected).collect(),
+        },
+        _ => Observed::Worst,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
+}
+
+fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
+    assert_eq!(pred.per_rank.len(), got.len(), "{what}");
+    for (r, (p, g)) in pred.per_rank.iter().zip(got).enumerate() {
+        assert_eq!(p.rounds, g.rounds, "{what}: rank {r} rounds");
+        assert_eq!(
+            p.messages_sent, g.messages_sent,
+            "{what}: rank {r} messages"
+        );
+        assert_eq!(p.bytes_sent, g.bytes_sent, "{what}: rank {r} bytes sent");
+        assert_eq!(
+            p.bytes_recv, g.bytes_recv,
+            "{what}: rank {r} bytes received"
+        );
+        assert!(
+            close(p.time_s, g.clock_s),
+            "{what}: rank {r} time {} predicted, {} simulated",
+            p.time_s,
+            g.clock_s
+        );
+    }
+    let max = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
+    assert!(close(pred.time_s, max), "{what}: max time");
+}
+
+/// Runs `name` on `topo` and checks the replay of every step; returns the steps checked.
+fn check(
+    topo: &Topology,
+    name: &'static str,
+    d: usize,
+    density: f64,
+    opts: SparseOptions,
+) -> usize {
+    let p = topo.ranks();
+    let algo = algo_of(name);
+    let n = opts.ranks_per_node.unwrap_or(p);
+    let seen = measure(topo, name, d, density, opts);
+    // B-SAG team size: P / teams (its default team count is P's smallest prime factor).
+    let teams = opts
+        .teams
+        .unwrap_or_else(|| (2..=p).find(|f| p % f == 0).unwrap_or(1));
+    let m = p / teams;
+    for s in 0..STEPS {
+        let step = SparseStep {
+            algo,
+            d,
+            density,
+            teams: opts.teams,
+            ranks_per_node: Some(n),
+            f16_wire: opts.f16_wire,
+            step: s as u64,
+            observed: observed(algo, &seen, s, d, n, m),
+        };
+        let what = format!(
+            "{name} P={p} ({}×{}) d={d} ρ={density} n={n} f16={} step {s}",
+            topo.nodes, topo.ranks_per_node, opts.f16_wire
+        );
+        let pred = replay_sparse(&step, topo).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got: Vec<SimStats> = seen.iter().map(|r| r[s].sim).collect();
+        assert_equal(&what, &pred, &got);
+        if p > 1 {
+            assert!(
+                pred.rounds > 0 && pred.time_s > 0.0,
+                "{what}: nothing moved"
+            );
+        }
+    }
+    STEPS
+}
+
+const FLAT: [&str; 8] = [
+    "topka",
+    "topkdsa",
+    "gtopk",
+    "cltk",
+    "spardl",
+    "spardl_rsag",
+    "spardl_bsag",
+    "exdyna",
+];
+
+#[test]
+fn flat_algorithms_replay_exactly() {
+    let mut checked = 0;
+    for p in [1usize, 2, 3, 4, 5, 6, 8] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        for (d, density) in [(240usize, 0.1), (1001, 0.05), (1001, 0.3)] {
+            for name in FLAT {
+                checked += check(&topo, name, d, density, SparseOptions::default());
+            }
+        }
+    }
+    assert!(checked >= 7 * 3 * 8 * STEPS, "{checked}");
+}
+
+#[test]
+fn sixteen_ranks_and_large_dense_phases() {
+    let topo = Topology::flat(16, inter()).unwrap();
+    for name in FLAT {
+        check(&topo, name, 1600, 0.05, SparseOptions::default());
+    }
+    // k = 2048: CLT-k's and ExDyna's all-reduces leave recursive doubling (8 KiB and up)
+    // for Rabenseifner (P = 4, 8) or the ring (P = 3, 6).
+    for p in [3usize, 4, 6, 8] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        check(&topo, "cltk", 8192, 0.25, SparseOptions::default());
+        check(&topo, "exdyna", 8192, 0.5, SparseOptions::default());
+    }
+}
+
+#[test]
+fn spardl_team_counts() {
+    for (p, teams) in [(4usize, 4usize), (8, 2), (8, 4), (6, 2), (6, 3)] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        let opts = SparseOptions {
+            teams: Some(teams),
+            ..SparseOptions::default()
+        };
+        if teams.is_power_of_two() {
+            check(&topo, "spardl_rsag", 960, 0.1, opts);
+        }
+        check(&topo, "spardl_bsag", 960, 0.1, opts);
+        // Full density: B-SAG's h = k_b (the worst case of Table 1).
+        check(&topo, "spardl_bsag", 96, 1.0, opts);
+    }
+}
+
+#[test]
+fn hierarchical_topologies() {
+    for (nodes, rpn) in [
+        (1usize, 1usize),
+        (1, 4),
+        (2, 2),
+        (3, 2),
+        (2, 3),
+        (4, 2),
+        (2, 4),
+        (4, 4),
+    ] {
+        let topo = Topology::new(nodes, rpn, intra(), inter()).unwrap();
+        for (d, density) in [(240usize, 0.1), (1001, 0.05)] {
+            for f16_wire in [false, true] {
+                for selector in [SelectorKind::Default, SelectorKind::Exact] {
+                    let opts = SparseOptions {
+                        ranks_per_node: Some(rpn),
+                        f16_wire,
+                        selector,
+                        ..SparseOptions::default()
+                    };
+                    check(&topo, "hitopk", d, density, opts);
+                }
+            }
+            // HiTopKComm with another node size than the topology's (n = 1 and n = P).
+            let p = topo.ranks();
+            for n in [1, p] {
+                let opts = SparseOptions {
+                    ranks_per_node: Some(n),
+                    ..SparseOptions::default()
+                };
+                check(&topo, "hitopk", d, density, opts);
+            }
+        }
+        // The flat algorithms see intra- and inter-node links too.
+        if nodes * rpn >= 4 {
+            for name in FLAT {
+                check(&topo, name, 1001, 0.05, SparseOptions::default());
+            }
+        }
+    }
+}
+
+/// Paper 003 Table 1 against SimComm directly, where the inputs hit its assumptions: TopkA
+/// for any P, gTopk on powers of two, SparDL with `k = P·k_b` (d = 64·P, ρ = 1/8).
+#[test]
+fn table_1_equals_simcomm_where_it_applies() {
+    for p in [2usize, 3, 4, 5, 8] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        let mut cases = vec![("topka", 1000, 0.02), ("spardl", 64 * p, 0.125)];
+        if p.is_power_of_two() {
+            cases.push(("gtopk", 1000, 0.02));
+        }
+        for (name, d, density) in cases {
+            let seen = measure(&topo, name, d, density, SparseOptions::default());
+            let case = SparseCase {
+                algo: algo_of(name),
+                d,
+                density,
+                teams: None,
+            };
+            let want = predict_sparse(&case, &topo).unwrap().time_s;
+            for s in 0..STEPS {
+                let max = seen.iter().map(|r| r[s].sim.clock_s).fold(0.0, f64::max);
+                assert!(close(max, want), "{name} P={p} step {s}: {max} vs {want}");
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Checks the runtime against the timeline: runs the built-in model data-parallel over
+//! `SimComm` in real-time mode (every message takes its modelled α + β·n of the paper's
+//! 1 GbE cluster), with backward times emulated per layer, and compares each scheme's
+//! measured iteration time with the prediction of [`crate::predict`] for the same plan.
+//!
+//! The prediction's inputs are measured the way paper 000 does it: per-layer backward and
+//! forward times by the per-hook timestamp method in a profiling run, the top-k time as a
+//! linear fit of the measured compression spans, and the communication from the link's
+//! α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; ring
+//! all-reduce: `2(P − 1)` rounds).
+
+use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
+use cost_model::{Link, Topology};
+use serde::{Deserialize, Serialize};
+
+use crate::models::{softmax_xent, EmulatedDevice, Mlp, Model};
+use crate::plan::{MergePlan, Planner};
+use crate::profile::{average_backward, LayerProfile};
+use crate::runtime::Reducer;
+use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather};
+use crate::timeline::{predict, StepCosts, Timeline};
+use crate::{Error, Result};
+
+/// Costs of the runtime's own exchanges over a link.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeCosts {
+    /// Link α and β.
+    pub link: Link,
+    /// Ranks P.
+    pub ranks: usize,
+    /// Density (sparse), or `None` for the dense ring all-reduce.
+    pub density: Option<f64>,
+    /// Compression time `a + b·numel` (fitted), seconds.
+    pub sparsify_a: f64,
+    /// Compression time per element.
+    pub sparsify_b: f64,
+}
+
+impl StepCosts for RuntimeCosts {
+    fn sparsify_s(&self, numel: usize) -> f64 {
+        (self.sparsify_a + self.sparsify_b * numel as f64).max(0.0)
+    }
+    fn comm_s(&self, numel: usize) -> f64 {
+        let p = self.ranks;
+        if p <= 1 {
+            return 0.0;
+        }
+        let rounds = (p - 1) as f64;
+        match self.density {
+            // 16-byte exchange header + 16-byte SparseGrad header + index and value.
+            Some(rho) => rounds * self.link.time(32 + 8 * selected_count(numel, rho)),
+            None => 2.0 * rounds * self.link.time(16 + 4 * numel.div_ceil(p)),
+        }
+    }
+    fn comm_alpha_s(&self) -> f64 {
+        self.link.alpha_s * (self.ranks.saturating_sub(1)) as f64
+    }
+}
+
+/// Settings of the check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckConfig {
+    /// Ranks P (the preset exists for 2, 4, 8, 16).
+    pub ranks: usize,
+    /// Density of the sparse schemes.
+    pub density: f64,
+    /// Samples per rank per iteration.
+    pub batch: usize,
+    /// Total emulated backward time of the model, seconds.
+    pub backward_s: f64,
+    /// Iterations measured per scheme (after 2 warm-up iterations).
+    pub iterations: usize,
+}
+
+impl Default for CheckConfig {
+    fn default() -> Self {
+        CheckConfig {
+            ranks: 4,
+            density: 0.01,
+            batch: 16,
+            backward_s: 0.03,
+            iterations: 8,
+        }
+    }
+}
+
+/// One scheme's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckRow {
+    /// Scheme (planner) name.
+    pub scheme: String,
+    /// Groups in its plan.
+    pub groups: usize,
+    /// Predicted iteration time, seconds.
+    pub predicted_s: f64,
+    /// Measured mean iteration time, seconds.
+    pub measured_s: f64,
+    /// `measured / predicted − 1`.
+    pub rel_error: f64,
+}
+
+fn mlp() -> Result<Box<dyn Model>> {
+    Ok(Box::new(Mlp::new(&[64, 256, 256, 10], 3)?))
+}
+
+/// Runs `iterations` (+2 warm-up) iterations with `scheme` and `plan` and returns rank 0's
+/// measured timelines (warm-up excluded).
+fn run(
+    cfg: &CheckConfig,
+    topo: Topology,
+    emu: &LayerProfile,
+    plan: &MergePlan,
+    scheme: &dyn Scheme,
+) -> Result<Vec<Timeline>> {
+    let outs = ThreadComm::run_with(
+        cfg.ranks,
+        ThreadConfig::default(),
+        |comm| -> Result<Vec<Timeline>> {
+            let sim = SimComm::new(comm, topo, ClockMode::RealTime)?;
+            let rank = sim.rank();
+            let mut model = EmulatedDevice::new(mlp()?, emu)?;
+            let mut reducer = Reducer::new(sim, &model.param_sizes(), plan.clone(), scheme)?;
+            let dim = model.input_dim();
+            let x: Vec<f32> = (0..cfg.batch * dim)
+                .map(|i| ((i * 7 + rank * 13) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            let y: Vec<usize> = (0..cfg.batch).map(|i| (i + rank) % 10).collect();
+            let mut out = Vec::new();
+            for it in 0..cfg.iterations + 2 {
+                reducer.begin()?;
+                let logits = model.forward(&x, cfg.batch)?;
+                let (_, _, dl) = softmax_xent(&logits, &y, 10)?;
+                reducer.forward_done()?;
+                model.backward(&dl, &mut |t, g| reducer.ready(t, g))?;
+                reducer.finish()?;
+                if it >= 2 {
+                    if let Some(t) = reducer.last_timeline() {
+                        out.push(t.clone());
+                    }
+                }
+            }
+            drop(reducer.shutdown()?);
+            Ok(out)
+        },
+    )
+    .map_err(|e| match e {
+        collectives::RunError::Failed { error, .. } => error,
+        other => Error::CommThread(other.to_string()),
+    })?;
+    outs.into_iter()
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+}
+
+fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return (points.first().map(|p| p.1).unwrap_or(0.0), 0.0);
+    }
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+    let (mx, my) = (sx / n, sy / n);
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let b = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    ((my - b * mx).max(0.0), b)
+}
+
+/// Runs the check: profiles the model (layer-wise plan), then for dense (MG-WFBP plan),
+/// TopK-SGD, LAGS-SGD, MGS-SGD and OMGS-SGD (the default planner) predicts and measures.
+pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
+    let preset = cost_model::presets::omgs_1gbe(cfg.ranks)?;
+    let topo = preset.topology()?;
+    let link = topo.inter;
+    // Emulated device: the MLP's FLOP profile scaled to `backward_s` in total.
+    let flop_profile = mlp()?.profile(cfg.batch, 1.0)?;
+    let emu = flop_profile.scaled(cfg.backward_s / flop_profile.total_backward_s())?;
+    let l_count = emu.len();
+    let sparse = TopkAllgather {
+        density: cfg.density,
+    };
+    // Profiling run (paper 000's per-hook method).
+    let prof = run(cfg, topo, &emu, &MergePlan::layerwise(l_count), &sparse)?;
+    let samples: Vec<Vec<f64>> = prof
+        .iter()
+        .map(|t| t.backward.iter().map(|s| s.len()).collect())
+        .collect();
+    let bw = average_backward(&samples, 0)?;
+    let fwd = prof.iter().map(|t| t.forward.len()).sum::<f64>() / prof.len().max(1) as f64;
+    let measured = emu.with_backward_times(fwd, &bw)?;
+    let points: Vec<(f64, f64)> = prof
+        .iter()
+        .flat_map(|t| t.groups.iter().map(|g| (g.numel as f64, g.sparsify.len())))
+        .collect();
+    let (sa, sb) = fit_line(&points);
+    let sparse_costs = RuntimeCosts {
+        link,
+        ranks: cfg.ranks,
+        density: Some(cfg.density),
+        sparsify_a: sa,
+        sparsify_b: sb,
+    };
+    let dense_costs = RuntimeCosts {
+        density: None,
+        sparsify_a: 0.0,
+        sparsify_b: 0.0,
+        ..sparse_costs
+    };
+    let mut rows = Vec::new();
+    for (name, planner, dense) in [
+        ("dense (mgwfbp)", Planner::MgWfbp, true),
+        ("topk", Planner::TopK, false),
+        ("lags", Planner::Lags, false),
+        (
+            "mgs (threshold)",
+            Planner::Threshold(crate::plan::DEFAULT_THRESHOLD),
+            false,
+        ),
+        ("omgs (exact)", Planner::Exact, false),
+    ] {
+        let costs = if dense { dense_costs } else { sparse_costs };
+        let plan = planner.plan(&measured, &costs)?;
+        let predicted = predict(&measured, &plan, &costs)?.iteration_s;
+        let scheme: &dyn Scheme = if dense { &DenseAllreduce } else { &sparse };
+        let tl = run(cfg, topo, &emu, &plan, scheme)?;
+        let m = tl.iter().map(|t| t.iteration_s).sum::<f64>() / tl.len().max(1) as f64;
+        rows.push(CheckRow {
+            scheme: name.to_string(),
+            groups: plan.num_groups(),
+            predicted_s: predicted,
+            measured_s: m,
+            rel_error: m / predicted - 1.0,
+        });
+    }
+    Ok(rows)
+}
+
+/// True when the measured times order the schemes as the predictions do, for every pair
+/// whose predictions differ by more than `margin` (relative).
+pub fn same_ranking(rows: &[CheckRow], margin: f64) -> bool {
+    rows.iter().all(|a| {
+        rows.iter()
+            .all(|b| a.predicted_s * (1.0 + margin) >= b.predicted_s || a.measured_s < b.measured_s)
+    })
+}
