@@ -4,7 +4,8 @@
 //! choose layer merges and algorithms without running them: the α-β(-γ) models of the
 //! collectives, fitted by least squares from measurements; the top-k cost model
 //! `t = γ·ρ·d·log d` of OMGS-SGD (paper 000, Eq. 10-11, §V-B); predicted time, rounds and
-//! bytes of every algorithm (exact schedules of the dense ones; paper 003 Table 1, paper
+//! bytes of every algorithm (exact schedules of the dense ones and, given the step's
+//! data-dependent entry counts, of the sparse ones; paper 003 Table 1, paper
 //! 004 Table 1, paper 001 Eq. 3 and 7-10 for hierarchical clusters); presets with the
 //! papers' published constants; the calibration JSON and an algorithm ranking.
 //!

@@ -126,6 +126,9 @@ pub struct SparseStep {
     pub f16_wire: bool,
     /// Step number since construction (CLT-k's leader is `step mod P`).
     pub step: u64,
+    /// ExDyna with `exdyna_warm_start`: on step 0 each rank's threshold rides along in the
+    /// count all-gather (4 more bytes per rank).
+    pub exdyna_warm_start: bool,
     /// The data-dependent counts.
     pub observed: Observed,
 }
@@ -141,8 +144,15 @@ impl SparseStep {
             ranks_per_node: None,
             f16_wire: false,
             step: 0,
+            exdyna_warm_start: false,
             observed: Observed::Worst,
         }
+    }
+
+    /// The same step for an ExDyna built with `exdyna_warm_start`.
+    pub fn with_exdyna_warm_start(mut self, warm: bool) -> Self {
+        self.exdyna_warm_start = warm;
+        self
     }
 
     /// The same step with the given counts.
@@ -354,11 +364,11 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                     }
                 })
                 .collect();
-            for w in 0..p {
+            for (w, mine) in sent.iter().enumerate() {
                 for st in 1..p {
                     let dest = (w + st) % p;
                     let src = (w + p - st) % p;
-                    s.sendrecv(w, dest, e * sent[w][dest], src, T_DSA_RS, false);
+                    s.sendrecv(w, dest, e * mine[dest], src, T_DSA_RS, false);
                 }
                 bruck(&mut s, &world, w, &block, true, T_DSA_AG);
             }
@@ -409,8 +419,11 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 o => return Err(bad(format!("ExDyna cannot use {o:?}"))),
             };
             let m_t = kt.iter().copied().max().unwrap_or(0);
+            // The count, plus the warm-start threshold on a warm first step.
+            let warm = step.exdyna_warm_start && step.step == 0 && k < step.d;
+            let head = if warm { 8 } else { 4 };
             for w in 0..p {
-                bruck(&mut s, &world, w, &vec![4; p], false, T_EX_COUNTS);
+                bruck(&mut s, &world, w, &vec![head; p], false, T_EX_COUNTS);
                 bruck(&mut s, &world, w, &vec![4 * m_t; p], false, T_EX_IDX);
             }
             let u: usize = kt.iter().sum();

@@ -31,6 +31,7 @@ fn bench(c: &mut Criterion) {
             group.measurement_time(Duration::from_secs(4));
             group.throughput(Throughput::Elements(numels.iter().sum::<usize>() as u64));
             for p in [1usize, 2, 4, 8] {
+                let mut noted = false;
                 for (name, mode) in [("pto", Mode::Parallel), ("local", Mode::Local)] {
                     let id = BenchmarkId::new(name, format!("p{p}"));
                     group.bench_function(id, |b| {
@@ -38,8 +39,9 @@ fn bench(c: &mut Criterion) {
                             .get_or_insert_with(|| Arc::new(ModelData::new(numels, opt, 1)))
                             .clone();
                         let world = BenchWorld::new(p, d, opt, mode).expect("bench world");
-                        if !world.per_rank_copies() && p > 1 {
+                        if !world.per_rank_copies() && p > 1 && !noted {
                             eprintln!("note: {model} p{p}: ranks share one copy of the inputs");
+                            noted = true;
                         }
                         b.iter_custom(|iters| world.run(iters).expect("bench step"));
                     });

@@ -661,6 +661,7 @@ mod tests {
     use super::*;
 
     /// Finite-difference check of every tensor's gradient.
+    #[allow(clippy::needless_range_loop)]
     fn grad_check(model: &mut dyn Model, x: &[f32], labels: &[usize]) {
         let b = labels.len();
         let logits = model.forward(x, b).unwrap();

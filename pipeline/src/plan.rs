@@ -141,7 +141,7 @@ pub const EXHAUSTIVE_MAX_LAYERS: usize = 22;
 
 /// A merge planner. Names: `lags`, `topk`, `threshold` (or `threshold:N`), `omgs`,
 /// `exact`, `mgwfbp`, `exhaustive`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Planner {
     /// Layer-wise, every tensor its own group (LAGS-SGD).
     Lags,
@@ -152,17 +152,12 @@ pub enum Planner {
     /// Paper 000 Algorithm 1 (FindMergedLayers, Theorem 1's Q3 ∧ Q5).
     Omgs,
     /// Exact optimum of the timeline model (dynamic programming); the default.
+    #[default]
     Exact,
     /// MG-WFBP: Algorithm 1 with no sparsification cost (the dense merge rule).
     MgWfbp,
     /// Every plan tried (reference for small `L`).
     Exhaustive,
-}
-
-impl Default for Planner {
-    fn default() -> Self {
-        Planner::Exact
-    }
 }
 
 impl std::fmt::Display for Planner {
@@ -293,38 +288,38 @@ struct State {
     idx: usize,
 }
 
-/// Inserts into a front sorted by `a` ascending (so `d` descending), dropping dominated
-/// states. A suffix state's final value is `C + max(δ + A, D)` where the prefix's
-/// `δ = E − C` lies in `[lo, hi]` for every prefix that can still beat the upper bound, so
-/// `s1` dominates `s2` when `max(δ + A1, D1) ≤ max(δ + A2, D2)` on that whole interval:
-/// for `A1 ≤ A2` that is `D1 ≤ max(D2, lo + A2)`; for `A1 > A2` it is `D1 ≤ D2` and
-/// `hi + A1 ≤ D2`.
-fn pareto_insert(front: &mut Vec<State>, s: State, lo: f64, hi: f64) {
-    let pos = front.partition_point(|x| x.a <= s.a);
-    if pos > 0 && front[pos - 1].d <= s.d.max(lo + s.a) {
-        return;
-    }
-    // The first later state with d ≤ s.d has the smallest `a` of those that could dominate.
-    let first_le = pos + front[pos..].partition_point(|t| t.d > s.d);
-    if let Some(t) = front.get(first_le) {
-        if t.a <= s.a || hi + t.a <= s.d {
-            return;
+/// Builds the front of one boundary from its candidates, dropping dominated states. A
+/// suffix state's final value is `C + max(δ + A, D)` where the prefix's `δ = E − C` lies
+/// in `[lo, hi]` for every prefix that can still beat the upper bound, so `s1` dominates
+/// `s2` when `max(δ + A1, D1) ≤ max(δ + A2, D2)` on that whole interval: for `A1 ≤ A2`
+/// that is `D1 ≤ max(D2, lo + A2)`; for `A1 > A2` it is `D1 ≤ D2` and `hi + A1 ≤ D2`.
+fn reduce_front(cands: &mut [State], lo: f64, hi: f64, ub: f64) -> Vec<State> {
+    cands.sort_unstable_by(|x, y| x.a.total_cmp(&y.a).then(x.d.total_cmp(&y.d)));
+    // Left to right: the last kept state has the smallest `d` of all with smaller `a`.
+    let mut kept: Vec<State> = Vec::new();
+    for &s in cands.iter() {
+        if let Some(last) = kept.last() {
+            if last.d <= s.d.max(lo + s.a) {
+                continue;
+            }
         }
+        kept.push(s);
     }
-    // Later states dominated by `s`: d ≥ s.d (a block right after pos), and every state
-    // from the first with s.d ≤ lo + a on.
-    let cut = pos
-        + front[pos..]
-            .iter()
-            .position(|t| s.d <= lo + t.a)
-            .unwrap_or(front.len() - pos);
-    front.truncate(cut);
-    let end = first_le.min(front.len());
-    front.drain(pos..end);
-    // Earlier states dominated by `s`: d ≥ max(s.d, hi + s.a), a prefix of the front.
-    let q = front[..pos].partition_point(|r| r.d >= s.d.max(hi + s.a));
-    front.drain(..q);
-    front.insert(pos - q, s);
+    // Right to left: the next kept state has the smallest `a` of all with smaller `d`.
+    let mut out: Vec<State> = Vec::with_capacity(kept.len());
+    for &r in kept.iter().rev() {
+        if let Some(next) = out.last() {
+            if hi + next.a <= r.d {
+                continue;
+            }
+        }
+        out.push(r);
+    }
+    out.reverse();
+    if out.len() > THIN_ABOVE {
+        thin(&mut out, THIN_WIDTH * ub);
+    }
+    out
 }
 
 /// Fronts longer than this are thinned (see [`exact`]).
@@ -417,7 +412,7 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
             .map(|j| c_min[k].max(e_min[j]) + tc[idx(j, k)])
             .fold(f64::INFINITY, f64::min);
     }
-    // Upper bound: the best of the cheap baselines and Algorithm 1.
+    // Upper bound: the best of the cheap baselines.
     let bw: Vec<f64> = layers.iter().map(|l| l.backward_s).collect();
     let sizes = profile.sizes();
     let mut ub = f64::INFINITY;
@@ -425,7 +420,6 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
         MergePlan::single(l_count),
         MergePlan::layerwise(l_count),
         threshold(profile, DEFAULT_THRESHOLD),
-        algorithm1(profile, costs)?,
     ] {
         ub = ub.min(iteration_time_bounds(&bw, &sizes, tf, plan.starts(), costs));
     }
@@ -444,8 +438,8 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
         next: l_count,
         idx: 0,
     });
+    let mut cands: Vec<State> = Vec::new();
     for j in (0..l_count).rev() {
-        let mut front = Vec::new();
         let (c_lo, e_lo) = (c_min[j], e_min[j]);
         // E − C at boundary j: exactly −t_f at the start; afterwards at least the last
         // prefix group's communication.
@@ -456,24 +450,27 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
         };
         // A prefix with E − C above this cannot finish under the upper bound.
         let hi = (ub - a_min[j] - c_lo).max(lo);
+        cands.clear();
         for k in j + 1..=l_count {
             let (s, c) = (ts[idx(j, k)], tc[idx(j, k)]);
             let a0 = b[k] - b[j] + s;
+            // Every candidate through this group has d ≥ a0 + t_c and a ≥ t_c.
+            if (c_lo + a0 + c).max(e_lo + c) > ub {
+                continue;
+            }
             for (si, st) in fronts[k].iter().enumerate() {
                 let a = c + st.a;
+                if e_lo + a > ub {
+                    break; // `a` only grows along the front
+                }
                 let d = a0 + a.max(st.d);
-                if (e_lo + a).max(c_lo + d) <= ub {
-                    pareto_insert(
-                        &mut front,
-                        State {
-                            a,
-                            d,
-                            next: k,
-                            idx: si,
-                        },
-                        lo,
-                        hi,
-                    );
+                if c_lo + d <= ub {
+                    cands.push(State {
+                        a,
+                        d,
+                        next: k,
+                        idx: si,
+                    });
                 }
                 // Further states of this front have larger `a` and smaller `d`; once
                 // `a ≥ d` the candidates only get worse in both coordinates.
@@ -482,10 +479,7 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
                 }
             }
         }
-        if front.len() > THIN_ABOVE {
-            thin(&mut front, THIN_WIDTH * ub);
-        }
-        fronts[j] = front;
+        fronts[j] = reduce_front(&mut cands, lo, hi, ub);
     }
     let (mut i, _) = fronts[0]
         .iter()

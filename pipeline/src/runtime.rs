@@ -266,7 +266,7 @@ impl<C: Communicator + 'static> Reducer<C> {
     fn launch(&mut self, g: usize) -> Result<()> {
         let s0 = self.now();
         let n = self.buffers[g].len();
-        let buf = std::mem::replace(&mut self.buffers[g], Vec::new());
+        let buf = std::mem::take(&mut self.buffers[g]);
         let payload = match self.compressors[g].compress(buf) {
             Ok(p) => p,
             Err(e) => {

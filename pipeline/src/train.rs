@@ -330,8 +330,7 @@ fn validate(cfg: &TrainConfig, train: &dyn Dataset, test: &dyn Dataset) -> Resul
             cfg.density
         )));
     }
-    if !(cfg.lr.is_finite() && cfg.lr > 0.0)
-        || !cfg.warmup_epochs.is_finite()
+    if !(cfg.lr.is_finite() && cfg.lr > 0.0 && cfg.warmup_epochs.is_finite())
         || cfg.warmup_epochs < 0.0
     {
         return Err(Error::InvalidArgument(
@@ -416,7 +415,7 @@ fn run_rank<C: Communicator + 'static>(
         reducer.set_density(density_at(cfg, epoch))?;
         let mut order = shard.clone();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-            cfg.seed ^ (epoch as u64 + 1) * 0x9E37_79B9 ^ rank as u64,
+            cfg.seed ^ ((epoch as u64 + 1) * 0x9E37_79B9) ^ rank as u64,
         );
         order.shuffle(&mut rng);
         let (mut loss_sum, mut correct) = (0.0f32, 0usize);

@@ -20,7 +20,10 @@ mod train;
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Sparse data-parallel training toolkit: bench, calibrate, plan, simulate, train, ci")]
+#[command(
+    name = "cargo xtask",
+    about = "Sparse data-parallel training toolkit: bench, calibrate, plan, simulate, train, ci"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -3,7 +3,9 @@
 use std::time::Instant;
 
 use pipeline::timeline::{CalibratedCosts, NoSparsify};
-use pipeline::{predict, zoo, DenseCosts, LayerProfile, MergePlan, OmgsCosts, Planner, StepCosts, Timeline};
+use pipeline::{
+    predict, zoo, DenseCosts, LayerProfile, MergePlan, OmgsCosts, Planner, StepCosts, Timeline,
+};
 
 use crate::CliResult;
 
@@ -34,7 +36,10 @@ pub struct Args {
 }
 
 /// The profile named by `--profile` or `--model`.
-pub fn load_profile(profile: &Option<std::path::PathBuf>, model: &Option<String>) -> Result<LayerProfile, Box<dyn std::error::Error>> {
+pub fn load_profile(
+    profile: &Option<std::path::PathBuf>,
+    model: &Option<String>,
+) -> Result<LayerProfile, Box<dyn std::error::Error>> {
     match (profile, model) {
         (Some(p), _) => Ok(LayerProfile::load(p)?),
         (None, Some(m)) => Ok(zoo::profile(m)?),
@@ -61,7 +66,13 @@ pub fn load_costs(
 }
 
 /// JSON summary of a plan and its predicted timeline.
-pub fn plan_json(profile: &LayerProfile, planner: Planner, plan: &MergePlan, t: &Timeline, planning_ms: f64) -> serde_json::Value {
+pub fn plan_json(
+    profile: &LayerProfile,
+    planner: Planner,
+    plan: &MergePlan,
+    t: &Timeline,
+    planning_ms: f64,
+) -> serde_json::Value {
     serde_json::json!({
         "model": profile.model(),
         "layers": profile.len(),

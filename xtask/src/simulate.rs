@@ -39,7 +39,10 @@ pub fn run(args: Args) -> CliResult {
     let profiles = if args.profile.is_some() || args.model.is_some() {
         vec![load_profile(&args.profile, &args.model)?]
     } else {
-        zoo::MODELS.iter().map(|m| zoo::profile(m)).collect::<Result<Vec<_>, _>>()?
+        zoo::MODELS
+            .iter()
+            .map(|m| zoo::profile(m))
+            .collect::<Result<Vec<_>, _>>()?
     };
     let costs = load_costs(&args.preset, &args.calibration, args.density, args.ranks)?;
     std::fs::create_dir_all(&args.out)?;
@@ -61,11 +64,28 @@ pub fn run(args: Args) -> CliResult {
             }
             let plan = plan.ok_or("no plan")?;
             let t = predict(profile, &plan, &&*costs)?;
-            let svg = args.out.join(format!("{}_{}.svg", profile.model(), planner.to_string().replace(':', "_")));
-            write_gantt(&t, &format!("{} — {} ({} groups, {:.3} s)", profile.model(), planner, plan.num_groups(), t.iteration_s), &svg)?;
+            let svg = args.out.join(format!(
+                "{}_{}.svg",
+                profile.model(),
+                planner.to_string().replace(':', "_")
+            ));
+            write_gantt(
+                &t,
+                &format!(
+                    "{} — {} ({} groups, {:.3} s)",
+                    profile.model(),
+                    planner,
+                    plan.num_groups(),
+                    t.iteration_s
+                ),
+                &svg,
+            )?;
             rows.push((planner, plan, t, ms, svg));
         }
-        let best = rows.iter().map(|r| r.2.iteration_s).fold(f64::INFINITY, f64::min);
+        let best = rows
+            .iter()
+            .map(|r| r.2.iteration_s)
+            .fold(f64::INFINITY, f64::min);
         for (planner, plan, t, ms, svg) in &rows {
             println!(
                 "{:<14} {:<11} {:>6} {:>10.4} {:>10.4} {:>9.3}x {:>11.2}",

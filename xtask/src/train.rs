@@ -5,7 +5,9 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use pipeline::check::{runtime_vs_timeline, same_ranking, CheckConfig};
 use pipeline::data::Dataset;
-use pipeline::train::{suite_data, train, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport};
+use pipeline::train::{
+    suite_data, train, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport,
+};
 use pipeline::{Planner, SchemeKind};
 use plotters::prelude::*;
 
@@ -84,7 +86,16 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
         .flat_map(|r| r.epochs.iter().map(|e| e.loss as f64))
         .fold(0.0, f64::max)
         .max(1e-3);
-    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK, RGBColor(255, 128, 0), RGBColor(128, 0, 255)];
+    let colors = [
+        BLUE,
+        RED,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(255, 128, 0),
+        RGBColor(128, 0, 255),
+    ];
     let mut acc = ChartBuilder::on(&left)
         .caption("test accuracy (%)", ("sans-serif", 16))
         .margin(10)
@@ -101,12 +112,22 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
     loss.configure_mesh().x_desc("epoch").draw()?;
     for (i, r) in reports.iter().enumerate() {
         let c = colors[i % colors.len()];
-        acc.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, e.test_acc)), c.stroke_width(2)))?
-            .label(format!("{} ({:.1}%)", r.scheme, r.test_acc))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
-        loss.draw_series(LineSeries::new(r.epochs.iter().map(|e| (e.epoch as f64, e.loss as f64)), c.stroke_width(2)))?;
+        acc.draw_series(LineSeries::new(
+            r.epochs.iter().map(|e| (e.epoch as f64, e.test_acc)),
+            c.stroke_width(2),
+        ))?
+        .label(format!("{} ({:.1}%)", r.scheme, r.test_acc))
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
+        loss.draw_series(LineSeries::new(
+            r.epochs.iter().map(|e| (e.epoch as f64, e.loss as f64)),
+            c.stroke_width(2),
+        ))?;
     }
-    acc.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;
+    acc.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -118,9 +139,15 @@ fn check(args: &Args) -> CliResult {
         iterations: args.check_iterations,
         ..CheckConfig::default()
     };
-    eprintln!("runtime vs timeline over a real-time SimComm of the OMGS 1 GbE preset at P = {} ...", cfg.ranks);
+    eprintln!(
+        "runtime vs timeline over a real-time SimComm of the OMGS 1 GbE preset at P = {} ...",
+        cfg.ranks
+    );
     let rows = runtime_vs_timeline(&cfg)?;
-    println!("{:<16} {:>6} {:>14} {:>13} {:>8}", "scheme", "groups", "predicted (ms)", "measured (ms)", "error");
+    println!(
+        "{:<16} {:>6} {:>14} {:>13} {:>8}",
+        "scheme", "groups", "predicted (ms)", "measured (ms)", "error"
+    );
     for r in &rows {
         println!(
             "{:<16} {:>6} {:>14.2} {:>13.2} {:>+7.1}%",
@@ -135,7 +162,10 @@ fn check(args: &Args) -> CliResult {
     let ranked = same_ranking(&rows, 0.05);
     println!("all within 25%: {within}; same ranking (predictions 5% apart): {ranked}");
     std::fs::create_dir_all(&args.out)?;
-    std::fs::write(args.out.join("timeline_check.json"), serde_json::to_string_pretty(&rows)?)?;
+    std::fs::write(
+        args.out.join("timeline_check.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
     if within && ranked {
         Ok(())
     } else {
@@ -152,7 +182,12 @@ pub fn run(args: Args) -> CliResult {
     let model: ModelKind = args.model.parse()?;
     let planner: Option<Planner> = args.planner.as_deref().map(str::parse).transpose()?;
     let mut reports = Vec::new();
-    for scheme in args.scheme.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for scheme in args
+        .scheme
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         let cfg = TrainConfig {
             scheme: scheme.parse::<SchemeKind>()?,
             planner,

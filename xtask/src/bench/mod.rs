@@ -128,7 +128,8 @@ pub fn run(args: Args) -> CliResult {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
-    if cfg!(debug_assertions) && !args.mpi_child && std::env::var_os("XTASK_BENCH_DEBUG").is_none() {
+    if cfg!(debug_assertions) && !args.mpi_child && std::env::var_os("XTASK_BENCH_DEBUG").is_none()
+    {
         // Timings from a debug build mean nothing: rebuild and run this tool optimised.
         return rerun_in_release();
     }
@@ -145,14 +146,22 @@ pub fn run(args: Args) -> CliResult {
     let start = Instant::now();
     let mut sections = Vec::new();
     for name in &suites {
-        let pb = if leader { progress(name) } else { ProgressBar::hidden() };
+        let pb = if leader {
+            progress(name)
+        } else {
+            ProgressBar::hidden()
+        };
         let t = Instant::now();
         let result = suites::run(name, &ctx, &pb);
         pb.finish_and_clear();
         match result {
             Ok(Some(out)) => {
                 if leader {
-                    eprintln!("{name}: {} records in {:.1} s", out.records.len(), t.elapsed().as_secs_f64());
+                    eprintln!(
+                        "{name}: {} records in {:.1} s",
+                        out.records.len(),
+                        t.elapsed().as_secs_f64()
+                    );
                 }
                 sections.push((name.to_string(), out));
             }
@@ -164,14 +173,23 @@ pub fn run(args: Args) -> CliResult {
         return Ok(());
     }
     let machine = report::Machine {
-        cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         backend: ctx.backend().into(),
         ranks: ctx.world_size(),
         quick: ctx.quick,
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
     };
-    let records: Vec<Record> = sections.iter().flat_map(|(_, o)| o.records.clone()).collect();
-    let rep = report::Report { schema: 1, machine: machine.clone(), records };
+    let records: Vec<Record> = sections
+        .iter()
+        .flat_map(|(_, o)| o.records.clone())
+        .collect();
+    let rep = report::Report {
+        schema: 1,
+        machine: machine.clone(),
+        records,
+    };
     report::validate(&rep, &suites.iter().map(|s| s.as_str()).collect::<Vec<_>>())?;
     report::write_json(&rep, &ctx.out)?;
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
@@ -211,15 +229,28 @@ impl Ctx {
 fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>> {
     #[cfg(feature = "mpi")]
     {
-        let mpi = if args.mpi_child { Some(collectives::MpiComm::world()?) } else { None };
-        Ok(Ctx { quick: args.quick, out, ranks: args.ranks, mpi })
+        let mpi = if args.mpi_child {
+            Some(collectives::MpiComm::world()?)
+        } else {
+            None
+        };
+        Ok(Ctx {
+            quick: args.quick,
+            out,
+            ranks: args.ranks,
+            mpi,
+        })
     }
     #[cfg(not(feature = "mpi"))]
     {
         if args.mpi_child {
             return Err("this xtask was built without the `mpi` feature".into());
         }
-        Ok(Ctx { quick: args.quick, out, ranks: args.ranks })
+        Ok(Ctx {
+            quick: args.quick,
+            out,
+            ranks: args.ranks,
+        })
     }
 }
 
@@ -267,11 +298,12 @@ fn progress(name: &str) -> ProgressBar {
 fn rerun_in_release() -> CliResult {
     let root = crate::ci::workspace_root();
     eprintln!("building xtask in release mode for meaningful timings ...");
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["run", "--release", "-q", "-p", "xtask", "--"])
-        .args(std::env::args_os().skip(1))
-        .current_dir(&root)
-        .status()?;
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["run", "--release", "-q", "-p", "xtask", "--"])
+            .args(std::env::args_os().skip(1))
+            .current_dir(&root)
+            .status()?;
     if status.success() {
         Ok(())
     } else {
@@ -294,13 +326,25 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
         }
     }
     let root = crate::ci::workspace_root();
-    let out = args.out.clone().unwrap_or_else(|| root.join("target/bench-report"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("target/bench-report"));
     check_writable(&out)?;
     eprintln!("building xtask with --features mpi (release) ...");
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "-q", "-p", "xtask", "--features", "mpi"])
-        .current_dir(&root)
-        .status()?;
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "build",
+                "--release",
+                "-q",
+                "-p",
+                "xtask",
+                "--features",
+                "mpi",
+            ])
+            .current_dir(&root)
+            .status()?;
     if !status.success() {
         return Err("building xtask with the mpi feature failed".into());
     }
@@ -314,7 +358,9 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
         cmd.arg("--hostfile").arg(h);
     }
     cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
-    cmd.arg(exe).args(["bench", "--mpi-child", "--out"]).arg(&out);
+    cmd.arg(exe)
+        .args(["bench", "--mpi-child", "--out"])
+        .arg(&out);
     if args.quick {
         cmd.arg("--quick");
     }

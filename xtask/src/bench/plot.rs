@@ -93,7 +93,9 @@ pub fn lines(
         }};
     }
     match (log_x, log_y) {
-        (true, true) => draw!(builder.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?),
+        (true, true) => {
+            draw!(builder.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?)
+        }
         (true, false) => draw!(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1)?),
         (false, true) => draw!(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?),
         (false, false) => draw!(builder.build_cartesian_2d(x0..x1, y0..y1)?),
@@ -135,7 +137,10 @@ pub fn bars(
     chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
         let color = Palette99::pick(i).filled();
         Rectangle::new(
-            [(0.0, SegmentValue::Exact(i)), (b.1, SegmentValue::Exact(i + 1))],
+            [
+                (0.0, SegmentValue::Exact(i)),
+                (b.1, SegmentValue::Exact(i + 1)),
+            ],
             color,
         )
     }))?;

@@ -91,7 +91,10 @@ impl SuiteOutput {
         self.records.push(Record {
             suite: suite.into(),
             case: case.into(),
-            params: params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            params: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             metric: metric.into(),
             value,
             unit: unit.into(),
@@ -103,7 +106,11 @@ impl SuiteOutput {
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "| {} |", header.join(" | "));
-    let _ = writeln!(s, "|{}|", header.iter().map(|_| " --- ").collect::<Vec<_>>().join("|"));
+    let _ = writeln!(
+        s,
+        "|{}|",
+        header.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
+    );
     for r in rows {
         let _ = writeln!(s, "| {} |", r.join(" | "));
     }
@@ -206,7 +213,10 @@ pub fn validate(report: &Report, required: &[&str]) -> Result<(), String> {
             return Err(format!("record {i} has an empty suite, case or metric"));
         }
         if !r.value.is_finite() {
-            return Err(format!("record {i} ({}/{}/{}) is not finite", r.suite, r.case, r.metric));
+            return Err(format!(
+                "record {i} ({}/{}/{}) is not finite",
+                r.suite, r.case, r.metric
+            ));
         }
     }
     for s in required {

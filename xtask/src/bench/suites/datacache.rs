@@ -13,7 +13,10 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     pb.set_length(1);
     pb.set_message("throttled source, 50 MB/s, 2 ms per request");
     let cfg = if ctx.quick {
-        BenchConfig { samples: 600, ..BenchConfig::default() }
+        BenchConfig {
+            samples: 600,
+            ..BenchConfig::default()
+        }
     } else {
         BenchConfig::default()
     };
@@ -27,7 +30,14 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             ("bandwidth_bytes_per_s", j(cfg.bandwidth_bytes_per_s)),
             ("latency_s", j(cfg.latency_s)),
         ];
-        out.record(SUITE, &ph.name, &params, "samples_per_s", ph.samples_per_s, "samples/s");
+        out.record(
+            SUITE,
+            &ph.name,
+            &params,
+            "samples_per_s",
+            ph.samples_per_s,
+            "samples/s",
+        );
     }
     out.headlines.push(Headline {
         source: "001 (DataCache) §4.1, Fig. 9".into(),

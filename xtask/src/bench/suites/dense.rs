@@ -165,7 +165,13 @@ fn native(ctx: &Ctx, op: Op, sizes: &[usize], quick: bool) -> Result<Times, BoxE
     Ok(out)
 }
 
-fn report(ctx: &Ctx, op: Op, p: usize, sizes: &[usize], times: &Times) -> Result<SuiteOutput, BoxErr> {
+fn report(
+    ctx: &Ctx,
+    op: Op,
+    p: usize,
+    sizes: &[usize],
+    times: &Times,
+) -> Result<SuiteOutput, BoxErr> {
     let suite = op.name();
     let mut out = SuiteOutput::default();
     let mut cases: Vec<String> = Vec::new();
@@ -176,18 +182,29 @@ fn report(ctx: &Ctx, op: Op, p: usize, sizes: &[usize], times: &Times) -> Result
     }
     let busbw = |bytes: usize, t: f64| bytes as f64 * op.bus_factor(p) / t / 1e9;
     for (case, bytes, t) in times {
-        let params = [("ranks", j(p)), ("bytes", j(bytes)), ("backend", j(ctx.backend()))];
+        let params = [
+            ("ranks", j(p)),
+            ("bytes", j(bytes)),
+            ("backend", j(ctx.backend())),
+        ];
         out.record(suite, case, &params, "time_s", *t, "s");
         out.record(suite, case, &params, "busbw_gbs", busbw(*bytes, *t), "GB/s");
     }
     let get = |case: &str, bytes: usize| {
-        times.iter().find(|(c, b, _)| c == case && *b == bytes).map(|x| x.2)
+        times
+            .iter()
+            .find(|(c, b, _)| c == case && *b == bytes)
+            .map(|x| x.2)
     };
     let mut rows = Vec::new();
     for &bytes in sizes {
         let mut row = vec![fmt_bytes(bytes as f64)];
         for c in &cases {
-            row.push(get(c, bytes).map(|t| format!("{:.2}", busbw(bytes, t))).unwrap_or_default());
+            row.push(
+                get(c, bytes)
+                    .map(|t| format!("{:.2}", busbw(bytes, t)))
+                    .unwrap_or_default(),
+            );
         }
         // Best of ours and its ratio to the MPI library's own collective.
         let best = cases
@@ -211,13 +228,29 @@ fn report(ctx: &Ctx, op: Op, p: usize, sizes: &[usize], times: &Times) -> Result
         .iter()
         .map(|c| Series {
             label: c.clone(),
-            points: sizes.iter().filter_map(|&b| get(c, b).map(|t| (b as f64, busbw(b, t)))).collect(),
+            points: sizes
+                .iter()
+                .filter_map(|&b| get(c, b).map(|t| (b as f64, busbw(b, t))))
+                .collect(),
         })
         .collect();
     let plot_name = format!("{suite}_busbw.svg");
-    plot::lines(&ctx.out.join(&plot_name), &format!("{suite}, P = {p} ({})", ctx.backend()), "message bytes", "bus bandwidth (GB/s)", true, false, &series)
-        .map_err(|e| -> BoxErr { e.to_string().into() })?;
-    let big: Vec<&Vec<String>> = rows.iter().zip(sizes).filter(|(_, &b)| b >= 1 << 20).map(|(r, _)| r).collect();
+    plot::lines(
+        &ctx.out.join(&plot_name),
+        &format!("{suite}, P = {p} ({})", ctx.backend()),
+        "message bytes",
+        "bus bandwidth (GB/s)",
+        true,
+        false,
+        &series,
+    )
+    .map_err(|e| -> BoxErr { e.to_string().into() })?;
+    let big: Vec<&Vec<String>> = rows
+        .iter()
+        .zip(sizes)
+        .filter(|(_, &b)| b >= 1 << 20)
+        .map(|(r, _)| r)
+        .collect();
     if let Some(last) = big.last() {
         let n = last.len();
         out.findings.push(format!(
@@ -225,7 +258,11 @@ fn report(ctx: &Ctx, op: Op, p: usize, sizes: &[usize], times: &Times) -> Result
             ctx.backend(),
             last[0],
             last[n - 2],
-            if last[n - 1] != "–" { format!(", at {}× the bus bandwidth of MPI's own", last[n - 1]) } else { String::new() }
+            if last[n - 1] != "–" {
+                format!(", at {}× the bus bandwidth of MPI's own", last[n - 1])
+            } else {
+                String::new()
+            }
         ));
     }
     let native_note = if cases.iter().any(|c| c == "mpi_native") {

@@ -29,14 +29,21 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             for &p in &ps {
                 pb.set_message(format!("{model} {} P={p}", opt.name()));
                 let mut t = [0.0f64; 2];
-                for (i, (mode, case)) in [(Mode::Parallel, "pto"), (Mode::Local, "local")].into_iter().enumerate() {
+                for (i, (mode, case)) in [(Mode::Parallel, "pto"), (Mode::Local, "local")]
+                    .into_iter()
+                    .enumerate()
+                {
                     let world = BenchWorld::new(p, data.clone(), opt, mode)?;
                     world.run(1)?;
                     t[i] = world.run(iters)?.as_secs_f64() / iters as f64;
                     out.record(
                         SUITE,
                         case,
-                        &[("model", j(model)), ("optimizer", j(opt.name())), ("ranks", j(p))],
+                        &[
+                            ("model", j(model)),
+                            ("optimizer", j(opt.name())),
+                            ("ranks", j(p)),
+                        ],
                         "time_s",
                         t[i],
                         "s",
@@ -63,7 +70,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             }
         }
     }
-    out.markdown = format!(
+    out.markdown =
+        format!(
         "Per-step time of the layer-wise coefficients (norms and trust ratios) on rank 0, with \
          PTO (`pto`: contiguous layer ranges balanced by element count, then one all-gather) \
          and without (`local`: every rank computes every layer), on `ThreadComm`. Paper 001 \

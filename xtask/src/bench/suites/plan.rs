@@ -16,8 +16,12 @@ const SUITE: &str = "plan";
 const P: usize = 16;
 
 /// Paper 000 Table V: groups after threshold merging (MGS) and after OMGS.
-const TABLE_V: [(&str, usize, usize); 4] =
-    [("vgg16", 13, 2), ("resnet50", 53, 2), ("inception_v4", 150, 7), ("lstm_ptb", 9, 6)];
+const TABLE_V: [(&str, usize, usize); 4] = [
+    ("vgg16", 13, 2),
+    ("resnet50", 53, 2),
+    ("inception_v4", 150, 7),
+    ("lstm_ptb", 9, 6),
+];
 
 pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     let costs = OmgsCosts::preset(P)?;
@@ -41,19 +45,34 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             let plan = planner.plan(&profile, &costs)?;
             let planning_s = t0.elapsed().as_secs_f64();
             let tl = predict(&profile, &plan, &costs)?;
-            let params = [("model", j(model)), ("ranks", j(P)), ("preset", j("omgs_1gbe")), ("layers", j(profile.len()))];
+            let params = [
+                ("model", j(model)),
+                ("ranks", j(P)),
+                ("preset", j("omgs_1gbe")),
+                ("layers", j(profile.len())),
+            ];
             out.record(SUITE, name, &params, "iter_time_s", tl.iteration_s, "s");
             out.record(SUITE, name, &params, "groups", plan.num_groups() as f64, "");
             out.record(SUITE, name, &params, "planning_time_s", planning_s, "s");
-            row.push(format!("{} ({} groups)", secs(tl.iteration_s), plan.num_groups()));
+            row.push(format!(
+                "{} ({} groups)",
+                secs(tl.iteration_s),
+                plan.num_groups()
+            ));
             iter.push(tl.iteration_s);
             pb.inc(1);
         }
         let best = iter.iter().copied().fold(f64::MAX, f64::min);
-        row.push(format!("{:.2}× / {:.2}×", iter[1] / iter[4], iter[2] / iter[4]));
+        row.push(format!(
+            "{:.2}× / {:.2}×",
+            iter[1] / iter[4],
+            iter[2] / iter[4]
+        ));
         rows.push(row);
         if let Some((_, mgs, omgs)) = TABLE_V.iter().find(|t| t.0 == model) {
-            let ours_mgs = Planner::Threshold(8192).plan(&profile, &costs)?.num_groups();
+            let ours_mgs = Planner::Threshold(8192)
+                .plan(&profile, &costs)?
+                .num_groups();
             out.headlines.push(Headline {
                 source: "000 (OMGS) Table V".into(),
                 claim: format!("{model}: threshold merging (8192) gives {mgs} groups"),
@@ -81,7 +100,9 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         }
         let default_is_best = (iter[4] - best).abs() <= 1e-12 * best.max(1e-12);
         if !default_is_best {
-            out.findings.push(format!("plan: on {model} the default planner is not the fastest predicted"));
+            out.findings.push(format!(
+                "plan: on {model} the default planner is not the fastest predicted"
+            ));
         }
     }
     out.findings.push(format!(

@@ -24,12 +24,21 @@ fn clusters(quick: bool) -> Result<Vec<Cluster>, BoxErr> {
     let mut v = Vec::new();
     let one_gbe_ps: &[usize] = if quick { &[16] } else { &[4, 16] };
     for &p in one_gbe_ps {
-        v.push(Cluster { name: "1gbe", topo: cost_model::presets::ethernet_1gbe(p)? });
+        v.push(Cluster {
+            name: "1gbe",
+            topo: cost_model::presets::ethernet_1gbe(p)?,
+        });
     }
     if !quick {
-        v.push(Cluster { name: "cloud25gbe", topo: cost_model::presets::cloud_25gbe(2, 8) });
+        v.push(Cluster {
+            name: "cloud25gbe",
+            topo: cost_model::presets::cloud_25gbe(2, 8),
+        });
     }
-    v.push(Cluster { name: "cloud25gbe", topo: cost_model::presets::cloud_16x8_25gbe() });
+    v.push(Cluster {
+        name: "cloud25gbe",
+        topo: cost_model::presets::cloud_16x8_25gbe(),
+    });
     Ok(v)
 }
 
@@ -43,7 +52,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     let dense_algos = |rpn: usize| {
         let mut v = AllreduceAlgo::all(1);
         v.retain(|a| !matches!(a, AllreduceAlgo::Torus2d { .. }));
-        v.push(AllreduceAlgo::Torus2d { ranks_per_node: rpn });
+        v.push(AllreduceAlgo::Torus2d {
+            ranks_per_node: rpn,
+        });
         v
     };
     pb.set_length((clusters.len() * (8 + densities.len() * NAMES.len())) as u64);
@@ -106,16 +117,27 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     }
     let mut out = SuiteOutput::default();
     for (cl, p, case, density, t) in &rows {
-        let params = [("cluster", j(cl)), ("ranks", j(p)), ("d", j(d)), ("density", j(density)), ("bytes", j(d * 4))];
+        let params = [
+            ("cluster", j(cl)),
+            ("ranks", j(p)),
+            ("d", j(d)),
+            ("density", j(density)),
+            ("bytes", j(d * 4)),
+        ];
         out.record(SUITE, case, &params, "sim_time_s", *t, "s");
     }
     let get = |cl: &str, p: usize, case: &str, dens: f64| {
-        rows.iter().find(|r| r.0 == cl && r.1 == p && r.2 == case && r.3 == dens).map(|r| r.4)
+        rows.iter()
+            .find(|r| r.0 == cl && r.1 == p && r.2 == case && r.3 == dens)
+            .map(|r| r.4)
     };
     // Headlines: SparDL against its baselines on the 1 GbE cluster (paper 003 §6), and
     // HiTopKComm against the 2D-torus dense allreduce on the cloud cluster (paper 001 §5.3).
     let sp = get("1gbe", 16, "spardl", 0.01);
-    let bases: Vec<(&str, f64)> = ["topka", "gtopk", "topkdsa"].iter().filter_map(|b| get("1gbe", 16, b, 0.01).map(|t| (*b, t))).collect();
+    let bases: Vec<(&str, f64)> = ["topka", "gtopk", "topkdsa"]
+        .iter()
+        .filter_map(|b| get("1gbe", 16, b, 0.01).map(|t| (*b, t)))
+        .collect();
     if let Some(sp) = sp {
         let beats = bases.iter().all(|(_, t)| sp <= *t);
         out.headlines.push(Headline {
@@ -124,22 +146,40 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             ours: format!(
                 "simulated 1 GbE, P = 16, density 0.01: SparDL {} vs {}",
                 secs(sp),
-                bases.iter().map(|(b, t)| format!("{b} {}", secs(*t))).collect::<Vec<_>>().join(", ")
+                bases
+                    .iter()
+                    .map(|(b, t)| format!("{b} {}", secs(*t)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             reproduced: Some(beats),
         });
     }
-    if let (Some(h), Some(t2)) = (get("cloud25gbe", 128, "hitopk", 0.001), get("cloud25gbe", 128, "torus2d", 1.0)) {
+    if let (Some(h), Some(t2)) = (
+        get("cloud25gbe", 128, "hitopk", 0.001),
+        get("cloud25gbe", 128, "torus2d", 1.0),
+    ) {
         out.headlines.push(Headline {
             source: "001 (HiTopKComm) §5.3".into(),
-            claim: "HiTopKComm is much faster than the dense 2D-torus allreduce on a 16×8 25 GbE cloud".into(),
-            ours: format!("simulated 16×8, density 0.001: HiTopKComm {} vs 2D torus {} ({:.1}×)", secs(h), secs(t2), t2 / h),
+            claim:
+                "HiTopKComm is much faster than the dense 2D-torus allreduce on a 16×8 25 GbE cloud"
+                    .into(),
+            ours: format!(
+                "simulated 16×8, density 0.001: HiTopKComm {} vs 2D torus {} ({:.1}×)",
+                secs(h),
+                secs(t2),
+                t2 / h
+            ),
             reproduced: Some(h < t2),
         });
     }
     for cl in &clusters {
         let p = cl.topo.ranks();
-        if let Some(best) = rows.iter().filter(|r| r.0 == cl.name && r.1 == p).min_by(|a, b| a.4.total_cmp(&b.4)) {
+        if let Some(best) = rows
+            .iter()
+            .filter(|r| r.0 == cl.name && r.1 == p)
+            .min_by(|a, b| a.4.total_cmp(&b.4))
+        {
             out.findings.push(format!(
                 "simulated {} cluster at P = {p} (d = 2^{}): fastest scheme is {} at density {} ({})",
                 cl.name,
@@ -156,12 +196,26 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             cases.push((r.2.clone(), r.3));
         }
     }
-    let cols: Vec<(String, usize)> = clusters.iter().map(|c| (c.name.to_string(), c.topo.ranks())).collect();
+    let cols: Vec<(String, usize)> = clusters
+        .iter()
+        .map(|c| (c.name.to_string(), c.topo.ranks()))
+        .collect();
     let table_rows: Vec<Vec<String>> = cases
         .iter()
         .map(|(c, dens)| {
-            let mut row = vec![c.clone(), if *dens == 1.0 { "dense".into() } else { dens.to_string() }];
-            row.extend(cols.iter().map(|(cl, p)| get(cl, *p, c, *dens).map(secs).unwrap_or_else(|| "–".into())));
+            let mut row = vec![
+                c.clone(),
+                if *dens == 1.0 {
+                    "dense".into()
+                } else {
+                    dens.to_string()
+                },
+            ];
+            row.extend(cols.iter().map(|(cl, p)| {
+                get(cl, *p, c, *dens)
+                    .map(secs)
+                    .unwrap_or_else(|| "–".into())
+            }));
             row
         })
         .collect();

@@ -28,7 +28,12 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
     let mut out = SuiteOutput::default();
     let mut table_rows = Vec::new();
     for (case, density, t, b, r, da, md) in &rows {
-        let params = [("ranks", j(p)), ("d", j(d)), ("density", j(density)), ("backend", j(ctx.backend()))];
+        let params = [
+            ("ranks", j(p)),
+            ("d", j(d)),
+            ("density", j(density)),
+            ("backend", j(ctx.backend())),
+        ];
         out.record(SUITE, case, &params, "time_s", *t, "s");
         out.record(SUITE, case, &params, "bytes_per_rank", *b, "B");
         out.record(SUITE, case, &params, "rounds", *r, "");
@@ -67,8 +72,13 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
         .map(|r| (r.0.clone(), r.3))
         .collect();
     let plot_name = "sparse_bytes.svg";
-    plot::bars(&ctx.out.join(plot_name), &format!("bytes sent per rank per step, density {}", densities[0]), "bytes", &bars)
-        .map_err(|e| -> BoxErr { e.to_string().into() })?;
+    plot::bars(
+        &ctx.out.join(plot_name),
+        &format!("bytes sent per rank per step, density {}", densities[0]),
+        "bytes",
+        &bars,
+    )
+    .map_err(|e| -> BoxErr { e.to_string().into() })?;
     out.markdown = format!(
         "One step of every sparse allreduce (error feedback, selection, communication, residual \
          update) at P = {p}, d = 2^{} on `{}`, median over {steps} steps of the slowest rank, \
@@ -91,13 +101,18 @@ fn measure(
     pb: &ProgressBar,
 ) -> Result<Vec<Row>, BoxErr> {
     let mut rows = Vec::new();
-    let grads: Vec<Vec<f32>> = (0..steps + 1).map(|s| gradient(d, (comm.rank() * 1000 + s) as u64)).collect();
+    let grads: Vec<Vec<f32>> = (0..steps + 1)
+        .map(|s| gradient(d, (comm.rank() * 1000 + s) as u64))
+        .collect();
     for &density in densities {
         for name in NAMES {
             if comm.rank() == 0 {
                 pb.set_message(format!("{name} ρ={density}"));
             }
-            let opts = SparseOptions { exdyna_warm_start: true, ..Default::default() };
+            let opts = SparseOptions {
+                exdyna_warm_start: true,
+                ..Default::default()
+            };
             let mut algo = match build(name, comm, d, density, &opts) {
                 Ok(a) => a,
                 // An option that does not fit P (R-SAG with an odd P) is skipped, not fatal.
@@ -133,7 +148,15 @@ fn measure(
         allreduce(comm, &mut buf, AllreduceAlgo::Ring, &opts)?;
         Ok(())
     })?;
-    rows.push(("dense".into(), 1.0, t, (2 * (comm.size() - 1) * d * 4 / comm.size()) as f64, (2 * (comm.size() - 1)) as f64, 1.0, 0.0));
+    rows.push((
+        "dense".into(),
+        1.0,
+        t,
+        (2 * (comm.size() - 1) * d * 4 / comm.size()) as f64,
+        (2 * (comm.size() - 1)) as f64,
+        1.0,
+        0.0,
+    ));
     if comm.rank() == 0 {
         pb.inc(1);
     }

@@ -2,7 +2,9 @@
 //! floor) and `naive` (`select_nth_unstable` on a copy of |x|).
 
 use indicatif::ProgressBar;
-use sparsify::{selector_by_name, ErrorFeedback, ExactTopK, HardThreshold, Selector, SELECTOR_NAMES};
+use sparsify::{
+    selector_by_name, ErrorFeedback, ExactTopK, HardThreshold, Selector, SELECTOR_NAMES,
+};
 
 use super::super::plot::{self, Series};
 use super::super::report::{secs, table};
@@ -20,11 +22,21 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     };
     let densities = [0.001, 0.01];
     let reps = if ctx.quick { 3 } else { 5 };
-    let cases: Vec<&str> = SELECTOR_NAMES.iter().copied().chain(["stream", "naive"]).collect();
+    let cases: Vec<&str> = SELECTOR_NAMES
+        .iter()
+        .copied()
+        .chain(["stream", "naive"])
+        .collect();
     pb.set_length((ds.len() * densities.len() * cases.len()) as u64);
     let mut out = SuiteOutput::default();
     let mut rows = Vec::new();
-    let mut by_case: Vec<Series> = cases.iter().map(|c| Series { label: c.to_string(), points: vec![] }).collect();
+    let mut by_case: Vec<Series> = cases
+        .iter()
+        .map(|c| Series {
+            label: c.to_string(),
+            points: vec![],
+        })
+        .collect();
     for &d in &ds {
         let grad = gradient(d, 7);
         for &density in &densities {
@@ -53,17 +65,26 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                         let mut sel = steady_state_selector(name, &grad, k)?;
                         let ef = std::cell::RefCell::new(ErrorFeedback::new(d));
                         // Every repetition sees the same input: zero residual + grad.
-                        median_time_with_setup(reps, || ef.borrow_mut().reset(), || {
-                            let (sg, _) = ef.borrow_mut().step(sel.as_mut(), &grad, k)?;
-                            std::hint::black_box(sg.nnz());
-                            Ok(())
-                        })?
+                        median_time_with_setup(
+                            reps,
+                            || ef.borrow_mut().reset(),
+                            || {
+                                let (sg, _) = ef.borrow_mut().step(sel.as_mut(), &grad, k)?;
+                                std::hint::black_box(sg.nnz());
+                                Ok(())
+                            },
+                        )?
                     }
                 };
                 out.record(
                     SUITE,
                     case,
-                    &[("d", j(d)), ("density", j(density)), ("k", j(k)), ("error_feedback", j(!matches!(case, "stream" | "naive")))],
+                    &[
+                        ("d", j(d)),
+                        ("density", j(density)),
+                        ("k", j(k)),
+                        ("error_feedback", j(!matches!(case, "stream" | "naive"))),
+                    ],
                     "time_s",
                     t,
                     "s",
@@ -76,7 +97,11 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             }
             let stream = times[cases.iter().position(|c| *c == "stream").unwrap_or(0)];
             let mut row = vec![format!("2^{}", d.trailing_zeros()), density.to_string()];
-            row.extend(times.iter().map(|&t| format!("{} ({:.1}×)", secs(t), t / stream)));
+            row.extend(
+                times
+                    .iter()
+                    .map(|&t| format!("{} ({:.1}×)", secs(t), t / stream)),
+            );
             rows.push(row);
             if d == *ds.last().unwrap_or(&d) && density == 0.001 {
                 let at = |n: &str| times[cases.iter().position(|c| *c == n).unwrap_or(0)];
@@ -95,8 +120,16 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         }
     }
     let plot_name = "topk_time.svg";
-    plot::lines(&ctx.out.join(plot_name), "Top-k with fused error feedback, density 0.001", "d (elements)", "time (s)", true, true, &by_case)
-        .map_err(|e| -> BoxErr { e.to_string().into() })?;
+    plot::lines(
+        &ctx.out.join(plot_name),
+        "Top-k with fused error feedback, density 0.001",
+        "d (elements)",
+        "time (s)",
+        true,
+        true,
+        &by_case,
+    )
+    .map_err(|e| -> BoxErr { e.to_string().into() })?;
     let mut header = vec!["d", "density"];
     header.extend(cases.iter().copied());
     out.markdown = format!(

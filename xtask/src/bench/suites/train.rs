@@ -20,17 +20,31 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     for scheme in SCHEMES {
         pb.set_message(scheme.to_string());
         let r = pipeline::train_suite(scheme, ranks, epochs)?;
-        let params = [("ranks", j(ranks)), ("epochs", j(epochs)), ("density", j(0.01)), ("model", j("mlp"))];
+        let params = [
+            ("ranks", j(ranks)),
+            ("epochs", j(epochs)),
+            ("density", j(0.01)),
+            ("model", j("mlp")),
+        ];
         out.record(SUITE, scheme, &params, "test_acc", r.test_acc, "%");
         out.record(SUITE, scheme, &params, "time_s", r.time_s, "s");
-        out.record(SUITE, scheme, &params, "bytes_per_rank", r.bytes_per_rank, "B");
+        out.record(
+            SUITE,
+            scheme,
+            &params,
+            "bytes_per_rank",
+            r.bytes_per_rank,
+            "B",
+        );
         if scheme == "dense" {
             dense_acc = Some(r.test_acc);
         }
         rows.push(vec![
             scheme.to_string(),
             format!("{:.2}", r.test_acc),
-            dense_acc.map(|d| format!("{:+.2}", r.test_acc - d)).unwrap_or_default(),
+            dense_acc
+                .map(|d| format!("{:+.2}", r.test_acc - d))
+                .unwrap_or_default(),
             secs(r.time_s),
             fmt_bytes(r.bytes_per_rank),
         ]);
@@ -44,7 +58,10 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
          data set for {epochs} epochs on {ranks} rank threads (density 0.01 with error \
          feedback for the sparse schemes; momentum SGD with LR warm-up). Accuracy in %, the \
          difference to dense SGD, wall time and payload bytes sent per rank.\n\n{}",
-        table(&["scheme", "test acc %", "vs dense", "time", "bytes/rank"], &rows)
+        table(
+            &["scheme", "test acc %", "vs dense", "time", "bytes/rank"],
+            &rows
+        )
     );
     Ok(out)
 }

@@ -1,0 +1,226 @@
+//! `collectives`' simulated cluster and `cost_model`'s predictions agree end to end: whole
+//! steps of SparDL (plain and R-SAG) and ExDyna, and a dense ring all-reduce, run on
+//! `SimComm` over `ThreadComm` with two-level topologies (block placement, fast intra-node
+//! and slow inter-node links); every rank's simulated time, rounds, messages and bytes
+//! equal `cost_model::replay_sparse` / `cost_model::predict_dense`.
+//!
+//! The construction-time agreement exchange is not part of a step: each step starts after
+//! a barrier and `SimComm::reset`. Several consecutive steps are replayed (SparDL's
+//! traffic does not depend on the data; ExDyna's selected counts come from `StepStats`).
+
+use collectives::sparse::{build, SparseOptions};
+use collectives::{
+    allreduce, AllreduceAlgo, ClockMode, Communicator, DenseOptions, SimComm, SimStats,
+};
+use cost_model::{
+    predict_dense, replay_sparse, Algorithm, Collective, DenseCase, Link, Observed, Prediction,
+    SparseStep, Topology,
+};
+use integration_tests::{grad, mean_f64, run_ranks, AnyResult};
+
+const STEPS: usize = 3;
+
+fn intra() -> Link {
+    Link {
+        alpha_s: 3e-6,
+        beta_s_per_byte: 2e-11,
+    }
+}
+
+fn inter() -> Link {
+    Link {
+        alpha_s: 5e-5,
+        beta_s_per_byte: 8e-9,
+    }
+}
+
+fn topologies() -> Vec<Topology> {
+    vec![
+        Topology::new(2, 2, intra(), inter()).expect("2 × 2"),
+        Topology::new(3, 2, intra(), inter()).expect("3 × 2"),
+        Topology::new(2, 3, intra(), inter()).expect("2 × 3"),
+    ]
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
+}
+
+fn assert_matches(seen: &[SimStats], pred: &Prediction, what: &str) {
+    assert_eq!(seen.len(), pred.per_rank.len(), "{what}: rank counts");
+    for (r, (s, c)) in seen.iter().zip(&pred.per_rank).enumerate() {
+        assert_eq!(s.rounds, c.rounds, "{what}: rank {r} rounds");
+        assert_eq!(
+            s.messages_sent, c.messages_sent,
+            "{what}: rank {r} messages"
+        );
+        assert_eq!(s.bytes_sent, c.bytes_sent, "{what}: rank {r} bytes sent");
+        assert_eq!(
+            s.bytes_recv, c.bytes_recv,
+            "{what}: rank {r} bytes received"
+        );
+        assert!(
+            close(s.clock_s, c.time_s),
+            "{what}: rank {r} simulated {:e} s, predicted {:e} s",
+            s.clock_s,
+            c.time_s
+        );
+    }
+    let slowest = seen.iter().map(|s| s.clock_s).fold(0.0, f64::max);
+    assert!(close(slowest, pred.time_s), "{what}: completion time");
+    assert!(pred.time_s > 0.0, "{what}: nothing was timed");
+}
+
+/// Per step, per rank: the simulated stats and `StepStats::selected`.
+fn run_sparse(
+    topo: Topology,
+    name: &'static str,
+    d: usize,
+    density: f64,
+    opts: SparseOptions,
+) -> Vec<Vec<(SimStats, usize)>> {
+    let p = topo.ranks();
+    run_ranks(p, move |c| -> AnyResult<Vec<(SimStats, usize)>> {
+        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+        let mut alg = build(name, &sim, d, density, &opts)?;
+        let mut out = Vec::new();
+        for s in 0..STEPS {
+            let g = grad(d, sim.rank(), s, 11);
+            sim.barrier()?;
+            sim.reset();
+            let (_u, st) = alg.step(&sim, &g)?;
+            out.push((sim.stats(), st.selected));
+        }
+        Ok(out)
+    })
+}
+
+fn check_sparse(name: &'static str, algo: Algorithm, d: usize, density: f64, opts: SparseOptions) {
+    for topo in topologies() {
+        let p = topo.ranks();
+        let runs = run_sparse(topo, name, d, density, opts);
+        for s in 0..STEPS {
+            let seen: Vec<SimStats> = runs.iter().map(|r| r[s].0).collect();
+            let mut step =
+                SparseStep::new(algo, d, density).with_exdyna_warm_start(opts.exdyna_warm_start);
+            step.step = s as u64;
+            if algo == Algorithm::Exdyna {
+                step = step.with_observed(Observed::ExDyna {
+                    selected: runs.iter().map(|r| r[s].1).collect(),
+                });
+            }
+            let pred = replay_sparse(&step, &topo).expect("replay");
+            assert_matches(
+                &seen,
+                &pred,
+                &format!(
+                    "{name} d={d} ρ={density} P={p} ({} per node) step {s}",
+                    topo.ranks_per_node
+                ),
+            );
+        }
+    }
+}
+
+#[test]
+fn spardl_step_time_equals_the_replay() {
+    check_sparse(
+        "spardl",
+        Algorithm::Spardl,
+        1000,
+        0.02,
+        SparseOptions::default(),
+    );
+    check_sparse(
+        "spardl",
+        Algorithm::Spardl,
+        333,
+        0.1,
+        SparseOptions::default(),
+    );
+}
+
+#[test]
+fn spardl_rsag_step_time_equals_the_replay() {
+    check_sparse(
+        "spardl_rsag",
+        Algorithm::SpardlRsag,
+        1000,
+        0.02,
+        SparseOptions::default(),
+    );
+}
+
+#[test]
+fn exdyna_step_time_equals_the_replay() {
+    // The paper's cold start: on random gradients of this size it selects far more than
+    // k, so the union's all-reduce is large.
+    check_sparse(
+        "exdyna",
+        Algorithm::Exdyna,
+        1000,
+        0.02,
+        SparseOptions::default(),
+    );
+}
+
+/// ExDyna with `SparseOptions::exdyna_warm_start`: on the first step each rank's
+/// threshold travels with the count all-gather (4 bytes more per block); the replay must
+/// count it (`SparseStep::with_exdyna_warm_start`).
+#[test]
+fn exdyna_warm_start_step_time_equals_the_replay() {
+    let warm = SparseOptions {
+        exdyna_warm_start: true,
+        ..SparseOptions::default()
+    };
+    check_sparse("exdyna", Algorithm::Exdyna, 1000, 0.02, warm);
+}
+
+#[test]
+fn dense_ring_allreduce_time_equals_the_prediction() {
+    for topo in topologies() {
+        let p = topo.ranks();
+        for n in [1usize, 7, 1000, 4099] {
+            let outs = run_ranks(p, move |c| -> AnyResult<(SimStats, Vec<f32>)> {
+                let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+                let mut buf = grad(n, sim.rank(), 0, 3);
+                sim.barrier()?;
+                sim.reset();
+                allreduce(
+                    &sim,
+                    &mut buf,
+                    AllreduceAlgo::Ring,
+                    &DenseOptions::default().unchecked(),
+                )?;
+                Ok((sim.stats(), buf))
+            });
+            // The data really moved: the sum of every rank's vector, bit-identical everywhere.
+            let all: Vec<Vec<f32>> = (0..p).map(|r| grad(n, r, 0, 3)).collect();
+            let mean = mean_f64(&all);
+            for (r, (_, b)) in outs.iter().enumerate() {
+                assert_eq!(b, &outs[0].1, "ring P={p} n={n}: rank {r} differs");
+                for (i, (&x, &m)) in b.iter().zip(&mean).enumerate() {
+                    let want = m * p as f64;
+                    assert!(
+                        (f64::from(x) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "ring P={p} n={n}: entry {i} is {x}, expected {want}"
+                    );
+                }
+            }
+            let seen: Vec<SimStats> = outs.iter().map(|o| o.0).collect();
+            let pred = predict_dense(
+                &DenseCase::new(Collective::Allreduce, Algorithm::Ring, n),
+                &topo,
+            )
+            .expect("prediction");
+            assert_matches(
+                &seen,
+                &pred,
+                &format!(
+                    "ring allreduce n={n} P={p} ({} per node)",
+                    topo.ranks_per_node
+                ),
+            );
+        }
+    }
+}
