@@ -1,5 +1,6 @@
 //! Calibration on a live communicator: a ping-pong sweep for the link's α and β, sweeps of
-//! the collectives (time against bytes, fitted by `cost_model::fit`), a local reduction
+//! the collectives (time against bytes, fitted by `cost_model::fit` as one line and as a
+//! piecewise α-β model with one line per size regime), a local reduction
 //! sweep for γ and a top-k timing sweep for the OMGS γ·ρ (paper 000 §V-B: d ∈ [1K, 1M],
 //! ρ = 0.001). The result is a [`cost_model::Calibration`] that the planner and the dense
 //! chooser read; [`Calibration`] implements [`Predictor`](crate::dense::Predictor) here.
@@ -232,12 +233,11 @@ pub fn calibrate<C: Communicator + ?Sized>(
             ));
             tick("allreduce", &mut done);
         }
-        collectives.push(CollectiveFit {
-            op: Collective::Allreduce,
-            algo: allreduce_name(&algo),
-            fit: fit_linear(&s)?,
-            samples: s,
-        });
+        collectives.push(CollectiveFit::from_samples(
+            Collective::Allreduce,
+            allreduce_name(&algo),
+            s,
+        )?);
     }
     for &algo in &opts.allgather {
         let mut s = Vec::new();
@@ -248,12 +248,11 @@ pub fn calibrate<C: Communicator + ?Sized>(
             ));
             tick("allgather", &mut done);
         }
-        collectives.push(CollectiveFit {
-            op: Collective::Allgather,
-            algo: allgather_name(&algo),
-            fit: fit_linear(&s)?,
-            samples: s,
-        });
+        collectives.push(CollectiveFit::from_samples(
+            Collective::Allgather,
+            allgather_name(&algo),
+            s,
+        )?);
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
     let mut reduction = None;
@@ -377,8 +376,8 @@ pub struct Validation {
     pub algo: Algorithm,
     /// Bytes (buffer for all-reduce, per rank for all-gather).
     pub bytes: usize,
-    /// Predicted seconds (the calibration's prediction: interpolated measurements inside
-    /// the sweep).
+    /// Predicted seconds (the calibration's prediction: the piecewise α-β fit, or the
+    /// schedule on the calibrated links for an algorithm that was not swept).
     pub predicted_s: f64,
     /// Predicted seconds of the fitted line `α + β·bytes` alone.
     pub line_s: f64,
@@ -461,6 +460,12 @@ mod tests {
         let cal = &cals[0];
         assert_eq!(cal.ranks, 3);
         assert_eq!(cal.collectives.len(), 2);
+        // Three sizes are too few to split: the piecewise fit is the line.
+        for c in &cal.collectives {
+            let pw = c.piecewise.as_ref().unwrap();
+            assert_eq!(pw.model.segments.len(), 1);
+            assert_eq!(pw.model.segments[0].model, c.fit.model);
+        }
         assert_eq!(cal.topk.len(), 2);
         let back = Calibration::from_json(&cal.to_json(), "mem").unwrap();
         assert_eq!(&back, cal);

@@ -15,42 +15,66 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::dense::{predict_dense, DenseCase};
-use crate::fit::Fitted;
+use crate::fit::{fit_linear, fit_piecewise, Fitted, PiecewiseLinear, Sample};
 use crate::models::{LinearModel, ReductionModel, TopkModel};
 use crate::{Algorithm, Collective, Error, Result, Topology};
 
 /// Version of the calibration JSON layout.
 pub const SCHEMA: u32 = 1;
 
-/// A direct fit `t = α + β·bytes` of one collective algorithm. `bytes` is the buffer size
-/// for all-reduce, reduce-scatter, broadcast and reduce, and each rank's contribution for
-/// all-gather.
+/// Direct fits of one collective algorithm against `bytes`: the single line
+/// `t = α + β·bytes` and the piecewise α-β model (one line per size regime, see
+/// [`fit_piecewise`]) that predictions use. `bytes` is the buffer size for all-reduce,
+/// reduce-scatter, broadcast and reduce, and each rank's contribution for all-gather.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CollectiveFit {
     /// The operation.
     pub op: Collective,
     /// The algorithm.
     pub algo: Algorithm,
-    /// The fitted line.
+    /// The single fitted line over the whole sweep (kept and reported for comparison).
     pub fit: Fitted<LinearModel>,
+    /// The piecewise fit (`None` in calibrations written before it existed).
+    #[serde(default)]
+    pub piecewise: Option<Fitted<PiecewiseLinear>>,
     /// The samples it was fitted to (median time per size).
     #[serde(default)]
-    pub samples: Vec<crate::fit::Sample>,
+    pub samples: Vec<Sample>,
 }
 
 impl CollectiveFit {
-    /// Predicted seconds for `bytes`: inside the swept range, log-log interpolation
-    /// between the measured medians (a shared-memory machine is not α-β linear across its
-    /// cache sizes, so the measurements are the better prediction there); outside it, the
-    /// fitted line `α + β·bytes`.
+    /// A fit of `samples` (median seconds per size): the single line and the piecewise
+    /// model with up to [`MAX_SEGMENTS`] regimes.
+    pub fn from_samples(op: Collective, algo: Algorithm, samples: Vec<Sample>) -> Result<Self> {
+        Ok(CollectiveFit {
+            op,
+            algo,
+            fit: fit_linear(&samples)?,
+            piecewise: Some(fit_piecewise(&samples, MAX_SEGMENTS)?),
+            samples,
+        })
+    }
+
+    /// Predicted seconds for `bytes`: the piecewise model (a shared-memory machine is not
+    /// α-β linear across its cache sizes), extrapolated with its nearest segment outside
+    /// the sweep. Calibrations without one (older files) interpolate the measured medians
+    /// log-log inside the sweep and use the line outside it.
     pub fn time(&self, bytes: usize) -> f64 {
-        interpolate(&self.samples, bytes as f64).unwrap_or_else(|| self.fit.model.time(bytes))
+        match &self.piecewise {
+            Some(p) if !p.model.segments.is_empty() => p.model.time(bytes),
+            _ => interpolate(&self.samples, bytes as f64)
+                .unwrap_or_else(|| self.fit.model.time(bytes)),
+        }
     }
 }
 
+/// Most size regimes a collective's piecewise fit may use: two usually suffice (in cache,
+/// out of cache); a third is only kept when it clearly pays (see [`fit_piecewise`]).
+pub const MAX_SEGMENTS: usize = 3;
+
 /// Log-log interpolation of `(size, time)` samples sorted by size; `None` outside their
 /// range or with fewer than two samples. Sizes of 0 are skipped.
-pub fn interpolate(samples: &[crate::fit::Sample], x: f64) -> Option<f64> {
+pub fn interpolate(samples: &[Sample], x: f64) -> Option<f64> {
     let mut pts: Vec<(f64, f64)> = samples
         .iter()
         .filter(|s| s.size > 0.0 && s.time_s > 0.0)
@@ -175,6 +199,11 @@ impl Calibration {
             }
             finite(c.fit.model.alpha_s, "collective α")?;
             finite(c.fit.model.beta_s, "collective β")?;
+            for s in c.piecewise.iter().flat_map(|p| &p.model.segments) {
+                finite(s.start, "piecewise breakpoint")?;
+                finite(s.model.alpha_s, "piecewise α")?;
+                finite(s.model.beta_s, "piecewise β")?;
+            }
         }
         Ok(())
     }
@@ -249,7 +278,6 @@ pub fn rank_dense_calibrated(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fit::{fit_linear, Sample};
     use crate::Link;
 
     fn cal() -> Calibration {
@@ -273,6 +301,7 @@ mod tests {
                 op: Collective::Allreduce,
                 algo: Algorithm::Ring,
                 fit: pingpong,
+                piecewise: None,
                 samples: vec![],
             }],
             topk: vec![],
@@ -286,6 +315,48 @@ mod tests {
         assert_eq!(interpolate(&s, 1e3), Some(1e-5));
         assert_eq!(interpolate(&s, 1e6), None);
         assert_eq!(interpolate(&s[..1], 1e3), None);
+    }
+
+    #[test]
+    fn piecewise_prediction_and_old_json() {
+        // In cache to 256 KiB, then 4× the per-byte cost, on the calibration's ×4 sweep.
+        let t = |n: f64| {
+            if n <= 262144.0 {
+                10e-6 + 0.1e-9 * n
+            } else {
+                -68.6e-6 + 0.4e-9 * n
+            }
+        };
+        let s: Vec<Sample> = (0..8)
+            .map(|i| (1024usize << (2 * i)) as f64)
+            .map(|n| Sample::new(n, t(n)))
+            .collect();
+        let f = CollectiveFit::from_samples(Collective::Allreduce, Algorithm::Ring, s).unwrap();
+        let pw = f.piecewise.clone().unwrap();
+        assert_eq!(pw.model.segments.len(), 2);
+        assert!(pw.quality.r2 > 0.999 && f.fit.quality.r2 < pw.quality.r2);
+        for n in [1usize << 10, 100_000, 1 << 20, 16 << 20, 64 << 20] {
+            assert!((f.time(n) / t(n as f64) - 1.0).abs() < 1e-6, "{n}");
+        }
+        let mut c = cal();
+        c.collectives[0] = f.clone();
+        let back = Calibration::from_json(&c.to_json(), "mem").unwrap();
+        assert_eq!(back, c);
+        // A file written before the piecewise fit existed still loads and predicts by
+        // interpolating its medians.
+        let mut old: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        if let Some(o) = old["collectives"][0].as_object_mut() {
+            o.remove("piecewise");
+        }
+        let old = Calibration::from_json(&old.to_string(), "old").unwrap();
+        assert_eq!(old.collectives[0].piecewise, None);
+        let n = 1 << 20;
+        assert!((old.collectives[0].time(n) / t(n as f64) - 1.0).abs() < 1e-9);
+        let mut bad = c.clone();
+        if let Some(p) = bad.collectives[0].piecewise.as_mut() {
+            p.model.segments[1].model.beta_s = f64::NAN;
+        }
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -5,6 +5,17 @@
 //! weights `1/t²`); an ordinary fit would let the largest sizes swamp α. The reported
 //! quality is the ordinary coefficient of determination R² on the raw times and the worst
 //! relative residual.
+//!
+//! **R² is computed on the raw times** (unweighted squares of seconds), not on the relative
+//! error that the fit minimises: it is dominated by the largest sizes, while
+//! `max_rel_residual` is the relative-error measure that weighs every size alike. A line
+//! fitted for relative error can therefore have a low R² when the large sizes bend away.
+//!
+//! [`fit_piecewise`] is the standard remedy for machines whose per-byte cost changes with
+//! the message size (shared memory once messages leave the caches; eager against rendezvous
+//! protocols on a network): MPI libraries tune their algorithms per size range for the same
+//! reason. It fits up to three size regimes, each its own `α_i + β_i·n`, with breakpoints
+//! chosen by least squares over the measured sizes.
 
 use serde::{Deserialize, Serialize};
 
@@ -242,6 +253,190 @@ pub fn fit_topk_linear(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
     })
 }
 
+/// One size regime of a [`PiecewiseLinear`] model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Smallest size this segment predicts for (0 for the first segment); larger sizes up
+    /// to the next segment's `start` use it too.
+    pub start: f64,
+    /// Smallest measured size the segment was fitted on.
+    pub fitted_min: f64,
+    /// Largest measured size the segment was fitted on.
+    pub fitted_max: f64,
+    /// `α_i + β_i·n` of this regime.
+    pub model: LinearModel,
+}
+
+/// A piecewise α-β model: one `α_i + β_i·n` per size regime, segments sorted by `start`.
+///
+/// The segments are fitted independently, so the model is **not continuous in general**: at
+/// each breakpoint it switches where the two neighbouring lines cross when that crossing
+/// lies between the last size of one segment and the first of the next (continuous there),
+/// else at the geometric mean of those two sizes (a jump, as a protocol switch makes). Sizes
+/// below the first segment's fitted range and above the last one's extrapolate with the
+/// nearest segment.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PiecewiseLinear {
+    /// The regimes, by increasing `start`; the first starts at 0.
+    pub segments: Vec<Segment>,
+}
+
+impl PiecewiseLinear {
+    /// The segment that predicts size `n` (the last one whose `start` is ≤ `n`).
+    pub fn segment(&self, n: f64) -> Option<&Segment> {
+        self.segments
+            .iter()
+            .rev()
+            .find(|s| s.start <= n)
+            .or(self.segments.first())
+    }
+
+    /// Predicted time for `n` units (NaN for a model with no segments).
+    pub fn time_f(&self, n: f64) -> f64 {
+        self.segment(n).map_or(f64::NAN, |s| s.model.time_f(n))
+    }
+
+    /// [`PiecewiseLinear::time_f`] for an integer size.
+    pub fn time(&self, n: usize) -> f64 {
+        self.time_f(n as f64)
+    }
+
+    /// Sizes where the model switches segment.
+    pub fn breakpoints(&self) -> Vec<f64> {
+        self.segments.iter().skip(1).map(|s| s.start).collect()
+    }
+}
+
+/// A split is kept only if it divides the sum of squared relative residuals by at least this
+/// factor (the RMS relative residual by 2): with 5% noise a single regime almost never gains
+/// that much from a spurious split, while a real regime change gains far more.
+pub const PIECEWISE_MIN_GAIN: f64 = 4.0;
+
+/// Below this RMS relative residual a single line is exact to measurement precision and is
+/// never split.
+const PIECEWISE_NOISE_FLOOR: f64 = 1e-6;
+
+/// Relative least-squares line through `samples` and its sum of squared relative residuals.
+fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
+    let rows: Vec<([f64; 2], f64, f64)> = samples
+        .iter()
+        .map(|s| ([1.0, s.size], s.time_s, 1.0 / (s.time_s * s.time_s)))
+        .collect();
+    let [a, b] = weighted_lstsq(&rows)?;
+    let m = LinearModel::new(a, b);
+    let ssr = samples
+        .iter()
+        .map(|s| ((m.time_f(s.size) - s.time_s) / s.time_s).powi(2))
+        .sum();
+    Some((m, ssr))
+}
+
+/// Fits a piecewise α-β model with at most `max_segments` (1 to 3) size regimes by relative
+/// least squares.
+///
+/// Every split between distinct measured sizes that leaves each segment at least two
+/// distinct sizes is tried and the one with the smallest total `Σ ((pred − t)/t)²` is
+/// kept; a split is only accepted when it divides that sum by at least
+/// [`PIECEWISE_MIN_GAIN`] over the fit with one segment fewer, so data with one regime
+/// stays one line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and
+/// continuity: see [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
+///
+/// ```
+/// use cost_model::fit::{fit_piecewise, Sample};
+///
+/// // 2 KiB … 8 MiB: 0.1 ns/byte in cache, 0.4 ns/byte beyond 256 KiB.
+/// let s: Vec<Sample> = (11..=23)
+///     .map(|e| (1u64 << e) as f64)
+///     .map(|n| Sample::new(n, if n <= 262144.0 { 1e-5 + 1e-10 * n } else { 4e-10 * n - 6.86e-5 }))
+///     .collect();
+/// let f = fit_piecewise(&s, 3).unwrap();
+/// assert_eq!(f.model.segments.len(), 2);
+/// assert!((f.model.breakpoints()[0] / 262144.0 - 1.0).abs() < 0.01);
+/// assert!(f.quality.r2 > 0.9999);
+/// ```
+pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<PiecewiseLinear>> {
+    let distinct = check_samples(samples)?;
+    if !(1..=3).contains(&max_segments) {
+        return Err(Error::InvalidArgument(format!(
+            "max_segments = {max_segments}; 1, 2 or 3 size regimes are supported"
+        )));
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.size.total_cmp(&b.size));
+    // starts[k]: index in `sorted` of the k-th distinct size; starts[distinct] = len.
+    let mut starts: Vec<usize> = (0..sorted.len())
+        .filter(|&i| i == 0 || sorted[i].size != sorted[i - 1].size)
+        .collect();
+    starts.push(sorted.len());
+    // Line over distinct sizes [i, j) (j − i ≥ 2).
+    let fit = |i: usize, j: usize| line_ssr(&sorted[starts[i]..starts[j]]);
+    let (single, single_ssr) = fit(0, distinct).ok_or_else(singular)?;
+    // Each candidate: (ssr, cut points in distinct-size indices, lines).
+    let mut best: (f64, Vec<usize>, Vec<LinearModel>) = (single_ssr, vec![], vec![single]);
+    let floor = PIECEWISE_NOISE_FLOOR.powi(2) * sorted.len() as f64;
+    if max_segments >= 2 && distinct >= 4 && single_ssr > floor {
+        let mut two: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
+        for c in 2..=distinct - 2 {
+            if let (Some((l, a)), Some((r, b))) = (fit(0, c), fit(c, distinct)) {
+                if two.as_ref().is_none_or(|t| a + b < t.0) {
+                    two = Some((a + b, vec![c], vec![l, r]));
+                }
+            }
+        }
+        if let Some(two) = two.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
+            best = two;
+            if max_segments >= 3 && distinct >= 6 && best.0 > floor {
+                let mut three: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
+                for c1 in 2..=distinct - 4 {
+                    for c2 in c1 + 2..=distinct - 2 {
+                        if let (Some((l, a)), Some((m, b)), Some((r, c))) =
+                            (fit(0, c1), fit(c1, c2), fit(c2, distinct))
+                        {
+                            if three.as_ref().is_none_or(|t| a + b + c < t.0) {
+                                three = Some((a + b + c, vec![c1, c2], vec![l, m, r]));
+                            }
+                        }
+                    }
+                }
+                if let Some(three) = three.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
+                    best = three;
+                }
+            }
+        }
+    }
+    let (_, cuts, lines) = best;
+    let size_at = |k: usize| sorted[starts[k]].size;
+    let mut bounds = vec![0usize];
+    bounds.extend(&cuts);
+    bounds.push(distinct);
+    let mut segments: Vec<Segment> = Vec::with_capacity(lines.len());
+    for (i, model) in lines.into_iter().enumerate() {
+        let (lo, hi) = (bounds[i], bounds[i + 1]);
+        let start = match segments.last() {
+            None => 0.0,
+            Some(prev) => {
+                let (a, b) = (size_at(lo - 1), size_at(lo));
+                let db = prev.model.beta_s - model.beta_s;
+                let cross = (model.alpha_s - prev.model.alpha_s) / db;
+                if db != 0.0 && cross.is_finite() && (a..=b).contains(&cross) {
+                    cross
+                } else {
+                    (a.max(f64::MIN_POSITIVE) * b).sqrt()
+                }
+            }
+        };
+        segments.push(Segment {
+            start,
+            fitted_min: size_at(lo),
+            fitted_max: size_at(hi - 1),
+            model,
+        });
+    }
+    let model = PiecewiseLinear { segments };
+    let q = quality(samples, |n| model.time_f(n));
+    Ok(Fitted { model, quality: q })
+}
+
 /// Fits link constants `(α, β)` or `(α, β, γ)` from collective timings whose closed form is
 /// `t = α·A + β·B (+ γ·C)` with known coefficients per sample (rounds, bytes on the critical
 /// path, bytes reduced: see [`crate::closed`]). Each row is `(coefficients, time)`.
@@ -368,6 +563,109 @@ mod tests {
         assert!(fit_reduction(&[Sample::new(1.0, 1.0), Sample::new(2.0, 2.0)], f64::NAN).is_err());
         assert!(fit_coefficients::<2>(&[([1.0, 1.0], 1.0)]).is_err());
         assert!(fit_coefficients(&[([1.0, 1.0], 1.0), ([2.0, 2.0], 2.0)]).is_err());
+    }
+
+    /// 1 KiB … 16 MiB in quarter-octave steps (57 sizes).
+    fn dense_sizes() -> Vec<f64> {
+        (0..=56)
+            .map(|i| 1024.0 * 2f64.powf(i as f64 / 4.0))
+            .collect()
+    }
+
+    #[test]
+    fn piecewise_recovers_two_regimes_under_5pct_noise() {
+        // In cache up to 512 KiB, then 3× the per-byte cost; continuous at the break.
+        let (a1, b1, brk, b2) = (20e-6, 0.2e-9, 512.0 * 1024.0, 0.6e-9);
+        let a2 = a1 + (b1 - b2) * brk;
+        let truth = |n: f64| if n < brk { a1 + b1 * n } else { a2 + b2 * n };
+        for seed in 0..4 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let s: Vec<Sample> = dense_sizes()
+                .into_iter()
+                .flat_map(|n| std::iter::repeat_n(n, 3))
+                .map(|n| Sample::new(n, noisy(&mut rng, truth(n))))
+                .collect();
+            let f = fit_piecewise(&s, 3).unwrap();
+            let seg = &f.model.segments;
+            assert_eq!(seg.len(), 2, "seed {seed}: {f:?}");
+            let bp = f.model.breakpoints()[0];
+            assert!((bp / brk - 1.0).abs() < 0.10, "seed {seed}: break {bp}");
+            let close = |x: f64, y: f64| (x / y - 1.0).abs() < 0.10;
+            assert!(close(seg[0].model.alpha_s, a1), "seed {seed}: {f:?}");
+            assert!(close(seg[0].model.beta_s, b1), "seed {seed}: {f:?}");
+            assert!(close(seg[1].model.alpha_s, a2), "seed {seed}: {f:?}");
+            assert!(close(seg[1].model.beta_s, b2), "seed {seed}: {f:?}");
+            assert!(f.quality.r2 > 0.99 && f.quality.max_rel_residual < 0.08);
+            // The single line is much worse on the same data.
+            let line = fit_linear(&s).unwrap();
+            assert!(line.quality.max_rel_residual > 2.0 * f.quality.max_rel_residual);
+            // Extrapolation uses the nearest segment.
+            assert_eq!(f.model.time_f(1.0), seg[0].model.time_f(1.0));
+            assert_eq!(f.model.time_f(1e9), seg[1].model.time_f(1e9));
+        }
+    }
+
+    #[test]
+    fn piecewise_keeps_one_segment_for_one_regime() {
+        for seed in 0..8 {
+            let mut rng = ChaCha8Rng::seed_from_u64(100 + seed);
+            let (alpha, beta) = (50e-6, 1e-9);
+            let s: Vec<Sample> = sizes()
+                .into_iter()
+                .flat_map(|n| std::iter::repeat_n(n, 3))
+                .map(|n| Sample::new(n, noisy(&mut rng, alpha + beta * n)))
+                .collect();
+            let f = fit_piecewise(&s, 3).unwrap();
+            assert_eq!(f.model.segments.len(), 1, "seed {seed}: {f:?}");
+            let line = fit_linear(&s).unwrap();
+            assert_eq!(f.model.segments[0].model, line.model);
+            assert_eq!(f.quality, line.quality);
+        }
+        // Exact data: never split.
+        let s: Vec<Sample> = sizes()
+            .into_iter()
+            .map(|n| Sample::new(n, 1e-5 + 1e-9 * n))
+            .collect();
+        assert_eq!(fit_piecewise(&s, 3).unwrap().model.segments.len(), 1);
+    }
+
+    #[test]
+    fn piecewise_three_regimes_and_small_sweeps() {
+        // Three clear regimes on the ×4 sweep the calibration uses (1 KiB … 16 MiB).
+        let s: Vec<Sample> = (0..8)
+            .map(|i| (1024usize << (2 * i)) as f64)
+            .map(|n| {
+                let t = if n < 40e3 {
+                    5e-6 + 0.05e-9 * n
+                } else if n < 3e6 {
+                    1e-6 + 0.3e-9 * n
+                } else {
+                    -3e-3 + 1.5e-9 * n
+                };
+                Sample::new(n, t)
+            })
+            .collect();
+        let f = fit_piecewise(&s, 3).unwrap();
+        assert_eq!(f.model.segments.len(), 3, "{f:?}");
+        assert!(f.quality.max_rel_residual < 1e-9);
+        assert_eq!(fit_piecewise(&s, 2).unwrap().model.segments.len(), 2);
+        assert_eq!(fit_piecewise(&s, 1).unwrap().model.segments.len(), 1);
+        // Fewer than 4 distinct sizes: a single line, even with a visible kink.
+        let few = [
+            Sample::new(1e3, 1e-6),
+            Sample::new(1e4, 2e-6),
+            Sample::new(1e5, 1e-4),
+        ];
+        let f = fit_piecewise(&few, 3).unwrap();
+        assert_eq!(f.model.segments.len(), 1);
+        assert_eq!(f.model.segments[0].model, fit_linear(&few).unwrap().model);
+        // Same typed errors as the line; bad segment counts rejected.
+        assert!(matches!(fit_piecewise(&[], 2), Err(Error::Fit(_))));
+        assert!(fit_piecewise(&few, 0).is_err() && fit_piecewise(&few, 4).is_err());
+        let json = serde_json::to_string(&f).unwrap();
+        let back: Fitted<PiecewiseLinear> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, f);
+        assert!(PiecewiseLinear::default().time_f(1.0).is_nan());
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! The prediction's inputs are measured the way paper 000 does it: per-layer backward and
 //! forward times by the per-hook timestamp method in a profiling run, the top-k time as a
 //! linear fit of the measured compression spans, and the communication from the link's
-//! α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; ring
-//! all-reduce: `2(P − 1)` rounds).
+//! α and β and the exchanges' message pattern (a Bruck all-gather of the agreement
+//! headers, `⌈log2 P⌉` rounds, then ring all-gather: `P − 1` rounds; or ring all-reduce:
+//! `2(P − 1)` rounds).
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::{Link, Topology};
@@ -46,15 +47,40 @@ impl StepCosts for RuntimeCosts {
             return 0.0;
         }
         let rounds = (p - 1) as f64;
-        match self.density {
-            // 16-byte exchange header + 16-byte SparseGrad header + index and value.
-            Some(rho) => rounds * self.link.time(32 + 8 * selected_count(numel, rho)),
-            None => 2.0 * rounds * self.link.time(16 + 4 * numel.div_ceil(p)),
-        }
+        self.agree_s()
+            + match self.density {
+                // Ring all-gather of the SparseGrad encodings: 16-byte header + index and
+                // value per selected entry.
+                Some(rho) => rounds * self.link.time(16 + 8 * selected_count(numel, rho)),
+                // Ring all-reduce: 2(P − 1) steps of one f32 block of about n/P.
+                None => 2.0 * rounds * self.link.time(4 * numel.div_ceil(p)),
+            }
     }
     fn comm_alpha_s(&self) -> f64 {
-        self.link.alpha_s * (self.ranks.saturating_sub(1)) as f64
+        let p = self.ranks;
+        let exchange = match self.density {
+            Some(_) => p.saturating_sub(1),
+            None => 2 * p.saturating_sub(1),
+        };
+        self.link.alpha_s * (exchange + ceil_log2(p)) as f64
     }
+}
+
+impl RuntimeCosts {
+    /// The agreement step before every exchange ([`crate::schemes::agree`]): a Bruck
+    /// all-gather of one 32-byte header per rank, round `s` moving `min(2^s, P − 2^s)`
+    /// headers.
+    fn agree_s(&self) -> f64 {
+        let p = self.ranks;
+        (0..ceil_log2(p))
+            .map(|s| self.link.time(32 * (1usize << s).min(p - (1 << s))))
+            .sum()
+    }
+}
+
+/// `⌈log2 p⌉` (0 for p ≤ 1): the rounds of a Bruck all-gather.
+fn ceil_log2(p: usize) -> usize {
+    p.max(1).next_power_of_two().trailing_zeros() as usize
 }
 
 /// Settings of the check.

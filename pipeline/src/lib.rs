@@ -35,6 +35,6 @@ pub use error::{Error, Result};
 pub use plan::{MergePlan, Planner};
 pub use profile::{Layer, LayerProfile};
 pub use runtime::Reducer;
-pub use schemes::{DenseAllreduce, Scheme, TopkAllgather};
+pub use schemes::{CollectiveScheme, DenseAllreduce, Scheme, SelectorAllgather, TopkAllgather};
 pub use timeline::{predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline};
 pub use train::{train, train_suite, SchemeKind, SuiteResult, TrainConfig, TrainReport};

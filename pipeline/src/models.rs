@@ -298,6 +298,25 @@ pub struct SmallCnn {
     cache: Vec<Vec<f32>>,
 }
 
+/// Visits the output/input position pairs `(yy·s + xx, iy·s + ix)` that kernel tap
+/// `(ky, kx)` of a 3×3 convolution with padding 1 connects on an `s × s` plane (taps that
+/// fall into the padding are skipped), row by row: the loop both passes share.
+fn conv_tap(s: usize, ky: usize, kx: usize, mut f: impl FnMut(usize, usize)) {
+    for yy in 0..s {
+        let iy = yy + ky;
+        if iy < 1 || iy > s {
+            continue;
+        }
+        for xx in 0..s {
+            let ix = xx + kx;
+            if ix < 1 || ix > s {
+                continue;
+            }
+            f(yy * s + xx, (iy - 1) * s + ix - 1);
+        }
+    }
+}
+
 /// 3×3 convolution, padding 1, on `b × cin × s × s`.
 fn conv_fwd(
     x: &[f32],
@@ -319,19 +338,7 @@ fn conv_fwd(
                 for ky in 0..3 {
                     for kx in 0..3 {
                         let wv = wk[ky * 3 + kx];
-                        for yy in 0..s {
-                            let iy = yy + ky;
-                            if iy < 1 || iy > s {
-                                continue;
-                            }
-                            for xx in 0..s {
-                                let ix = xx + kx;
-                                if ix < 1 || ix > s {
-                                    continue;
-                                }
-                                yo[yy * s + xx] += wv * xi[(iy - 1) * s + ix - 1];
-                            }
-                        }
+                        conv_tap(s, ky, kx, |o, i| yo[o] += wv * xi[i]);
                     }
                 }
             }
@@ -364,22 +371,11 @@ fn conv_bwd(
                         let widx = (co * cin + ci) * 9 + ky * 3 + kx;
                         let wv = w[widx];
                         let mut acc = 0.0;
-                        for yy in 0..s {
-                            let iy = yy + ky;
-                            if iy < 1 || iy > s {
-                                continue;
-                            }
-                            for xx in 0..s {
-                                let ix = xx + kx;
-                                if ix < 1 || ix > s {
-                                    continue;
-                                }
-                                let g = dyo[yy * s + xx];
-                                let xi = base + (iy - 1) * s + ix - 1;
-                                acc += g * x[xi];
-                                dx[xi] += g * wv;
-                            }
-                        }
+                        conv_tap(s, ky, kx, |o, i| {
+                            let g = dyo[o];
+                            acc += g * x[base + i];
+                            dx[base + i] += g * wv;
+                        });
                         dw[widx] += acc;
                     }
                 }

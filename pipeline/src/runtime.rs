@@ -563,7 +563,7 @@ mod tests {
             assert!(red.set_density(0.0).is_err());
             assert!(matches!(
                 red.ready(0, &[f32::NAN, 0.0]),
-                Err(Error::InvalidArgument(_))
+                Err(Error::Sparsify(sparsify::Error::NonFinite { .. }))
             ));
             // A failed compression leaves the reducer failed: no silent wrong update.
             assert!(red.finish().is_err());

@@ -5,13 +5,23 @@
 //! sparse all-reduce algorithm from `collectives` that selects while it communicates).
 //! A [`Scheme`] makes one pair per group, so per-group state (residuals) lives with it.
 //!
+//! The pieces are the workspace's own: selection and residual memory are
+//! [`sparsify::ErrorFeedback`] driven by a [`sparsify::Selector`] (exact top-k by default),
+//! the wire format is [`SparseGrad::encode`], and the transport algorithms are
+//! `collectives::dense` (`allgatherv_known`, `allreduce`) and `collectives::sparse`.
+//! What this module adds is the runtime's agreement step ([`agree`]): before each group's
+//! exchange every rank shares its (iteration, group, length), so a rank that fell behind
+//! is reported as [`Error::RankOutOfStep`] on every rank instead of a mixed-up update.
+//!
 //! Built in: [`TopkAllgather`] (TopK-SGD / LAGS / MGS / OMGS: exact top-k with error
-//! feedback, then an all-gather of the sparse groups, summed and divided by P) and
-//! [`DenseRing`] (ring all-reduce, P-SGD / MG-WFBP). Messages carry the iteration and
-//! group, so a rank that fell behind is reported as [`Error::RankOutOfStep`].
+//! feedback, then an all-gather of the sparse groups, summed and divided by P),
+//! [`SelectorAllgather`] (the same with any `sparsify` selector by name),
+//! [`DenseAllreduce`] (ring all-reduce, P-SGD / MG-WFBP) and [`CollectiveScheme`] (a
+//! `collectives::sparse` algorithm by name).
 
-use collectives::{Communicator, Tag};
-use sparsify::SparseGrad;
+use collectives::dense::{self, AllgatherAlgo, AllreduceAlgo, DenseOptions};
+use collectives::Communicator;
+use sparsify::{ErrorFeedback, ExactTopK, Selector, SparseGrad};
 
 use crate::{Error, Result};
 
@@ -68,50 +78,52 @@ pub trait Scheme: Send + Sync {
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)>;
 }
 
-/// Tag of the built-in exchanges' messages.
-pub const TAG_EXCHANGE: Tag = 0x6A00;
+/// Words of the agreement header: iteration, group, length, and one word of the exchange's
+/// own (the sparse all-gather's byte count).
+const HEADER_WORDS: usize = 4;
 
-const HEADER: usize = 16;
-
-fn header(ctx: ExchangeCtx) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..8].copy_from_slice(&ctx.iteration.to_le_bytes());
-    h[8..12].copy_from_slice(&ctx.group.to_le_bytes());
-    h[12..].copy_from_slice(&(ctx.numel as u32).to_le_bytes());
-    h
-}
-
-/// Checks a received message's header against this rank's position.
-fn check_header(comm: &dyn Communicator, peer: usize, ctx: ExchangeCtx, msg: &[u8]) -> Result<()> {
-    let Some(h) = msg.get(..HEADER) else {
-        return Err(Error::InvalidArgument(format!(
-            "message from rank {peer} lacks its header"
-        )));
-    };
-    let it = u64::from_le_bytes(h[..8].try_into().unwrap_or([0; 8]));
-    let group = u32::from_le_bytes(h[8..12].try_into().unwrap_or([0; 4]));
-    let numel = u32::from_le_bytes(h[12..].try_into().unwrap_or([0; 4])) as usize;
-    if it != ctx.iteration || group != ctx.group {
-        return Err(Error::RankOutOfStep {
-            rank: comm.rank(),
-            peer,
-            mine: ctx.iteration,
-            theirs: it,
-            my_group: ctx.group,
-            their_group: group,
-        });
+/// Agreement step before a group's exchange: one Bruck all-gather (`⌈log2 P⌉` rounds) of
+/// every rank's `(iteration, group, numel, extra)`. Every rank sees every header, so a
+/// disagreement is reported on every rank: [`Error::RankOutOfStep`] when a peer is at
+/// another iteration or group, a length mismatch when it has another group length.
+/// Returns each rank's `extra` word in rank order.
+pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx, extra: u64) -> Result<Vec<u64>> {
+    let mine = [ctx.iteration, u64::from(ctx.group), ctx.numel as u64, extra];
+    let mut all = vec![0u64; HEADER_WORDS * comm.size()];
+    dense::allgather(
+        comm,
+        &mine,
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default().unchecked(),
+    )?;
+    let headers = all.chunks_exact(HEADER_WORDS);
+    for (peer, h) in headers.clone().enumerate() {
+        if h[0] != ctx.iteration || h[1] != u64::from(ctx.group) {
+            return Err(Error::RankOutOfStep {
+                rank: comm.rank(),
+                peer,
+                mine: ctx.iteration,
+                theirs: h[0],
+                my_group: ctx.group,
+                their_group: u32::try_from(h[1]).unwrap_or(u32::MAX),
+            });
+        }
     }
-    if numel != ctx.numel {
-        return Err(Error::Collectives(collectives::Error::Mismatch {
-            what: "group length",
-            detail: format!(
-                "rank {} has {}, rank {peer} has {numel}",
-                comm.rank(),
-                ctx.numel
-            ),
-        }));
+    for (peer, h) in headers.clone().enumerate() {
+        if h[2] != ctx.numel as u64 {
+            return Err(Error::Collectives(collectives::Error::Mismatch {
+                what: "group length",
+                detail: format!(
+                    "rank {} has {}, rank {peer} has {}",
+                    comm.rank(),
+                    ctx.numel,
+                    h[2]
+                ),
+            }));
+        }
     }
-    Ok(())
+    Ok(headers.map(|h| h[3]).collect())
 }
 
 /// Elements selected from a group of `numel` at `density`: `⌈ρ·numel⌉`, at least 1.
@@ -119,70 +131,68 @@ pub fn selected_count(numel: usize, density: f64) -> usize {
     ((density * numel as f64).ceil() as usize).clamp(1, numel.max(1))
 }
 
-/// Exact top-k of `acc` by magnitude, indices ascending. Non-finite entries are an error.
-pub fn exact_topk(acc: &[f32], k: usize) -> Result<SparseGrad<f32>> {
-    if let Some(i) = acc.iter().position(|v| !v.is_finite()) {
+/// The pair of the all-gather schemes: `selector` with error feedback at `density`
+/// (finite, in (0, 1]), then the sparse all-gather.
+fn selector_allgather(
+    numel: usize,
+    density: f64,
+    selector: Box<dyn Selector>,
+) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    if !(density.is_finite() && density > 0.0 && density <= 1.0) {
         return Err(Error::InvalidArgument(format!(
-            "gradient entry {i} is {} (not finite)",
-            acc[i]
+            "density {density} outside (0, 1]"
         )));
     }
-    let k = k.min(acc.len());
-    let mut idx: Vec<u32> = (0..acc.len() as u32).collect();
-    if k > 0 && k < acc.len() {
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            acc[b as usize]
-                .abs()
-                .total_cmp(&acc[a as usize].abs())
-                .then(a.cmp(&b))
-        });
-    }
-    idx.truncate(k);
-    idx.sort_unstable();
-    let values = idx.iter().map(|&i| acc[i as usize]).collect();
-    Ok(SparseGrad::new(idx, values, acc.len())?)
+    Ok((
+        Box::new(TopkCompress::with_selector(numel, density, selector)),
+        Box::new(SparseAllgather::default()),
+    ))
 }
 
-/// Top-k with error feedback (residual memory): `acc = residual + grad`, select the top
-/// `⌈ρ·n⌉`, keep the rest as the new residual (DESIGN.md's error-feedback contract).
+/// Top-k with error feedback (residual memory, DESIGN.md's contract): `acc = residual +
+/// grad`, select `⌈ρ·n⌉` entries of `acc` with a `sparsify` selector (fused into one pass
+/// by [`ErrorFeedback::step`]), keep the rest as the new residual.
 pub struct TopkCompress {
-    residual: Vec<f32>,
+    feedback: ErrorFeedback,
+    selector: Box<dyn Selector>,
     density: f64,
 }
 
 impl TopkCompress {
-    /// A compressor for a group of `numel` elements at `density`.
+    /// A compressor for a group of `numel` elements at `density`, with exact top-k.
     pub fn new(numel: usize, density: f64) -> Self {
+        Self::with_selector(numel, density, Box::new(ExactTopK::new()))
+    }
+
+    /// A compressor with another selector (e.g. from [`sparsify::selector_by_name`]).
+    pub fn with_selector(numel: usize, density: f64, selector: Box<dyn Selector>) -> Self {
         TopkCompress {
-            residual: vec![0.0; numel],
+            feedback: ErrorFeedback::new(numel),
+            selector,
             density,
         }
     }
 
     /// The residual kept for the next iteration.
     pub fn residual(&self) -> &[f32] {
-        &self.residual
+        self.feedback.residual()
     }
 }
 
 impl Compress for TopkCompress {
     fn compress(&mut self, grad: Vec<f32>) -> Result<Payload> {
-        if grad.len() != self.residual.len() {
-            return Err(Error::InvalidArgument(format!(
-                "group gradient has {} elements, residual {}",
-                grad.len(),
-                self.residual.len()
-            )));
-        }
-        for (r, g) in self.residual.iter_mut().zip(&grad) {
-            *r += *g;
-        }
         let k = selected_count(grad.len(), self.density);
-        let sg = exact_topk(&self.residual, k)?;
-        for &i in sg.indices() {
-            self.residual[i as usize] = 0.0;
+        match self.feedback.step(self.selector.as_mut(), &grad, k) {
+            Ok((sg, _)) => Ok(Payload::Sparse(sg)),
+            Err(e) => {
+                // A non-finite gradient leaves the residual poisoned: start it afresh so
+                // the next iteration is not rejected too.
+                if matches!(e, sparsify::Error::NonFinite { .. }) {
+                    self.feedback.reset();
+                }
+                Err(e.into())
+            }
         }
-        Ok(Payload::Sparse(sg))
     }
 
     fn set_density(&mut self, density: f64) {
@@ -199,35 +209,37 @@ impl Compress for Identity {
     }
 }
 
-/// Ring all-gather of one byte blob per rank (P−1 send-receive rounds); returns the blobs
-/// in rank order, each checked against `ctx`.
-pub fn ring_allgather(
-    comm: &dyn Communicator,
-    ctx: ExchangeCtx,
-    mine: Vec<u8>,
-) -> Result<Vec<Vec<u8>>> {
-    let p = comm.size();
-    let r = comm.rank();
-    let mut blobs: Vec<Vec<u8>> = vec![Vec::new(); p];
-    let mut msg = Vec::with_capacity(HEADER + mine.len());
-    msg.extend_from_slice(&header(ctx));
-    msg.extend_from_slice(&mine);
-    blobs[r] = msg;
-    let right = (r + 1) % p;
-    let left = (r + p - 1) % p;
-    for s in 0..p.saturating_sub(1) {
-        let send_idx = (r + p - s) % p;
-        let recv_idx = (r + 2 * p - s - 1) % p;
-        let got = comm.sendrecv(right, TAG_EXCHANGE, &blobs[send_idx], left, TAG_EXCHANGE)?;
-        check_header(comm, recv_idx, ctx, &got)?;
-        blobs[recv_idx] = got;
+/// The payload as a dense vector of the group's length.
+fn dense_payload(ctx: ExchangeCtx, payload: Payload) -> Result<Vec<f32>> {
+    let data = match payload {
+        Payload::Dense(d) => d,
+        Payload::Sparse(s) => s.to_dense(),
+    };
+    if data.len() != ctx.numel {
+        return Err(Error::InvalidArgument(format!(
+            "dense group has {} elements, expected {}",
+            data.len(),
+            ctx.numel
+        )));
     }
-    Ok(blobs.into_iter().map(|mut b| b.split_off(HEADER)).collect())
+    Ok(data)
 }
 
-/// All-gather of every rank's sparse group, summed in rank order and divided by P (the
-/// sparse aggregation of paper 000 §II-F), bit-identical on every rank.
-pub struct SparseAllgather;
+/// Multiplies by `1/P`: the sum over ranks becomes the average.
+fn average(comm: &dyn Communicator, data: &mut [f32]) {
+    let inv = 1.0 / comm.size() as f32;
+    data.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// All-gather of every rank's sparse group (`collectives::dense::allgatherv_known` of the
+/// [`SparseGrad`] wire encodings, whose byte counts travel in the [`agree`] header),
+/// summed in rank order and divided by P (the sparse aggregation of paper 000 §II-F),
+/// bit-identical on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SparseAllgather {
+    /// The all-gather algorithm (ring by default, as the timeline of paper 000 assumes).
+    pub algo: AllgatherAlgo,
+}
 
 impl Exchange for SparseAllgather {
     fn exchange(
@@ -240,10 +252,18 @@ impl Exchange for SparseAllgather {
             Payload::Sparse(s) => s,
             Payload::Dense(d) => SparseGrad::from_dense(&d)?,
         };
-        let blobs = ring_allgather(comm, ctx, sg.encode())?;
+        let blob = sg.encode();
+        let counts = agree(comm, ctx, blob.len() as u64)?
+            .into_iter()
+            .map(|c| {
+                usize::try_from(c)
+                    .map_err(|_| Error::InvalidArgument(format!("sparse group of {c} bytes")))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let gathered = dense::allgatherv_known(comm, &blob, &counts, self.algo)?;
         let mut out = vec![0.0f32; ctx.numel];
-        for (peer, b) in blobs.iter().enumerate() {
-            let g = SparseGrad::<f32>::decode(b)?;
+        for peer in 0..comm.size() {
+            let g = SparseGrad::<f32>::decode(gathered.part(peer))?;
             if g.len() != ctx.numel {
                 return Err(Error::Collectives(collectives::Error::Mismatch {
                     what: "sparse group length",
@@ -252,106 +272,38 @@ impl Exchange for SparseAllgather {
             }
             g.scatter_add_into(&mut out)?;
         }
-        let inv = 1.0 / comm.size() as f32;
-        out.iter_mut().for_each(|v| *v *= inv);
+        average(comm, &mut out);
         Ok(out)
     }
 }
 
-fn chunk_bounds(n: usize, p: usize, i: usize) -> std::ops::Range<usize> {
-    let base = n / p;
-    let rem = n % p;
-    let start = i * base + i.min(rem);
-    start..start + base + usize::from(i < rem)
+/// Dense all-reduce of the group (`collectives::dense::allreduce`, averaged). The
+/// [`agree`] header already compared the lengths, so the collective runs unchecked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DenseExchange {
+    /// The all-reduce algorithm (ring by default: reduce-scatter then all-gather, 2(P−1)
+    /// rounds; paper 004 Algorithm 3's allreduce).
+    pub algo: AllreduceAlgo,
 }
 
-/// Ring all-reduce (reduce-scatter then all-gather, 2(P−1) rounds; paper 004 Algorithm 3's
-/// allreduce), averaged.
-pub struct DenseRing;
-
-impl Exchange for DenseRing {
+impl Exchange for DenseExchange {
     fn exchange(
         &mut self,
         comm: &dyn Communicator,
         ctx: ExchangeCtx,
         payload: Payload,
     ) -> Result<Vec<f32>> {
-        let mut data = match payload {
-            Payload::Dense(d) => d,
-            Payload::Sparse(s) => s.to_dense(),
-        };
-        if data.len() != ctx.numel {
-            return Err(Error::InvalidArgument(format!(
-                "dense group has {} elements, expected {}",
-                data.len(),
-                ctx.numel
-            )));
-        }
-        let p = comm.size();
-        let r = comm.rank();
-        let n = data.len();
-        let right = (r + 1) % p;
-        let left = (r + p - 1) % p;
-        let h = header(ctx);
-        let mut msg = Vec::new();
-        let mut send = |comm: &dyn Communicator, chunk: &[f32]| -> Result<Vec<u8>> {
-            msg.clear();
-            msg.extend_from_slice(&h);
-            msg.extend_from_slice(bytemuck::cast_slice(chunk));
-            let got = comm.sendrecv(right, TAG_EXCHANGE, &msg, left, TAG_EXCHANGE)?;
-            check_header(comm, left, ctx, &got)?;
-            Ok(got)
-        };
-        for s in 0..p.saturating_sub(1) {
-            let si = (r + p - s) % p;
-            let ri = (r + 2 * p - s - 1) % p;
-            let got = send(comm, &data[chunk_bounds(n, p, si)])?;
-            let dst = &mut data[chunk_bounds(n, p, ri)];
-            add_bytes(dst, &got[HEADER..], left)?;
-        }
-        for s in 0..p.saturating_sub(1) {
-            let si = (r + 1 + p - s) % p;
-            let ri = (r + p - s) % p;
-            let got = send(comm, &data[chunk_bounds(n, p, si)])?;
-            let dst = &mut data[chunk_bounds(n, p, ri)];
-            copy_bytes(dst, &got[HEADER..], left)?;
-        }
-        let inv = 1.0 / p as f32;
-        data.iter_mut().for_each(|v| *v *= inv);
+        let mut data = dense_payload(ctx, payload)?;
+        agree(comm, ctx, 0)?;
+        dense::allreduce(
+            comm,
+            &mut data,
+            self.algo,
+            &DenseOptions::default().unchecked(),
+        )?;
+        average(comm, &mut data);
         Ok(data)
     }
-}
-
-fn f32_iter(bytes: &[u8], peer: usize, want: usize) -> Result<impl Iterator<Item = f32> + '_> {
-    if bytes.len() != want * 4 {
-        return Err(Error::Collectives(collectives::Error::Mismatch {
-            what: "dense chunk length",
-            detail: format!(
-                "rank {peer} sent {} bytes, expected {}",
-                bytes.len(),
-                want * 4
-            ),
-        }));
-    }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-}
-
-fn add_bytes(dst: &mut [f32], bytes: &[u8], peer: usize) -> Result<()> {
-    let n = dst.len();
-    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, n)?) {
-        *d += v;
-    }
-    Ok(())
-}
-
-fn copy_bytes(dst: &mut [f32], bytes: &[u8], peer: usize) -> Result<()> {
-    let n = dst.len();
-    for (d, v) in dst.iter_mut().zip(f32_iter(bytes, peer, n)?) {
-        *d = v;
-    }
-    Ok(())
 }
 
 /// TopK-SGD family: exact top-k with error feedback per group, sparse all-gather. With one
@@ -373,16 +325,35 @@ impl Scheme for TopkAllgather {
         numel: usize,
         _ranks: usize,
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        if !(self.density.is_finite() && self.density > 0.0 && self.density <= 1.0) {
-            return Err(Error::InvalidArgument(format!(
-                "density {} outside (0, 1]",
-                self.density
-            )));
-        }
-        Ok((
-            Box::new(TopkCompress::new(numel, self.density)),
-            Box::new(SparseAllgather),
-        ))
+        selector_allgather(numel, self.density, Box::new(ExactTopK::new()))
+    }
+}
+
+/// [`TopkAllgather`] with any selector of `sparsify` by name (one of
+/// [`sparsify::SELECTOR_NAMES`]: `exact`, `mstopk`, `dgc`, `threshold`, `exdyna`,
+/// `gaussiank`). Threshold selectors send about, not exactly, `⌈ρ·n⌉` entries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectorAllgather {
+    /// Selector name.
+    pub selector: String,
+    /// Density ρ.
+    pub density: f64,
+    /// Seed of the selector's random parts (the same on every rank keeps them in step).
+    pub seed: u64,
+}
+
+impl Scheme for SelectorAllgather {
+    fn name(&self) -> String {
+        format!("{}-allgather(ρ={})", self.selector, self.density)
+    }
+    fn group(
+        &self,
+        index: usize,
+        numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        let selector = sparsify::selector_by_name(&self.selector, self.seed ^ index as u64)?;
+        selector_allgather(numel, self.density, selector)
     }
 }
 
@@ -400,7 +371,7 @@ impl Scheme for DenseAllreduce {
         _numel: usize,
         _ranks: usize,
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        Ok((Box::new(Identity), Box::new(DenseRing)))
+        Ok((Box::new(Identity), Box::new(DenseExchange::default())))
     }
 }
 
@@ -422,13 +393,10 @@ impl Exchange for CollectiveSparse {
         ctx: ExchangeCtx,
         payload: Payload,
     ) -> Result<Vec<f32>> {
-        let grad = match payload {
-            Payload::Dense(d) => d,
-            Payload::Sparse(s) => s.to_dense(),
-        };
+        let grad = dense_payload(ctx, payload)?;
         // One header round per step: a rank that fell behind is a typed error, not a
         // silently mixed-up update.
-        ring_allgather(comm, ctx, Vec::new())?;
+        agree(comm, ctx, 0)?;
         let alg = match &mut self.alg {
             Some(a) => a,
             None => self.alg.insert(collectives::sparse::build(
@@ -512,8 +480,10 @@ mod tests {
                     numel: 7,
                 };
                 let grad: Vec<f32> = (0..7).map(|i| i as f32 + r).collect();
-                let dense = DenseRing.exchange(&comm, ctx, Payload::Dense(grad.clone()))?;
-                let sparse = SparseAllgather.exchange(&comm, ctx, Payload::Dense(grad))?;
+                let dense =
+                    DenseExchange::default().exchange(&comm, ctx, Payload::Dense(grad.clone()))?;
+                let sparse =
+                    SparseAllgather::default().exchange(&comm, ctx, Payload::Dense(grad))?;
                 Ok((dense, sparse))
             })
             .unwrap();
@@ -529,24 +499,114 @@ mod tests {
         }
     }
 
+    /// Every rank's own result of `f` on `p` ranks (2 s receive timeout).
+    fn run_all<T: Send>(
+        p: usize,
+        f: impl Fn(&dyn Communicator) -> Result<T> + Send + Sync,
+    ) -> Vec<Result<T>> {
+        ThreadComm::run_all(
+            p,
+            collectives::ThreadConfig::with_timeout(std::time::Duration::from_secs(2)),
+            |comm| f(&comm),
+        )
+        .unwrap()
+    }
+
+    fn exchangers() -> Vec<Box<dyn Exchange>> {
+        vec![
+            Box::new(SparseAllgather::default()),
+            Box::new(DenseExchange::default()),
+            Box::new(CollectiveSparse {
+                name: "spardl".into(),
+                density: 0.5,
+                opts: Default::default(),
+                alg: None,
+            }),
+        ]
+    }
+
     #[test]
     fn out_of_step_rank_is_reported() {
-        let res = ThreadComm::run_all(
-            2,
-            collectives::ThreadConfig::with_timeout(std::time::Duration::from_secs(2)),
-            |comm| -> Result<Vec<f32>> {
-                let it = if comm.rank() == 1 { 4 } else { 5 };
-                let ctx = ExchangeCtx {
-                    iteration: it,
-                    group: 0,
-                    numel: 3,
-                };
-                SparseAllgather.exchange(&comm, ctx, Payload::Dense(vec![1.0; 3]))
-            },
-        )
-        .unwrap();
-        for r in res {
-            assert!(matches!(r, Err(Error::RankOutOfStep { .. })), "{r:?}");
+        for (p, strict) in [(2, true), (3, false)] {
+            for e in 0..exchangers().len() {
+                let res = run_all(p, |comm| {
+                    let it = if comm.rank() == 1 { 4 } else { 5 };
+                    let ctx = ExchangeCtx {
+                        iteration: it,
+                        group: 0,
+                        numel: 3,
+                    };
+                    exchangers()[e].exchange(comm, ctx, Payload::Dense(vec![1.0; 3]))
+                });
+                assert!(res.iter().all(|r| r.is_err()), "{e}: {res:?}");
+                // With P = 2 both ranks see both headers before either returns. With more,
+                // a rank that returns its error ends ThreadComm's world, and a slower rank
+                // still waiting on the header all-gather gets `PeerFailed` instead.
+                let out_of_step =
+                    |r: &Result<Vec<f32>>| matches!(r, Err(Error::RankOutOfStep { .. }));
+                if strict {
+                    assert!(res.iter().all(out_of_step), "{e}: {res:?}");
+                } else {
+                    assert!(res.iter().any(out_of_step), "{e}: {res:?}");
+                }
+            }
         }
+    }
+
+    #[test]
+    fn group_length_mismatch_is_reported_on_every_rank() {
+        for e in 0..exchangers().len() {
+            let res = run_all(2, |comm| {
+                let numel = 3 + comm.rank();
+                let ctx = ExchangeCtx {
+                    iteration: 0,
+                    group: 2,
+                    numel,
+                };
+                exchangers()[e].exchange(comm, ctx, Payload::Dense(vec![1.0; numel]))
+            });
+            for r in res {
+                assert!(
+                    matches!(
+                        r,
+                        Err(Error::Collectives(collectives::Error::Mismatch { .. }))
+                    ),
+                    "{e}: {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn selectors_by_name_feed_the_allgather() {
+        let scheme = SelectorAllgather {
+            selector: "mstopk".into(),
+            density: 0.25,
+            seed: 7,
+        };
+        let out = ThreadComm::run(3, |comm| -> Result<Vec<f32>> {
+            let (mut c, mut e) = scheme.group(0, 16, 3)?;
+            let grad: Vec<f32> = (0..16)
+                .map(|i| (i as f32 - 8.0) * (comm.rank() + 1) as f32)
+                .collect();
+            let ctx = ExchangeCtx {
+                iteration: 0,
+                group: 0,
+                numel: 16,
+            };
+            let payload = c.compress(grad)?;
+            e.exchange(&comm, ctx, payload)
+        })
+        .unwrap();
+        assert!(out.iter().all(|o| o == &out[0]));
+        assert!(out[0].iter().any(|&v| v != 0.0));
+        assert!(SelectorAllgather {
+            selector: "nope".into(),
+            density: 0.1,
+            seed: 0
+        }
+        .group(0, 4, 1)
+        .is_err());
+        assert!(TopkAllgather { density: 0.0 }.group(0, 4, 1).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask calibrate`: measures α, β (ping-pong and collective sweeps), γ (local
 //! reduction) and the top-k model on this machine (`--ranks P` threads) or a cluster
-//! (`--mpi` under `mpirun`), saves the calibration JSON, and prints how well the fits
+//! (`--mpi` under `mpirun`), saves the calibration JSON, and prints how well the fits (the
+//! single α-β line and the piecewise one-line-per-size-regime model) describe the sweep and
 //! predict an all-reduce and an all-gather measured right after.
 
 use std::path::PathBuf;
@@ -117,12 +118,33 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
         &cal.pingpong.quality,
     );
     for c in &cal.collectives {
+        let name = format!("{} {}", c.op.name(), c.algo.name());
         line(
-            &format!("{} {}", c.op.name(), c.algo.name()),
+            &format!("{name} line"),
             c.fit.model.alpha_s,
             c.fit.model.beta_s,
             &c.fit.quality,
         );
+        if let Some(pw) = &c.piecewise {
+            println!(
+                "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
+                format!("{name} piecewise"),
+                format!("{} seg", pw.model.segments.len()),
+                "",
+                pw.quality.r2,
+                pw.quality.max_rel_residual
+            );
+            for s in &pw.model.segments {
+                println!(
+                    "{:<28} {:>12.3} {:>14.5}   fitted {}..{}",
+                    format!("  from {}", size(s.start)),
+                    s.model.alpha_s * 1e6,
+                    s.model.beta_s * 1e9,
+                    size(s.fitted_min),
+                    size(s.fitted_max)
+                );
+            }
+        }
     }
     if let Some(r) = &cal.reduction {
         println!(
@@ -149,7 +171,15 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
         );
     }
     println!();
-    println!("validation (measured right after calibrating; `line` is the α-β fit alone):");
+    println!(
+        "R² is on raw times (dominated by the largest sizes); `max rel` is the worst \
+         |pred − t|/t over the sweep."
+    );
+    println!();
+    println!(
+        "validation (measured right after calibrating; `predicted` is the piecewise fit, \
+         `line` the single α-β line):"
+    );
     println!(
         "{:<10} {:<6} {:>7} {:>13} {:>12} {:>7} {:>10} {:>7}",
         "op", "algo", "size", "predicted ms", "measured ms", "error", "line ms", "error"
@@ -166,6 +196,17 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
             v.line_s * 1e3,
             (v.line_s - v.measured_s).abs() / v.measured_s * 100.0
         );
+    }
+}
+
+/// A byte count as `512 B`, `96.0 KiB` or `4.00 MiB`.
+fn size(bytes: f64) -> String {
+    if bytes < 1024.0 {
+        format!("{bytes:.0} B")
+    } else if bytes < 1024.0 * 1024.0 {
+        format!("{:.1} KiB", bytes / 1024.0)
+    } else {
+        format!("{:.2} MiB", bytes / (1024.0 * 1024.0))
     }
 }
 

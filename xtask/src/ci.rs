@@ -3,7 +3,8 @@
 //! 1. `cargo fmt --all -- --check`
 //! 2. `cargo clippy --workspace --all-targets -- -D warnings`, then the same for the `mpi`
 //!    and `cuda` features of the crates that have them (the CUDA code must build without a GPU)
-//! 3. `cargo test --workspace`
+//! 3. `cargo test --workspace`, then the `cuda` tests of `sparsify` (NVRTC compiles the
+//!    kernels where libnvrtc is found; the GPU bodies skip without a device)
 //! 4. when `mpirun` is on the PATH: every `mpi_*` test binary built with `--features mpi`,
 //!    run under `mpirun -n P --allow-run-as-root --oversubscribe` for P in {1, 2, 3, 4, 6}.
 
