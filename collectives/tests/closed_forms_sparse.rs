@@ -226,6 +226,7 @@ fn check(
             ranks_per_node: Some(n),
             f16_wire: opts.f16_wire,
             step: s as u64,
+            exdyna_warm_start: opts.exdyna_warm_start,
             observed: observed(algo, &seen, s, d, n, m),
         };
         let what = format!(

@@ -336,7 +336,7 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 ///
 /// Every split between distinct measured sizes that leaves each segment at least two
 /// distinct sizes is tried and the one with the smallest total `Σ ((pred − t)/t)²` is
-/// kept; a split is only accepted when it divides that sum by at least
+/// kept (splits with a segment of negative β are skipped); a split is only accepted when it divides that sum by at least
 /// [`PIECEWISE_MIN_GAIN`] over the fit with one segment fewer, so data with one regime
 /// stays one line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and
 /// continuity: see [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
@@ -347,7 +347,7 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 /// // 2 KiB … 8 MiB: 0.1 ns/byte in cache, 0.4 ns/byte beyond 256 KiB.
 /// let s: Vec<Sample> = (11..=23)
 ///     .map(|e| (1u64 << e) as f64)
-///     .map(|n| Sample::new(n, if n <= 262144.0 { 1e-5 + 1e-10 * n } else { 4e-10 * n - 6.86e-5 }))
+///     .map(|n| Sample::new(n, if n <= 262144.0 { 1e-5 + 1e-10 * n } else { 4e-10 * n - 6.86432e-5 }))
 ///     .collect();
 /// let f = fit_piecewise(&s, 3).unwrap();
 /// assert_eq!(f.model.segments.len(), 2);
@@ -368,9 +368,12 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
         .filter(|&i| i == 0 || sorted[i].size != sorted[i - 1].size)
         .collect();
     starts.push(sorted.len());
-    // Line over distinct sizes [i, j) (j − i ≥ 2).
-    let fit = |i: usize, j: usize| line_ssr(&sorted[starts[i]..starts[j]]);
-    let (single, single_ssr) = fit(0, distinct).ok_or_else(singular)?;
+    // Line over distinct sizes [i, j) (j − i ≥ 2). A segment of a split must have β ≥ 0:
+    // a per-byte cost that falls with size is noise in latency-bound sizes, not a regime.
+    let fit = |i: usize, j: usize| {
+        line_ssr(&sorted[starts[i]..starts[j]]).filter(|(m, _)| m.beta_s >= 0.0)
+    };
+    let (single, single_ssr) = line_ssr(samples).ok_or_else(singular)?;
     // Each candidate: (ssr, cut points in distinct-size indices, lines).
     let mut best: (f64, Vec<usize>, Vec<LinearModel>) = (single_ssr, vec![], vec![single]);
     let floor = PIECEWISE_NOISE_FLOOR.powi(2) * sorted.len() as f64;
@@ -418,8 +421,10 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
                 let (a, b) = (size_at(lo - 1), size_at(lo));
                 let db = prev.model.beta_s - model.beta_s;
                 let cross = (model.alpha_s - prev.model.alpha_s) / db;
-                if db != 0.0 && cross.is_finite() && (a..=b).contains(&cross) {
-                    cross
+                // A tolerance so that a break exactly at a measured size counts as inside.
+                let tol = 1e-9 * b;
+                if db != 0.0 && cross.is_finite() && (a - tol..=b + tol).contains(&cross) {
+                    cross.clamp(a, b)
                 } else {
                     (a.max(f64::MIN_POSITIVE) * b).sqrt()
                 }
@@ -659,6 +664,13 @@ mod tests {
         let f = fit_piecewise(&few, 3).unwrap();
         assert_eq!(f.model.segments.len(), 1);
         assert_eq!(f.model.segments[0].model, fit_linear(&few).unwrap().model);
+        // A split whose segment would have β < 0 (noise at latency-bound sizes) is skipped.
+        let dip = [1e3, 2e3, 3e3, 4e3].map(|n| Sample::new(n, 1e-5));
+        let mut dip = dip.to_vec();
+        dip[1].time_s = 0.9e-5;
+        dip[2].time_s = 2e-5;
+        dip[3].time_s = 4e-5;
+        assert_eq!(fit_piecewise(&dip, 3).unwrap().model.segments.len(), 1);
         // Same typed errors as the line; bad segment counts rejected.
         assert!(matches!(fit_piecewise(&[], 2), Err(Error::Fit(_))));
         assert!(fit_piecewise(&few, 0).is_err() && fit_piecewise(&few, 4).is_err());

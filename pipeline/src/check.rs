@@ -6,8 +6,8 @@
 //! The prediction's inputs are measured the way paper 000 does it: per-layer backward and
 //! forward times by the per-hook timestamp method in a profiling run, the top-k time as a
 //! linear fit of the measured compression spans, and the communication from the link's
-//! α and β and the exchanges' message pattern (a Bruck all-gather of the agreement
-//! headers, `⌈log2 P⌉` rounds, then ring all-gather: `P − 1` rounds; or ring all-reduce:
+//! α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; a Bruck
+//! all-gather of the agreement headers, `⌈log2 P⌉` rounds, then ring all-reduce:
 //! `2(P − 1)` rounds).
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
@@ -18,7 +18,7 @@ use crate::models::{softmax_xent, EmulatedDevice, Mlp, Model};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
 use crate::runtime::Reducer;
-use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather};
+use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather, HEADER_BYTES};
 use crate::timeline::{predict, StepCosts, Timeline};
 use crate::{Error, Result};
 
@@ -47,33 +47,39 @@ impl StepCosts for RuntimeCosts {
             return 0.0;
         }
         let rounds = (p - 1) as f64;
-        self.agree_s()
-            + match self.density {
-                // Ring all-gather of the SparseGrad encodings: 16-byte header + index and
-                // value per selected entry.
-                Some(rho) => rounds * self.link.time(16 + 8 * selected_count(numel, rho)),
-                // Ring all-reduce: 2(P − 1) steps of one f32 block of about n/P.
-                None => 2.0 * rounds * self.link.time(4 * numel.div_ceil(p)),
+        match self.density {
+            // Ring all-gather of the exchange header + the SparseGrad encoding (16-byte
+            // header, index and value per selected entry); exact top-k sends the same
+            // count everywhere, so no count exchange.
+            Some(rho) => {
+                let bytes = HEADER_BYTES + sparsify::sparse::HEADER_BYTES;
+                rounds * self.link.time(bytes + 8 * selected_count(numel, rho))
             }
+            // The agreement round, then a ring all-reduce: 2(P − 1) steps of one f32 block
+            // of about n/P.
+            None => self.agree_s() + 2.0 * rounds * self.link.time(4 * numel.div_ceil(p)),
+        }
     }
     fn comm_alpha_s(&self) -> f64 {
         let p = self.ranks;
-        let exchange = match self.density {
+        let rounds = match self.density {
             Some(_) => p.saturating_sub(1),
-            None => 2 * p.saturating_sub(1),
+            None => 2 * p.saturating_sub(1) + ceil_log2(p),
         };
-        self.link.alpha_s * (exchange + ceil_log2(p)) as f64
+        self.link.alpha_s * rounds as f64
     }
 }
 
 impl RuntimeCosts {
-    /// The agreement step before every exchange ([`crate::schemes::agree`]): a Bruck
-    /// all-gather of one 32-byte header per rank, round `s` moving `min(2^s, P − 2^s)`
-    /// headers.
+    /// The agreement round before a dense exchange ([`crate::schemes::agree`]): a Bruck
+    /// all-gather of one header per rank, round `s` moving `min(2^s, P − 2^s)` headers.
     fn agree_s(&self) -> f64 {
         let p = self.ranks;
         (0..ceil_log2(p))
-            .map(|s| self.link.time(32 * (1usize << s).min(p - (1 << s))))
+            .map(|s| {
+                self.link
+                    .time(HEADER_BYTES * (1usize << s).min(p - (1 << s)))
+            })
             .sum()
     }
 }

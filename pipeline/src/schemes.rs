@@ -9,9 +9,11 @@
 //! [`sparsify::ErrorFeedback`] driven by a [`sparsify::Selector`] (exact top-k by default),
 //! the wire format is [`SparseGrad::encode`], and the transport algorithms are
 //! `collectives::dense` (`allgatherv_known`, `allreduce`) and `collectives::sparse`.
-//! What this module adds is the runtime's agreement step ([`agree`]): before each group's
-//! exchange every rank shares its (iteration, group, length), so a rank that fell behind
-//! is reported as [`Error::RankOutOfStep`] on every rank instead of a mixed-up update.
+//! What this module adds is the runtime's agreement check: every exchange shares each
+//! rank's (iteration, group, length), in front of the sparse all-gather's data or in an
+//! [`agree`] round before a dense or `collectives::sparse` exchange, so a rank that fell
+//! behind is reported as [`Error::RankOutOfStep`] on every rank instead of a mixed-up
+//! update.
 //!
 //! Built in: [`TopkAllgather`] (TopK-SGD / LAGS / MGS / OMGS: exact top-k with error
 //! feedback, then an all-gather of the sparse groups, summed and divided by P),
@@ -78,28 +80,24 @@ pub trait Scheme: Send + Sync {
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)>;
 }
 
-/// Words of the agreement header: iteration, group, length, and one word of the exchange's
-/// own (the sparse all-gather's byte count).
-const HEADER_WORDS: usize = 4;
+/// Bytes of the header that names an exchange: iteration, group and length as
+/// little-endian `u64`s.
+pub const HEADER_BYTES: usize = 24;
 
-/// Agreement step before a group's exchange: one Bruck all-gather (`⌈log2 P⌉` rounds) of
-/// every rank's `(iteration, group, numel, extra)`. Every rank sees every header, so a
-/// disagreement is reported on every rank: [`Error::RankOutOfStep`] when a peer is at
-/// another iteration or group, a length mismatch when it has another group length.
-/// Returns each rank's `extra` word in rank order.
-pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx, extra: u64) -> Result<Vec<u64>> {
-    let mine = [ctx.iteration, u64::from(ctx.group), ctx.numel as u64, extra];
-    let mut all = vec![0u64; HEADER_WORDS * comm.size()];
-    dense::allgather(
-        comm,
-        &mine,
-        &mut all,
-        AllgatherAlgo::Bruck,
-        &DenseOptions::default().unchecked(),
-    )?;
-    let headers = all.chunks_exact(HEADER_WORDS);
-    for (peer, h) in headers.clone().enumerate() {
-        if h[0] != ctx.iteration || h[1] != u64::from(ctx.group) {
+impl ExchangeCtx {
+    /// This position as the wire header.
+    fn header(&self) -> [u64; 3] {
+        [self.iteration, u64::from(self.group), self.numel as u64]
+    }
+}
+
+/// Checks every rank's header (rank order) against this rank's position: a peer at
+/// another iteration or group is [`Error::RankOutOfStep`], one with another group length
+/// a length mismatch. Every rank sees the same headers, so every rank reports.
+fn check_headers(comm: &dyn Communicator, ctx: ExchangeCtx, headers: &[[u64; 3]]) -> Result<()> {
+    let mine = ctx.header();
+    for (peer, h) in headers.iter().enumerate() {
+        if h[..2] != mine[..2] {
             return Err(Error::RankOutOfStep {
                 rank: comm.rank(),
                 peer,
@@ -110,8 +108,8 @@ pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx, extra: u64) -> Result<Ve
             });
         }
     }
-    for (peer, h) in headers.clone().enumerate() {
-        if h[2] != ctx.numel as u64 {
+    for (peer, h) in headers.iter().enumerate() {
+        if h[2] != mine[2] {
             return Err(Error::Collectives(collectives::Error::Mismatch {
                 what: "group length",
                 detail: format!(
@@ -123,7 +121,24 @@ pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx, extra: u64) -> Result<Ve
             }));
         }
     }
-    Ok(headers.map(|h| h[3]).collect())
+    Ok(())
+}
+
+/// Agreement step of the exchanges that cannot carry a header in their own messages (a
+/// dense all-reduce, a `collectives::sparse` algorithm): one Bruck all-gather
+/// (`⌈log2 P⌉` rounds) of every rank's [`HEADER_BYTES`]-byte header, then
+/// [`check_headers`]. The sparse all-gather puts the header in front of its data instead
+/// and needs no extra round.
+pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx) -> Result<()> {
+    let mut all = vec![[0u64; 3]; comm.size()];
+    dense::allgather(
+        comm,
+        &[ctx.header()],
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default().unchecked(),
+    )?;
+    check_headers(comm, ctx, &all)
 }
 
 /// Elements selected from a group of `numel` at `density`: `⌈ρ·numel⌉`, at least 1.
@@ -143,9 +158,13 @@ fn selector_allgather(
             "density {density} outside (0, 1]"
         )));
     }
+    let exchange = SparseAllgather {
+        equal_counts: selector.exact_count(),
+        ..SparseAllgather::default()
+    };
     Ok((
         Box::new(TopkCompress::with_selector(numel, density, selector)),
-        Box::new(SparseAllgather::default()),
+        Box::new(exchange),
     ))
 }
 
@@ -231,14 +250,19 @@ fn average(comm: &dyn Communicator, data: &mut [f32]) {
     data.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// All-gather of every rank's sparse group (`collectives::dense::allgatherv_known` of the
-/// [`SparseGrad`] wire encodings, whose byte counts travel in the [`agree`] header),
-/// summed in rank order and divided by P (the sparse aggregation of paper 000 §II-F),
-/// bit-identical on every rank.
+/// All-gather of every rank's sparse group (`collectives::dense::allgatherv`, or
+/// `allgatherv_known` when every rank sends the same number of entries), summed in rank
+/// order and divided by P (the sparse aggregation of paper 000 §II-F), bit-identical on
+/// every rank. Each rank's block is its [`HEADER_BYTES`]-byte header followed by the
+/// [`SparseGrad`] wire encoding, so the agreement check costs no extra round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SparseAllgather {
     /// The all-gather algorithm (ring by default, as the timeline of paper 000 assumes).
     pub algo: AllgatherAlgo,
+    /// Every rank sends as many entries as this one (an exact-count selector at the same
+    /// density): skip the exchange of counts. A peer that sends another length is then a
+    /// transport-level length mismatch.
+    pub equal_counts: bool,
 }
 
 impl Exchange for SparseAllgather {
@@ -252,18 +276,31 @@ impl Exchange for SparseAllgather {
             Payload::Sparse(s) => s,
             Payload::Dense(d) => SparseGrad::from_dense(&d)?,
         };
-        let blob = sg.encode();
-        let counts = agree(comm, ctx, blob.len() as u64)?
-            .into_iter()
-            .map(|c| {
-                usize::try_from(c)
-                    .map_err(|_| Error::InvalidArgument(format!("sparse group of {c} bytes")))
-            })
-            .collect::<Result<Vec<usize>>>()?;
-        let gathered = dense::allgatherv_known(comm, &blob, &counts, self.algo)?;
+        let mut blob = Vec::with_capacity(HEADER_BYTES + sg.encoded_len());
+        blob.extend_from_slice(bytemuck::cast_slice(&ctx.header().map(u64::to_le)));
+        sg.encode_into(&mut blob);
+        let gathered = if self.equal_counts {
+            dense::allgatherv_known(comm, &blob, &vec![blob.len(); comm.size()], self.algo)?
+        } else {
+            dense::allgatherv(comm, &blob, self.algo)?
+        };
+        let p = comm.size();
+        let mut headers = vec![[0u64; 3]; p];
+        for (peer, h) in headers.iter_mut().enumerate() {
+            let part = gathered.part(peer);
+            let Some(bytes) = part.get(..HEADER_BYTES) else {
+                return Err(Error::InvalidArgument(format!(
+                    "message from rank {peer} lacks its header"
+                )));
+            };
+            for (w, b) in h.iter_mut().zip(bytes.chunks_exact(8)) {
+                *w = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+            }
+        }
+        check_headers(comm, ctx, &headers)?;
         let mut out = vec![0.0f32; ctx.numel];
-        for peer in 0..comm.size() {
-            let g = SparseGrad::<f32>::decode(gathered.part(peer))?;
+        for peer in 0..p {
+            let g = SparseGrad::<f32>::decode(&gathered.part(peer)[HEADER_BYTES..])?;
             if g.len() != ctx.numel {
                 return Err(Error::Collectives(collectives::Error::Mismatch {
                     what: "sparse group length",
@@ -294,7 +331,7 @@ impl Exchange for DenseExchange {
         payload: Payload,
     ) -> Result<Vec<f32>> {
         let mut data = dense_payload(ctx, payload)?;
-        agree(comm, ctx, 0)?;
+        agree(comm, ctx)?;
         dense::allreduce(
             comm,
             &mut data,
@@ -396,7 +433,7 @@ impl Exchange for CollectiveSparse {
         let grad = dense_payload(ctx, payload)?;
         // One header round per step: a rank that fell behind is a typed error, not a
         // silently mixed-up update.
-        agree(comm, ctx, 0)?;
+        agree(comm, ctx)?;
         let alg = match &mut self.alg {
             Some(a) => a,
             None => self.alg.insert(collectives::sparse::build(
@@ -515,6 +552,10 @@ mod tests {
     fn exchangers() -> Vec<Box<dyn Exchange>> {
         vec![
             Box::new(SparseAllgather::default()),
+            Box::new(SparseAllgather {
+                equal_counts: true,
+                ..SparseAllgather::default()
+            }),
             Box::new(DenseExchange::default()),
             Box::new(CollectiveSparse {
                 name: "spardl".into(),
@@ -563,7 +604,11 @@ mod tests {
                     group: 2,
                     numel,
                 };
-                exchangers()[e].exchange(comm, ctx, Payload::Dense(vec![1.0; numel]))
+                // One non-zero everywhere: the sparse blocks have equal lengths, so the
+                // header (not the transport) finds the mismatch.
+                let mut grad = vec![0.0; numel];
+                grad[0] = 1.0;
+                exchangers()[e].exchange(comm, ctx, Payload::Dense(grad))
             });
             for r in res {
                 assert!(
