@@ -28,7 +28,7 @@ use crate::error::{non_negative, positive, unit_interval, Param, Quantity, Tenso
 use crate::fingerprint::Fingerprint;
 use crate::kernels::reduce;
 use crate::lars::finite;
-use crate::layers::{check_list, check_pair, exclusions, fingerprint_layers, LayerSpec, SkipList};
+use crate::layers::{check_list, check_pair, optimizer_operator, LayerSpec, SkipList};
 use crate::pto::{Exchange, Mode, Pto};
 use crate::Result;
 
@@ -256,12 +256,13 @@ impl Lamb {
         cfg: LambConfig,
         layers: &[LayerSpec],
     ) -> Result<Lamb> {
-        let excluded = exclusions(layers, &cfg.skip);
-        let salt = fingerprint_layers(layers, &excluded)
-            .u64(cfg.fingerprint().finish())
-            .finish();
-        let numels: Vec<usize> = layers.iter().map(|l| l.numel).collect();
-        let pto = Pto::with_check(comm, &numels, salt, cfg.validate())?;
+        let (excluded, pto) = optimizer_operator(
+            comm,
+            layers,
+            &cfg.skip,
+            cfg.fingerprint().finish(),
+            cfg.validate(),
+        )?;
         Ok(Lamb {
             cfg,
             excluded,
@@ -325,12 +326,39 @@ impl Lamb {
         G: AsRef<[f32]>,
         M: AsRef<[f32]>,
     {
+        self.map_trust(comm, weights, grads, exp_avg, exp_avg_sq, t, None)
+    }
+
+    /// [`Self::trust_ratios`], with the learning rate of a step (if any) checked on every
+    /// rank and folded into the call's fingerprint.
+    #[allow(clippy::too_many_arguments)]
+    fn map_trust<C, W, G, M>(
+        &self,
+        comm: &C,
+        weights: &[W],
+        grads: &[G],
+        exp_avg: &[M],
+        exp_avg_sq: &[M],
+        t: u64,
+        lr: Option<f64>,
+    ) -> Result<Vec<LambCoeff>>
+    where
+        C: Communicator + ?Sized,
+        W: AsRef<[f32]>,
+        G: AsRef<[f32]>,
+        M: AsRef<[f32]>,
+    {
         let numels = self.pto.numels();
-        let check = check_pair(numels, weights, grads)
+        let check = lr
+            .map_or(Ok(()), |lr| non_negative(Param::LearningRate, lr))
+            .and_then(|()| check_pair(numels, weights, grads))
             .and_then(|()| check_list(numels, Tensor::ExpAvg, exp_avg))
             .and_then(|()| check_list(numels, Tensor::ExpAvgSq, exp_avg_sq));
-        let salt = Fingerprint::new().str("lamb-step").u64(t).finish();
-        self.pto.map(comm, salt, check, |l| {
+        let mut salt = Fingerprint::new().str("lamb-step").u64(t);
+        if let Some(lr) = lr {
+            salt = salt.f64(lr);
+        }
+        self.pto.map(comm, salt.finish(), check, |l| {
             lamb_coeff(
                 &self.cfg,
                 l,
@@ -366,28 +394,15 @@ impl Lamb {
         let t = self.steps + 1;
         // The learning rate does not enter the trust ratio; check it on every rank all the
         // same, by folding it into the operator's validation.
-        let coeffs = {
-            let lr_ok = non_negative(Param::LearningRate, lr);
-            let numels = self.pto.numels();
-            let check = lr_ok
-                .and_then(|()| check_pair(numels, weights, grads))
-                .and_then(|()| check_list(numels, Tensor::ExpAvg, &self.exp_avg))
-                .and_then(|()| check_list(numels, Tensor::ExpAvgSq, &self.exp_avg_sq));
-            let salt = Fingerprint::new().str("lamb-step").u64(t).f64(lr).finish();
-            let (m, v) = (&self.exp_avg, &self.exp_avg_sq);
-            self.pto.map(comm, salt, check, |l| {
-                lamb_coeff(
-                    &self.cfg,
-                    l,
-                    self.excluded[l],
-                    t,
-                    weights[l].as_ref(),
-                    grads[l].as_ref(),
-                    &m[l],
-                    &v[l],
-                )
-            })?
-        };
+        let coeffs = self.map_trust(
+            comm,
+            weights,
+            grads,
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            t,
+            Some(lr),
+        )?;
         for (l, (((w, g), m), v)) in weights
             .iter_mut()
             .zip(grads)

@@ -19,7 +19,7 @@ use collectives::Communicator;
 use crate::error::{non_negative, unit_interval, Param, Quantity, Tensor};
 use crate::fingerprint::Fingerprint;
 use crate::kernels::sum_sq2;
-use crate::layers::{check_list, check_pair, exclusions, fingerprint_layers, LayerSpec, SkipList};
+use crate::layers::{check_list, check_pair, optimizer_operator, LayerSpec, SkipList};
 use crate::pto::{Exchange, Mode, Pto};
 use crate::{Error, Result};
 
@@ -158,12 +158,13 @@ impl Lars {
         cfg: LarsConfig,
         layers: &[LayerSpec],
     ) -> Result<Lars> {
-        let excluded = exclusions(layers, &cfg.skip);
-        let salt = fingerprint_layers(layers, &excluded)
-            .u64(cfg.fingerprint().finish())
-            .finish();
-        let numels: Vec<usize> = layers.iter().map(|l| l.numel).collect();
-        let pto = Pto::with_check(comm, &numels, salt, cfg.validate())?;
+        let (excluded, pto) = optimizer_operator(
+            comm,
+            layers,
+            &cfg.skip,
+            cfg.fingerprint().finish(),
+            cfg.validate(),
+        )?;
         Ok(Lars {
             cfg,
             excluded,

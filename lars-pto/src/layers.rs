@@ -1,8 +1,11 @@
 //! The layer list an optimizer is built with, the skip list that exempts layers from
 //! layer-wise adaptation, and the shape checks of per-layer tensor lists.
 
+use collectives::Communicator;
+
 use crate::error::Tensor;
 use crate::fingerprint::Fingerprint;
+use crate::pto::Pto;
 use crate::{Error, Result};
 
 /// One layer (parameter tensor) in the order the optimizer sees them.
@@ -102,6 +105,23 @@ pub(crate) fn fingerprint_layers(layers: &[LayerSpec], excluded: &[bool]) -> Fin
         Fingerprint::new().u64(layers.len() as u64),
         |fp, (l, &x)| fp.str(&l.name).u64(l.numel as u64).u64(u64::from(x)),
     )
+}
+
+/// The exemptions and the checked operator an optimizer is built on. Collective: every
+/// rank checks that all ranks have the same layers and hyper-parameters (`cfg_fp`, the
+/// config's fingerprint) and that `valid` (the config's validation) holds everywhere.
+pub(crate) fn optimizer_operator<C: Communicator + ?Sized>(
+    comm: &C,
+    layers: &[LayerSpec],
+    skip: &SkipList,
+    cfg_fp: u64,
+    valid: Result<()>,
+) -> Result<(Vec<bool>, Pto)> {
+    let excluded = exclusions(layers, skip);
+    let salt = fingerprint_layers(layers, &excluded).u64(cfg_fp).finish();
+    let numels: Vec<usize> = layers.iter().map(|l| l.numel).collect();
+    let pto = Pto::with_check(comm, &numels, salt, valid)?;
+    Ok((excluded, pto))
 }
 
 /// Checks a list of per-layer tensors against the layer sizes.

@@ -275,6 +275,27 @@ fn assert_tensor_close(got: &[Vec<f32>], want: &[Vec<f64>], scale: &[Vec<f64>], 
     }
 }
 
+/// Magnitude scale of each weight: its reference value after the steps plus its start
+/// value (the size of the step taken).
+fn weight_scale(rw: &[Vec<f64>], w0: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    rw.iter()
+        .zip(w0)
+        .map(|(a, b)| {
+            a.iter()
+                .zip(b)
+                .map(|(a, &b)| a.abs() + f64::from(b).abs())
+                .collect()
+        })
+        .collect()
+}
+
+/// `|x| + floor` per element: the scale a state tensor is compared at.
+fn abs_plus(t: &[Vec<f64>], floor: f64) -> Vec<Vec<f64>> {
+    t.iter()
+        .map(|t| t.iter().map(|v| v.abs() + floor).collect())
+        .collect()
+}
+
 #[test]
 fn lars_matches_f64_reference_over_steps() {
     let numels = [50usize, 7, 300, 0, 64, 3];
@@ -324,22 +345,9 @@ fn lars_matches_f64_reference_over_steps() {
             rw = nw;
             rv = nv;
         }
-        // Magnitude scale of each element: its old value plus the step taken.
-        let scale: Vec<Vec<f64>> = rw
-            .iter()
-            .zip(&x.w)
-            .map(|(a, b)| {
-                a.iter()
-                    .zip(b)
-                    .map(|(a, &b)| a.abs() + f64::from(b).abs())
-                    .collect()
-            })
-            .collect();
+        let scale = weight_scale(&rw, &x.w);
         assert_tensor_close(w, &rw, &scale, "lars weights");
-        let vscale: Vec<Vec<f64>> = rv
-            .iter()
-            .map(|t| t.iter().map(|v| v.abs() + 1e-9).collect())
-            .collect();
+        let vscale = abs_plus(&rv, 1e-9);
         assert_tensor_close(v, &rv, &vscale, "lars momentum");
     }
 }
@@ -389,26 +397,11 @@ fn lamb_matches_f64_reference_over_steps() {
             rm = nm;
             rv = nv;
         }
-        let scale: Vec<Vec<f64>> = rw
-            .iter()
-            .zip(&x.w)
-            .map(|(a, b)| {
-                a.iter()
-                    .zip(b)
-                    .map(|(a, &b)| a.abs() + f64::from(b).abs())
-                    .collect()
-            })
-            .collect();
+        let scale = weight_scale(&rw, &x.w);
         assert_tensor_close(w, &rw, &scale, "lamb weights");
-        let ms: Vec<Vec<f64>> = rm
-            .iter()
-            .map(|t| t.iter().map(|v| v.abs() + 1e-12).collect())
-            .collect();
+        let ms = abs_plus(&rm, 1e-12);
         assert_tensor_close(m, &rm, &ms, "lamb m");
-        let vs: Vec<Vec<f64>> = rv
-            .iter()
-            .map(|t| t.iter().map(|v| v.abs() + 1e-20).collect())
-            .collect();
+        let vs = abs_plus(&rv, 1e-20);
         assert_tensor_close(v, &rv, &vs, "lamb v");
     }
 }

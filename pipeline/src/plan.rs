@@ -288,23 +288,36 @@ struct State {
     idx: usize,
 }
 
-/// Builds the front of one boundary from its candidates, dropping dominated states. A
-/// suffix state's final value is `C + max(δ + A, D)` where the prefix's `δ = E − C` lies
-/// in `[lo, hi]` for every prefix that can still beat the upper bound, so `s1` dominates
-/// `s2` when `max(δ + A1, D1) ≤ max(δ + A2, D2)` on that whole interval: for `A1 ≤ A2`
-/// that is `D1 ≤ max(D2, lo + A2)`; for `A1 > A2` it is `D1 ≤ D2` and `hi + A1 ≤ D2`.
-fn reduce_front(cands: &mut [State], lo: f64, hi: f64, ub: f64) -> Vec<State> {
-    cands.sort_unstable_by(|x, y| x.a.total_cmp(&y.a).then(x.d.total_cmp(&y.d)));
-    // Left to right: the last kept state has the smallest `d` of all with smaller `a`.
-    let mut kept: Vec<State> = Vec::new();
-    for &s in cands.iter() {
-        if let Some(last) = kept.last() {
-            if last.d <= s.d.max(lo + s.a) {
-                continue;
-            }
-        }
-        kept.push(s);
+/// Adds candidate `s` to the boundary's staircase `front` (ascending `a`, strictly
+/// descending `d`) unless a state already there dominates it, and drops the states it
+/// dominates. A suffix state's final value is `C + max(δ + A, D)` where the prefix's
+/// `δ = E − C ≥ lo`, so `s1` dominates `s2` on every such prefix when `A1 ≤ A2` and
+/// `D1 ≤ max(D2, lo + A2)`. That relation is transitive, and along the staircase the
+/// nearest state below `s` (in `(a, d)` order) has the smallest `d` of all below it, so
+/// one binary search decides almost every candidate; the front stays a few dozen states
+/// long, which keeps the rare insertions cheap. The kept set is the one a sort of all
+/// candidates followed by a left-to-right sweep would keep.
+fn insert_state(front: &mut Vec<State>, s: State, lo: f64) {
+    let pos = front.partition_point(|x| x.a < s.a || (x.a == s.a && x.d <= s.d));
+    if pos > 0 && front[pos - 1].d <= s.d.max(lo + s.a) {
+        return;
     }
+    let mut w = pos;
+    for r in pos..front.len() {
+        let t = front[r];
+        if s.d > t.d.max(lo + t.a) {
+            front[w] = t;
+            w += 1;
+        }
+    }
+    front.truncate(w);
+    front.insert(pos, s);
+}
+
+/// Finishes a boundary's front from its staircase (see [`insert_state`]): a prefix's
+/// `δ` also lies below `hi` for every prefix that can still beat the upper bound, so
+/// for `A1 > A2`, `s1` dominates `s2` when `D1 ≤ D2` and `hi + A1 ≤ D2`.
+fn finish_front(kept: &[State], hi: f64, thin_width: f64, cap: usize) -> Vec<State> {
     // Right to left: the next kept state has the smallest `a` of all with smaller `d`.
     let mut out: Vec<State> = Vec::with_capacity(kept.len());
     for &r in kept.iter().rev() {
@@ -317,13 +330,22 @@ fn reduce_front(cands: &mut [State], lo: f64, hi: f64, ub: f64) -> Vec<State> {
     }
     out.reverse();
     if out.len() > THIN_ABOVE {
-        thin(&mut out, THIN_WIDTH * ub);
+        thin(&mut out, thin_width);
+    }
+    if out.len() > cap {
+        // Keep `cap` states spread along the front, both ends included.
+        let n = out.len();
+        out = (0..cap)
+            .map(|i| out[i * (n - 1) / (cap - 1).max(1)])
+            .collect();
     }
     out
 }
 
 /// Fronts longer than this are thinned (see [`exact`]).
 const THIN_ABOVE: usize = 16;
+/// States per boundary in [`exact`]'s first (upper-bound) pass.
+const FIRST_PASS_CAP: usize = 3;
 /// Width of a thinning bucket, relative to the upper bound.
 const THIN_WIDTH: f64 = 1e-5;
 
@@ -368,11 +390,20 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
         b[i + 1] = b[i] + layer.backward_s;
         n[i + 1] = n[i] + layer.numel;
     }
-    // Costs of every candidate group [j, k), checked once.
-    let idx = |j: usize, k: usize| j * (l_count + 1) + k;
-    let mut ts = vec![0.0; (l_count + 1) * (l_count + 1)];
-    let mut tc = vec![0.0; (l_count + 1) * (l_count + 1)];
+    // Costs of every candidate group [j, k) (row j holds the groups starting at j),
+    // checked once. In the same row-major sweep: the cheapest total sparsification of
+    // the prefix [0, k) over any grouping (`ts_min`, a lower bound for the compute time
+    // spent before boundary k, relaxed forward from each final `ts_min[j]`) and the
+    // cheapest communication of any group ending at k (`tc_in`).
+    let w = l_count + 1;
+    let idx = |j: usize, k: usize| j * w + k;
+    let mut ts = vec![0.0; w * w];
+    let mut tc = vec![0.0; w * w];
+    let mut ts_min = vec![f64::INFINITY; w];
+    ts_min[0] = 0.0;
+    let mut tc_in = vec![f64::INFINITY; w];
     for j in 0..l_count {
+        let base = ts_min[j];
         for k in j + 1..=l_count {
             let numel = n[k] - n[j];
             let s = costs.sparsify_s(numel);
@@ -393,24 +424,22 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
             }
             ts[idx(j, k)] = s;
             tc[idx(j, k)] = c;
+            ts_min[k] = ts_min[k].min(base + s);
+            tc_in[k] = tc_in[k].min(c);
         }
     }
-    // Cheapest total sparsification of the prefix [0, j) over any grouping (a lower bound
-    // for the compute time spent before boundary j).
-    let mut ts_min = vec![0.0; l_count + 1];
-    for k in 1..=l_count {
-        ts_min[k] = (0..k)
-            .map(|j| ts_min[j] + ts[idx(j, k)])
-            .fold(f64::INFINITY, f64::min);
-    }
     // Lower bounds at each boundary j over all prefix plans: compute done
-    // (`c_min[j]`) and link free (`e_min[j]`), by the monotone recurrences relaxed to them.
+    // (`c_min[j]`) and link free (`e_min[j]`), by the monotone recurrences relaxed to them
+    // (forward, row by row, like `ts_min`).
     let c_min: Vec<f64> = (0..=l_count).map(|j| tf + b[j] + ts_min[j]).collect();
-    let mut e_min = vec![0.0; l_count + 1];
-    for k in 1..=l_count {
-        e_min[k] = (0..k)
-            .map(|j| c_min[k].max(e_min[j]) + tc[idx(j, k)])
-            .fold(f64::INFINITY, f64::min);
+    let mut e_min = vec![f64::INFINITY; w];
+    e_min[0] = 0.0;
+    for j in 0..l_count {
+        let e = e_min[j];
+        let row = &tc[idx(j, 0)..idx(j + 1, 0)];
+        for k in j + 1..=l_count {
+            e_min[k] = e_min[k].min(c_min[k].max(e) + row[k]);
+        }
     }
     // Upper bound: the best of the cheap baselines.
     let bw: Vec<f64> = layers.iter().map(|l| l.backward_s).collect();
@@ -431,72 +460,89 @@ pub fn exact(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan
             .map(|k| tc[idx(j, k)] + a_min[k])
             .fold(f64::INFINITY, f64::min);
     }
-    let mut fronts: Vec<Vec<State>> = vec![Vec::new(); l_count + 1];
-    fronts[l_count].push(State {
-        a: 0.0,
-        d: f64::NEG_INFINITY,
-        next: l_count,
-        idx: 0,
-    });
-    let mut cands: Vec<State> = Vec::new();
-    for j in (0..l_count).rev() {
-        let (c_lo, e_lo) = (c_min[j], e_min[j]);
-        // E − C at boundary j: exactly −t_f at the start; afterwards at least the last
-        // prefix group's communication.
-        let lo = if j == 0 {
-            -tf
-        } else {
-            (0..j).map(|i| tc[idx(i, j)]).fold(f64::INFINITY, f64::min)
-        };
-        // A prefix with E − C above this cannot finish under the upper bound.
-        let hi = (ub - a_min[j] - c_lo).max(lo);
-        cands.clear();
-        for k in j + 1..=l_count {
-            let (s, c) = (ts[idx(j, k)], tc[idx(j, k)]);
-            let a0 = b[k] - b[j] + s;
-            // Every candidate through this group has d ≥ a0 + t_c and a ≥ t_c.
-            if (c_lo + a0 + c).max(e_lo + c) > ub {
-                continue;
+    // The dynamic program under upper bound `ub`, keeping at most `cap` states per
+    // boundary; returns the best plan's group starts.
+    let thin_width = THIN_WIDTH * ub;
+    let run = |ub: f64, cap: usize| -> Result<Vec<usize>> {
+        let mut fronts: Vec<Vec<State>> = vec![Vec::new(); l_count + 1];
+        fronts[l_count].push(State {
+            a: 0.0,
+            d: f64::NEG_INFINITY,
+            next: l_count,
+            idx: 0,
+        });
+        let mut stair: Vec<State> = Vec::new();
+        for j in (0..l_count).rev() {
+            let (c_lo, e_lo) = (c_min[j], e_min[j]);
+            // E − C at boundary j: exactly −t_f at the start; afterwards at least the last
+            // prefix group's communication.
+            let lo = if j == 0 { -tf } else { tc_in[j] };
+            // A prefix with E − C above this cannot finish under the upper bound.
+            let hi = (ub - a_min[j] - c_lo).max(lo);
+            stair.clear();
+            for k in j + 1..=l_count {
+                let front = &fronts[k];
+                let (Some(first), Some(last)) = (front.first(), front.last()) else {
+                    continue;
+                };
+                let (s, c) = (ts[idx(j, k)], tc[idx(j, k)]);
+                let a0 = b[k] - b[j] + s;
+                // Fronts ascend in `a` and descend in `d`, so every candidate through this
+                // group has a ≥ t_c + a_first and d ≥ a0 + max(a_first + t_c, d_last).
+                let a_lb = c + first.a;
+                if (c_lo + a0 + a_lb.max(last.d)).max(e_lo + a_lb) > ub {
+                    continue;
+                }
+                for (si, st) in front.iter().enumerate() {
+                    let a = c + st.a;
+                    if e_lo + a > ub {
+                        break; // `a` only grows along the front
+                    }
+                    let d = a0 + a.max(st.d);
+                    if c_lo + d <= ub {
+                        insert_state(
+                            &mut stair,
+                            State {
+                                a,
+                                d,
+                                next: k,
+                                idx: si,
+                            },
+                            lo,
+                        );
+                    }
+                    // Further states of this front have larger `a` and smaller `d`; once
+                    // `a ≥ d` the candidates only get worse in both coordinates.
+                    if a >= st.d {
+                        break;
+                    }
+                }
             }
-            for (si, st) in fronts[k].iter().enumerate() {
-                let a = c + st.a;
-                if e_lo + a > ub {
-                    break; // `a` only grows along the front
-                }
-                let d = a0 + a.max(st.d);
-                if c_lo + d <= ub {
-                    cands.push(State {
-                        a,
-                        d,
-                        next: k,
-                        idx: si,
-                    });
-                }
-                // Further states of this front have larger `a` and smaller `d`; once
-                // `a ≥ d` the candidates only get worse in both coordinates.
-                if a >= st.d {
-                    break;
-                }
-            }
+            fronts[j] = finish_front(&stair, hi, thin_width, cap);
         }
-        fronts[j] = reduce_front(&mut cands, lo, hi, ub);
-    }
-    let (mut i, _) = fronts[0]
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (i, s.a.max(tf + s.d)))
-        .min_by(|x, y| x.1.total_cmp(&y.1))
-        .ok_or_else(|| Error::InvalidPlan("no plan found".into()))?;
-    let mut j = 0;
-    let mut starts = Vec::new();
-    while j < l_count {
-        let s = fronts[j][i];
-        // Group = positions [j, next) = forward layers [L−next, L−j).
-        starts.push(l_count - s.next);
-        j = s.next;
-        i = s.idx;
-    }
-    starts.sort_unstable();
+        let (mut i, _) = fronts[0]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.a.max(tf + s.d)))
+            .min_by(|x, y| x.1.total_cmp(&y.1))
+            .ok_or_else(|| Error::InvalidPlan("no plan found".into()))?;
+        let mut j = 0;
+        let mut starts = Vec::new();
+        while j < l_count {
+            let s = fronts[j][i];
+            // Group = positions [j, next) = forward layers [L−next, L−j).
+            starts.push(l_count - s.next);
+            j = s.next;
+            i = s.idx;
+        }
+        starts.sort_unstable();
+        Ok(starts)
+    };
+    // A first pass keeping a few states per boundary finds a near-optimal plan cheaply;
+    // its time is a much tighter upper bound, which prunes most of the exact pass.
+    let first = run(ub, FIRST_PASS_CAP)?;
+    let t = iteration_time_bounds(&bw, &sizes, tf, &first, costs);
+    let starts = run(ub.min(t * (1.0 + 1e-9) + 1e-15), usize::MAX)?;
     MergePlan::from_starts(l_count, starts)
 }
 

@@ -178,23 +178,8 @@ pub(crate) fn halving_rs<C: Communicator + ?Sized, W: WireElem>(
     sc: &mut Scratch<W>,
     tag: Tag,
 ) -> Result<()> {
-    let (mut lo, mut hi) = (0, fold.p2);
-    let mut mask = fold.p2 / 2;
-    while mask >= 1 {
-        let pv = v ^ mask;
-        let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & mask == 0 {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
-        let (send, recv) = pair_mut(buf, vb[give.0]..vb[give.1], vb[keep.0]..vb[keep.1]);
-        let partner = fold.actor(pv);
-        sc.sendrecv_add(comm, partner, tag, send, partner, tag, recv, pv < v)?;
-        (lo, hi) = keep;
-        mask /= 2;
-    }
-    Ok(())
+    let masks = std::iter::successors(Some(fold.p2 / 2), |&m| Some(m / 2)).take_while(|&m| m >= 1);
+    halve(comm, buf, vb, fold, v, sc, tag, masks).map(|_| ())
 }
 
 /// Recursive-doubling all-gather among the acting ranks after [`halving_rs`] (partner
@@ -234,9 +219,27 @@ pub(crate) fn be_rs<C: Communicator + ?Sized, W: WireElem>(
     sc: &mut Scratch<W>,
     tag: Tag,
 ) -> Result<usize> {
+    let masks = std::iter::successors(Some(1), |&m| Some(m << 1)).take_while(|&m| m < fold.p2);
+    halve(comm, buf, vb, fold, v, sc, tag, masks)
+}
+
+/// Recursive halving of the virtual blocks `0..fold.p2` with the partner distances
+/// `masks` (each a distinct power of two below `fold.p2`): each step keeps the half of
+/// the current range on this rank's side, sends the other half and adds the partner's.
+/// Returns the first virtual block of the range kept at the end.
+#[allow(clippy::too_many_arguments)]
+fn halve<C: Communicator + ?Sized, W: WireElem>(
+    comm: &C,
+    buf: &mut [f32],
+    vb: &[usize],
+    fold: Fold,
+    v: usize,
+    sc: &mut Scratch<W>,
+    tag: Tag,
+    masks: impl Iterator<Item = usize>,
+) -> Result<usize> {
     let (mut lo, mut hi) = (0, fold.p2);
-    let mut mask = 1;
-    while mask < fold.p2 {
+    for mask in masks {
         let pv = v ^ mask;
         let mid = lo + (hi - lo) / 2;
         let (keep, give) = if v & mask == 0 {
@@ -248,7 +251,6 @@ pub(crate) fn be_rs<C: Communicator + ?Sized, W: WireElem>(
         let partner = fold.actor(pv);
         sc.sendrecv_add(comm, partner, tag, send, partner, tag, recv, pv < v)?;
         (lo, hi) = keep;
-        mask <<= 1;
     }
     Ok(lo)
 }

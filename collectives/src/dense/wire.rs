@@ -107,7 +107,6 @@ pub(crate) struct Scratch<W> {
     recv32: Vec<f32>,
 }
 
-#[allow(clippy::assign_op_pattern)] // operand order written out on purpose
 impl<W: WireElem> Scratch<W> {
     /// Scratch for messages of up to `max_elems` elements.
     pub(crate) fn new(max_elems: usize) -> Self {
@@ -164,15 +163,13 @@ impl<W: WireElem> Scratch<W> {
             let n = comm.recv_slice_into(src, tag, out)?;
             expect_len(comm, src, tag, n, out.len())
         } else {
-            let n = comm.recv_slice_into(src, tag, &mut self.recv[..out.len()])?;
-            expect_len(comm, src, tag, n, out.len())?;
-            decode_copy(out, &self.recv[..n]);
+            self.recv_scratch(comm, src, tag, out.len())?;
+            decode_copy(out, &self.recv[..out.len()]);
             Ok(())
         }
     }
 
-    /// Receives exactly `out.len()` elements from `src` and adds them: `out = out + recv`
-    /// (or `recv + out` when `recv_first`, to fix the operand order across ranks).
+    /// Receives exactly `out.len()` elements from `src` and adds them: `out = out + recv`.
     pub(crate) fn recv_add<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
@@ -180,15 +177,8 @@ impl<W: WireElem> Scratch<W> {
         tag: Tag,
         out: &mut [f32],
     ) -> Result<()> {
-        if W::IS_F32 {
-            let n = comm.recv_slice_into(src, tag, &mut self.recv32[..out.len()])?;
-            expect_len(comm, src, tag, n, out.len())?;
-            add_into(out, &self.recv32[..n]);
-        } else {
-            let n = comm.recv_slice_into(src, tag, &mut self.recv[..out.len()])?;
-            expect_len(comm, src, tag, n, out.len())?;
-            decode_add(out, &self.recv[..n]);
-        }
+        self.recv_scratch(comm, src, tag, out.len())?;
+        self.add_received(out, false);
         Ok(())
     }
 
@@ -209,18 +199,8 @@ impl<W: WireElem> Scratch<W> {
             let n = comm.sendrecv_slice_into(dest, stag, data, src, rtag, out)?;
             expect_len(comm, src, rtag, n, out.len())
         } else {
-            let bytes = Self::encode(&mut self.send, data);
-            let n = comm.sendrecv_into(
-                dest,
-                stag,
-                bytes,
-                src,
-                rtag,
-                bytemuck::cast_slice_mut(&mut self.recv[..out.len()]),
-            )?;
-            let n = n / std::mem::size_of::<W>();
-            expect_len(comm, src, rtag, n, out.len())?;
-            decode_copy(out, &self.recv[..n]);
+            self.sendrecv_scratch(comm, dest, stag, data, src, rtag, out.len())?;
+            decode_copy(out, &self.recv[..out.len()]);
             Ok(())
         }
     }
@@ -238,36 +218,8 @@ impl<W: WireElem> Scratch<W> {
         buf: &mut [f32],
         lower_first: bool,
     ) -> Result<()> {
-        let n = buf.len();
-        if W::IS_F32 {
-            let got =
-                comm.sendrecv_slice_into(dest, stag, &*buf, src, rtag, &mut self.recv32[..n])?;
-            expect_len(comm, src, rtag, got, n)?;
-            if lower_first {
-                add_into_rev(buf, &self.recv32[..n]);
-            } else {
-                add_into(buf, &self.recv32[..n]);
-            }
-        } else {
-            let bytes = Self::encode(&mut self.send, buf);
-            let got = comm.sendrecv_into(
-                dest,
-                stag,
-                bytes,
-                src,
-                rtag,
-                bytemuck::cast_slice_mut(&mut self.recv[..n]),
-            )?;
-            let got = got / std::mem::size_of::<W>();
-            expect_len(comm, src, rtag, got, n)?;
-            if lower_first {
-                for (o, &r) in buf.iter_mut().zip(&self.recv[..n]) {
-                    *o = r.to_f32() + *o;
-                }
-            } else {
-                decode_add(buf, &self.recv[..n]);
-            }
-        }
+        self.sendrecv_scratch(comm, dest, stag, buf, src, rtag, buf.len())?;
+        self.add_received(buf, lower_first);
         Ok(())
     }
 
@@ -286,42 +238,67 @@ impl<W: WireElem> Scratch<W> {
         out: &mut [f32],
         lower_first: bool,
     ) -> Result<()> {
-        if W::IS_F32 {
-            let n = comm.sendrecv_slice_into(
-                dest,
-                stag,
-                data,
-                src,
-                rtag,
-                &mut self.recv32[..out.len()],
-            )?;
-            expect_len(comm, src, rtag, n, out.len())?;
-            if lower_first {
-                add_into_rev(out, &self.recv32[..n]);
-            } else {
-                add_into(out, &self.recv32[..n]);
-            }
+        self.sendrecv_scratch(comm, dest, stag, data, src, rtag, out.len())?;
+        self.add_received(out, lower_first);
+        Ok(())
+    }
+
+    /// Receives exactly `n` elements from `src` into the scratch [`Self::add_received`]
+    /// reads (`recv32` when the wire is `f32`, else `recv`).
+    fn recv_scratch<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        src: usize,
+        tag: Tag,
+        n: usize,
+    ) -> Result<()> {
+        let got = if W::IS_F32 {
+            comm.recv_slice_into(src, tag, &mut self.recv32[..n])?
+        } else {
+            comm.recv_slice_into(src, tag, &mut self.recv[..n])?
+        };
+        expect_len(comm, src, tag, got, n)
+    }
+
+    /// One round: sends `data` (encoded) to `dest` and receives exactly `n` elements from
+    /// `src` into the scratch, as [`Self::recv_scratch`].
+    #[allow(clippy::too_many_arguments)]
+    fn sendrecv_scratch<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        dest: usize,
+        stag: Tag,
+        data: &[f32],
+        src: usize,
+        rtag: Tag,
+        n: usize,
+    ) -> Result<()> {
+        let got = if W::IS_F32 {
+            comm.sendrecv_slice_into(dest, stag, data, src, rtag, &mut self.recv32[..n])?
         } else {
             let bytes = Self::encode(&mut self.send, data);
-            let n = comm.sendrecv_into(
+            let got = comm.sendrecv_into(
                 dest,
                 stag,
                 bytes,
                 src,
                 rtag,
-                bytemuck::cast_slice_mut(&mut self.recv[..out.len()]),
+                bytemuck::cast_slice_mut(&mut self.recv[..n]),
             )?;
-            let n = n / std::mem::size_of::<W>();
-            expect_len(comm, src, rtag, n, out.len())?;
-            if lower_first {
-                for (o, &r) in out.iter_mut().zip(&self.recv[..n]) {
-                    *o = r.to_f32() + *o;
-                }
-            } else {
-                decode_add(out, &self.recv[..n]);
-            }
+            got / std::mem::size_of::<W>()
+        };
+        expect_len(comm, src, rtag, got, n)
+    }
+
+    /// Adds the `out.len()` elements just received into the scratch into `out`, in the
+    /// operand order `lower_first` fixes.
+    fn add_received(&self, out: &mut [f32], lower_first: bool) {
+        let n = out.len();
+        if W::IS_F32 {
+            add_ordered(out, &self.recv32[..n], lower_first);
+        } else {
+            add_ordered(out, &self.recv[..n], lower_first);
         }
-        Ok(())
     }
 }
 
@@ -346,21 +323,20 @@ pub(crate) fn expect_len<C: Communicator + ?Sized>(
     }
 }
 
-/// `out[i] += x[i]`, a plain loop the compiler vectorises.
-#[inline]
-pub(crate) fn add_into(out: &mut [f32], x: &[f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o += v;
-    }
-}
-
-/// `out[i] = x[i] + out[i]` (operand order fixed; IEEE addition is commutative, so this is
-/// bitwise the same as [`add_into`], kept explicit to document the order).
+/// `out[i] += x[i]` (or `out[i] = x[i] + out[i]` when `lower_first`: the operand order is
+/// fixed; IEEE addition is commutative, so both are bitwise the same, the order is kept
+/// explicit to document it). Plain loops the compiler vectorises.
 #[inline]
 #[allow(clippy::assign_op_pattern)]
-pub(crate) fn add_into_rev(out: &mut [f32], x: &[f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = v + *o;
+fn add_ordered<V: WireElem>(out: &mut [f32], x: &[V], lower_first: bool) {
+    if lower_first {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v.to_f32() + *o;
+        }
+    } else {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o += v.to_f32();
+        }
     }
 }
 
@@ -368,12 +344,5 @@ pub(crate) fn add_into_rev(out: &mut [f32], x: &[f32]) {
 fn decode_copy<W: WireElem>(out: &mut [f32], x: &[W]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v.to_f32();
-    }
-}
-
-#[inline]
-fn decode_add<W: WireElem>(out: &mut [f32], x: &[W]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o += v.to_f32();
     }
 }
