@@ -87,6 +87,9 @@ pub enum Error {
     /// An error from the MPI library or its wrapper.
     #[error("mpi: {0}")]
     Mpi(String),
+    /// An error from NCCL or the CUDA driver under it (feature `nccl`), or a missing GPU.
+    #[error("nccl: {0}")]
+    Nccl(String),
     /// An error from the sparsification layer.
     #[error(transparent)]
     Sparsify(#[from] sparsify::Error),

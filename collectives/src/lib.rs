@@ -43,6 +43,9 @@ pub use sparse::{SparseAllreduce, SparseOptions, StepStats};
 #[cfg(feature = "mpi")]
 pub use comm::mpi::MpiComm;
 
+#[cfg(feature = "nccl")]
+pub use comm::nccl::NcclComm;
+
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

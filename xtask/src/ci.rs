@@ -1,8 +1,8 @@
 //! `cargo xtask ci`: everything CI checks, in the order a developer wants to see failures.
 //!
 //! 1. `cargo fmt --all -- --check`
-//! 2. `cargo clippy --workspace --all-targets -- -D warnings`, then the same for the `mpi`
-//!    and `cuda` features of the crates that have them (the CUDA code must build without a GPU)
+//! 2. `cargo clippy --workspace --all-targets -- -D warnings`, then the same for the `mpi`,
+//!    `cuda` and `nccl` features of the crates that have them (GPU code must build without a GPU)
 //! 3. `cargo test --workspace`, then the `cuda` tests of `sparsify` (NVRTC compiles the
 //!    kernels where libnvrtc is found; the GPU bodies skip without a device)
 //! 4. when `mpirun` is on the PATH: every `mpi_*` test binary built with `--features mpi`,
@@ -75,6 +75,23 @@ pub fn run(args: Args) -> CliResult {
                     "sparsify",
                     "--features",
                     "cuda",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        )?;
+        step(
+            "clippy (nccl feature: the NCCL transport builds without a GPU)",
+            cargo(
+                &root,
+                &[
+                    "clippy",
+                    "-p",
+                    "collectives",
+                    "--features",
+                    "nccl",
                     "--all-targets",
                     "--",
                     "-D",

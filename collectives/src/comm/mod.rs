@@ -15,6 +15,9 @@ pub mod thread;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
+#[cfg(feature = "nccl")]
+pub mod nccl;
+
 /// A message tag. User code uses `0..=MAX_USER_TAG`; the rest is reserved for transports.
 pub type Tag = u32;
 
