@@ -126,6 +126,25 @@ pub fn run(args: Args) -> CliResult {
             "cargo test --workspace",
             cargo(&root, &["test", "--workspace"]),
         )?;
+        // The CUDA tests: the kernels compile with NVRTC when libnvrtc is found (no GPU
+        // needed), and the GPU bodies run when a device is present; otherwise they skip.
+        step(
+            "sparsify CUDA tests (skip without NVRTC / GPU)",
+            cargo(
+                &root,
+                &[
+                    "test",
+                    "-p",
+                    "sparsify",
+                    "--features",
+                    "cuda",
+                    "--lib",
+                    "cuda",
+                    "--",
+                    "--nocapture",
+                ],
+            ),
+        )?;
     }
     if args.skip_mpi {
         println!("== MPI tests skipped (--skip-mpi)");
