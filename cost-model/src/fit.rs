@@ -336,9 +336,9 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 ///
 /// Every split between distinct measured sizes that leaves each segment at least two
 /// distinct sizes is tried and the one with the smallest total `Σ ((pred − t)/t)²` is
-/// kept (splits with a segment of negative β are skipped); a split is only accepted when it divides that sum by at least
-/// [`PIECEWISE_MIN_GAIN`] over the fit with one segment fewer, so data with one regime
-/// stays one line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and
+/// kept (splits with a segment of negative β are skipped); a split is only accepted when it
+/// divides that sum by at least [`PIECEWISE_MIN_GAIN`] over the best fit with fewer
+/// segments, so data with one regime stays one line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and
 /// continuity: see [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
 ///
 /// ```
@@ -388,23 +388,26 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
         }
         if let Some(two) = two.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
             best = two;
-            if max_segments >= 3 && distinct >= 6 && best.0 > floor {
-                let mut three: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
-                for c1 in 2..=distinct - 4 {
-                    for c2 in c1 + 2..=distinct - 2 {
-                        if let (Some((l, a)), Some((m, b)), Some((r, c))) =
-                            (fit(0, c1), fit(c1, c2), fit(c2, distinct))
-                        {
-                            if three.as_ref().is_none_or(|t| a + b + c < t.0) {
-                                three = Some((a + b + c, vec![c1, c2], vec![l, m, r]));
-                            }
-                        }
+        }
+    }
+    // Three regimes are tried whether or not a split in two was kept: noise in the
+    // latency-bound sizes can make every two-way split carry a segment with β < 0 while
+    // the three-way split that isolates those sizes is clean.
+    if max_segments >= 3 && distinct >= 6 && best.0 > floor {
+        let mut three: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
+        for c1 in 2..=distinct - 4 {
+            for c2 in c1 + 2..=distinct - 2 {
+                if let (Some((l, a)), Some((m, b)), Some((r, c))) =
+                    (fit(0, c1), fit(c1, c2), fit(c2, distinct))
+                {
+                    if three.as_ref().is_none_or(|t| a + b + c < t.0) {
+                        three = Some((a + b + c, vec![c1, c2], vec![l, m, r]));
                     }
                 }
-                if let Some(three) = three.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
-                    best = three;
-                }
             }
+        }
+        if let Some(three) = three.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
+            best = three;
         }
     }
     let (_, cuts, lines) = best;
