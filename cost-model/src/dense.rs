@@ -1,18 +1,16 @@
 //! Predicted time, rounds and bytes of the dense collectives, for any P, size and
-//! topology, by replaying the exact message schedule of each `collectives::dense`
-//! algorithm through the clock model ([`crate::schedule`]), plus textbook closed forms
-//! for a uniform flat cluster ([`closed_form`]) that the schedules reduce to where those
-//! apply (paper 004 Table 1; Thakur, Rabenseifner & Gropp 2005).
+//! topology: the plans of [`crate::plan::dense`], which `collectives::dense` executes,
+//! evaluated by the clock model ([`crate::schedule`]); plus textbook closed forms for a
+//! uniform flat cluster ([`closed_form`]) that the plans reduce to where those apply
+//! (Linear Pipelining (Wang et al.), Table 1; Thakur, Rabenseifner & Gropp 2005).
 //!
-//! The schedules mirror `collectives/src/dense/` message for message: block partitions
-//! of `n` items into `p` parts give the first `n mod p` parts one extra item; non-powers
-//! of two fold the first `2·(P − P2)` ranks in pairs (even into odd); binomial trees are
-//! rooted at `root`; the linear pipeline uses blocks of `block_bytes / elem_bytes`
-//! elements. The agreement check of `DenseOptions::default()` (one Bruck all-gather of 48
-//! bytes) is NOT included: compare against `DenseOptions::unchecked()`.
+//! The agreement check of `DenseOptions::default()` (one Bruck all-gather of 48 bytes) is
+//! NOT included: compare against `DenseOptions::unchecked()`.
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::dense::{self as plan, tags};
+use crate::plan::{ceil_log2, push_schedule, Step};
 use crate::schedule::{Prediction, Schedule};
 use crate::{Algorithm, Collective, Error, Link, Result, Topology};
 
@@ -65,381 +63,9 @@ impl DenseCase {
     }
 }
 
-// Tags: one per phase (as the implementation's), plus a context offset per sub-communicator.
-const T_RS: u32 = 1;
-const T_AG: u32 = 2;
-const T_FOLD_IN: u32 = 3;
-const T_FOLD_OUT: u32 = 4;
-const T_RD: u32 = 5;
-const T_REDUCE: u32 = 6;
-const T_BCAST: u32 = 7;
-const T_SCATTER: u32 = 8;
-const T_LP_REDUCE: u32 = 9;
-const T_LP_BCAST: u32 = 10;
-const CTX_INTER: u32 = 100;
-
-/// Start of block `i` of `n` items in `parts` near-equal blocks (first `n mod parts` get one
-/// more). `collectives` splits its buffers with this same function.
-#[inline]
-pub fn block_start(n: usize, parts: usize, i: usize) -> usize {
-    if parts == 0 {
-        return 0;
-    }
-    i * (n / parts) + i.min(n % parts)
-}
-
-/// The standard fold-in of non-power-of-two P (Thakur et al. 2005 §4).
-#[derive(Clone, Copy)]
-struct Fold {
-    p2: usize,
-    rem: usize,
-}
-
-impl Fold {
-    fn new(p: usize) -> Self {
-        let p2 = if p == 0 {
-            0
-        } else {
-            1usize << (usize::BITS - 1 - p.leading_zeros())
-        };
-        Fold { p2, rem: p - p2 }
-    }
-    fn virt(&self, r: usize) -> Option<usize> {
-        if r < 2 * self.rem {
-            (r % 2 == 1).then_some(r / 2)
-        } else {
-            Some(r - self.rem)
-        }
-    }
-    fn actor(&self, v: usize) -> usize {
-        if v < self.rem {
-            2 * v + 1
-        } else {
-            v + self.rem
-        }
-    }
-    fn orig_lo(&self, v: usize) -> usize {
-        if v < self.rem {
-            2 * v
-        } else {
-            v + self.rem
-        }
-    }
-}
-
-fn ceil_log2(p: usize) -> u32 {
-    if p <= 1 {
-        0
-    } else {
-        usize::BITS - (p - 1).leading_zeros()
-    }
-}
-
-/// A sub-communicator view: virtual index → world rank.
-type Map<'a> = &'a dyn Fn(usize) -> usize;
-
-#[allow(clippy::too_many_arguments)]
-fn ring_rs(
-    s: &mut Schedule,
-    w: usize,
-    me: usize,
-    p: usize,
-    abs: Map,
-    bounds: &[usize],
-    e: usize,
-    tag: u32,
-) {
-    let (right, left) = (abs((me + 1) % p), abs((me + p - 1) % p));
-    for st in 0..p.saturating_sub(1) {
-        let sb = (me + 2 * p - st - 1) % p;
-        s.sendrecv(w, right, (bounds[sb + 1] - bounds[sb]) * e, left, tag, true);
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn ring_ag(
-    s: &mut Schedule,
-    w: usize,
-    me: usize,
-    p: usize,
-    abs: Map,
-    bounds: &[usize],
-    e: usize,
-    tag: u32,
-) {
-    let (right, left) = (abs((me + 1) % p), abs((me + p - 1) % p));
-    for st in 0..p.saturating_sub(1) {
-        let sb = (me + p - st) % p;
-        s.sendrecv(
-            w,
-            right,
-            (bounds[sb + 1] - bounds[sb]) * e,
-            left,
-            tag,
-            false,
-        );
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn ring_allreduce(
-    s: &mut Schedule,
-    w: usize,
-    me: usize,
-    p: usize,
-    abs: Map,
-    n: usize,
-    e: usize,
-    ctx: u32,
-) {
-    if p <= 1 {
-        return;
-    }
-    let bounds: Vec<usize> = (0..=p).map(|i| block_start(n, p, i)).collect();
-    ring_rs(s, w, me, p, abs, &bounds, e, ctx + T_RS);
-    ring_ag(s, w, me, p, abs, &bounds, e, ctx + T_AG);
-}
-
-fn halving_rs(s: &mut Schedule, w: usize, v: usize, f: Fold, vb: &[usize], e: usize, tag: u32) {
-    let (mut lo, mut hi) = (0, f.p2);
-    let mut mask = f.p2 / 2;
-    while mask >= 1 {
-        let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & mask == 0 {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
-        let partner = f.actor(v ^ mask);
-        s.sendrecv(
-            w,
-            partner,
-            (vb[give.1] - vb[give.0]) * e,
-            partner,
-            tag,
-            true,
-        );
-        (lo, hi) = keep;
-        mask /= 2;
-    }
-}
-
-fn doubling_ag(s: &mut Schedule, w: usize, v: usize, f: Fold, vb: &[usize], e: usize, tag: u32) {
-    let mut mask = 1;
-    while mask < f.p2 {
-        let lo = v & !(mask - 1);
-        let partner = f.actor(v ^ mask);
-        s.sendrecv(
-            w,
-            partner,
-            (vb[lo + mask] - vb[lo]) * e,
-            partner,
-            tag,
-            false,
-        );
-        mask <<= 1;
-    }
-}
-
-fn be_rs(s: &mut Schedule, w: usize, v: usize, f: Fold, vb: &[usize], e: usize, tag: u32) -> usize {
-    let (mut lo, mut hi) = (0, f.p2);
-    let mut mask = 1;
-    while mask < f.p2 {
-        let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & mask == 0 {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
-        let partner = f.actor(v ^ mask);
-        s.sendrecv(
-            w,
-            partner,
-            (vb[give.1] - vb[give.0]) * e,
-            partner,
-            tag,
-            true,
-        );
-        (lo, hi) = keep;
-        mask <<= 1;
-    }
-    lo
-}
-
-#[allow(clippy::too_many_arguments)]
-fn be_ag(
-    s: &mut Schedule,
-    w: usize,
-    v: usize,
-    f: Fold,
-    vb: &[usize],
-    own: usize,
-    e: usize,
-    tag: u32,
-) {
-    let (mut lo, mut hi) = (own, own + 1);
-    let mut mask = f.p2 / 2;
-    while mask >= 1 {
-        let sz = hi - lo;
-        let (plo, phi) = if v & mask == 0 {
-            (hi, hi + sz)
-        } else {
-            (lo - sz, lo)
-        };
-        let partner = f.actor(v ^ mask);
-        s.sendrecv(w, partner, (vb[hi] - vb[lo]) * e, partner, tag, false);
-        lo = lo.min(plo);
-        hi = hi.max(phi);
-        mask /= 2;
-    }
-}
-
-/// The fold-in wrapper of recursive doubling / Rabenseifner / BE all-reduce.
-fn folded(
-    s: &mut Schedule,
-    w: usize,
-    p: usize,
-    n: usize,
-    e: usize,
-    body: &dyn Fn(&mut Schedule, usize, Fold),
-) {
-    let f = Fold::new(p);
-    match f.virt(w) {
-        None => {
-            s.send(w, w + 1, T_FOLD_IN, n * e);
-            s.recv(w, w + 1, T_FOLD_OUT, false);
-        }
-        Some(v) => {
-            let extra = w < 2 * f.rem;
-            if extra {
-                s.recv(w, w - 1, T_FOLD_IN, true);
-            }
-            body(s, v, f);
-            if extra {
-                s.send(w, w - 1, T_FOLD_OUT, n * e);
-            }
-        }
-    }
-}
-
-fn reduce_binomial(s: &mut Schedule, w: usize, p: usize, root: usize, bytes: usize, tag: u32) {
-    let rel = (w + p - root) % p;
-    let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            s.send(w, abs(rel - mask), tag, bytes);
-            break;
-        } else if rel + mask < p {
-            s.recv(w, abs(rel + mask), tag, true);
-        }
-        mask <<= 1;
-    }
-}
-
-fn bcast_binomial(s: &mut Schedule, w: usize, p: usize, root: usize, bytes: usize, tag: u32) {
-    let rel = (w + p - root) % p;
-    let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            s.recv(w, abs(rel - mask), tag, false);
-            break;
-        }
-        mask <<= 1;
-    }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            s.send(w, abs(rel + mask), tag, bytes);
-        }
-        mask >>= 1;
-    }
-}
-
-fn bcast_scatter_allgather(s: &mut Schedule, w: usize, p: usize, root: usize, n: usize) {
-    let rel = (w + p - root) % p;
-    let abs = move |x: usize| (x + root) % p;
-    let displs: Vec<usize> = (0..=p).map(|i| block_start(n, p, i)).collect();
-    let span = |a: usize, b: usize| displs[b.min(p)] - displs[a.min(p)];
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            s.recv(w, abs(rel - mask), T_SCATTER, false);
-            break;
-        }
-        mask <<= 1;
-    }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            s.send(
-                w,
-                abs(rel + mask),
-                T_SCATTER,
-                span(rel + mask, rel + 2 * mask),
-            );
-        }
-        mask >>= 1;
-    }
-    ring_ag(s, w, rel, p, &abs, &displs, 1, T_AG);
-}
-
-/// Chunk sizes of `total` split into pieces of `b` (the last one shorter).
-fn chunks(total: usize, b: usize) -> impl Iterator<Item = usize> {
-    (0..total.div_ceil(b)).map(move |j| b.min(total - j * b))
-}
-
-fn bcast_lp(s: &mut Schedule, w: usize, p: usize, root: usize, n_bytes: usize, b: usize) {
-    let rel = (w + p - root) % p;
-    let prev = (rel + p - 1 + root) % p;
-    let next = (rel + 1 + root) % p;
-    for c in chunks(n_bytes, b) {
-        if rel > 0 {
-            s.recv(w, prev, T_LP_BCAST, false);
-        }
-        if rel + 1 < p {
-            s.send(w, next, T_LP_BCAST, c);
-        }
-    }
-}
-
-fn reduce_lp(s: &mut Schedule, w: usize, p: usize, root: usize, n: usize, be: usize, e: usize) {
-    let pos = (w + p - root - 1) % p;
-    let rank_at = |i: usize| (root + 1 + i) % p;
-    for c in chunks(n, be) {
-        if pos > 0 {
-            s.recv(w, rank_at(pos - 1), T_LP_REDUCE, true);
-        }
-        if pos + 1 < p {
-            s.send(w, rank_at(pos + 1), T_LP_REDUCE, c * e);
-        }
-    }
-}
-
-fn lp_allreduce(s: &mut Schedule, w: usize, p: usize, n: usize, be: usize, e: usize) {
-    let nb = n.div_ceil(be);
-    let lag = 2 * (p - 1 - w);
-    let blk = |j: usize| be.min(n - j * be) * e;
-    for step in 0..nb + lag {
-        if step < nb {
-            if w > 0 {
-                s.recv(w, w - 1, T_LP_REDUCE, true);
-            }
-            if w + 1 < p {
-                s.send(w, w + 1, T_LP_REDUCE, blk(step));
-            } else {
-                s.send(w, w - 1, T_LP_BCAST, blk(step));
-            }
-        }
-        if w + 1 < p && step >= lag {
-            s.recv(w, w + 1, T_LP_BCAST, false);
-            if w > 0 {
-                s.send(w, w - 1, T_LP_BCAST, blk(step - lag));
-            }
-        }
-    }
-}
+/// Start of block `i` of `n` items in `parts` near-equal blocks (re-exported from the
+/// plans, which own the partition).
+pub use crate::plan::block_start;
 
 fn lp_block_elems(case: &DenseCase) -> Result<usize> {
     let e = case.elem_bytes.max(1);
@@ -486,147 +112,84 @@ pub fn dense_schedule(case: &DenseCase, p: usize, ranks_per_node: usize) -> Resu
     if p == 1 {
         return Ok(s);
     }
-    let (n, e) = (case.elems, case.elem_bytes);
-    let id = |i: usize| i;
-    use Algorithm as A;
-    use Collective as C;
-    for w in 0..p {
-        match (case.op, case.algo) {
-            (C::Allreduce, A::Ring) => ring_allreduce(&mut s, w, w, p, &id, n, e, 0),
-            (C::Allreduce, A::RecursiveDoubling) => folded(&mut s, w, p, n, e, &|s, v, f| {
-                let mut mask = 1;
-                while mask < f.p2 {
-                    let partner = f.actor(v ^ mask);
-                    s.sendrecv(w, partner, n * e, partner, T_RD, true);
-                    mask <<= 1;
-                }
-            }),
-            (C::Allreduce, A::Rabenseifner) | (C::Allreduce, A::Be) => {
-                let f = Fold::new(p);
-                let vb: Vec<usize> = (0..=f.p2).map(|i| block_start(n, f.p2, i)).collect();
-                let be = case.algo == A::Be;
-                folded(&mut s, w, p, n, e, &|s, v, f| {
-                    if be {
-                        let own = be_rs(s, w, v, f, &vb, e, T_RS);
-                        be_ag(s, w, v, f, &vb, own, e, T_AG);
-                    } else {
-                        halving_rs(s, w, v, f, &vb, e, T_RS);
-                        doubling_ag(s, w, v, f, &vb, e, T_AG);
-                    }
-                })
-            }
-            (C::Allreduce, A::Binomial) => {
-                reduce_binomial(&mut s, w, p, 0, n * e, T_REDUCE);
-                bcast_binomial(&mut s, w, p, 0, n * e, T_BCAST);
-            }
-            (C::Allreduce, A::Lp) => lp_allreduce(&mut s, w, p, n, lp_block_elems(case)?, e),
-            (C::Allreduce, A::Torus2d) => {
-                let q = ranks_per_node;
-                if q == 0 || p % q != 0 {
-                    return Err(Error::InvalidArgument(format!(
-                        "2D torus: {q} ranks per node does not divide {p} ranks"
-                    )));
-                }
-                let (node, local, m) = (w / q, w % q, p / q);
-                let intra = move |i: usize| node * q + i;
-                let inter = move |i: usize| i * q + local;
-                let bounds: Vec<usize> = (0..=q).map(|i| block_start(n, q, i)).collect();
-                ring_rs(&mut s, w, local, q, &intra, &bounds, e, T_RS);
-                let slice = bounds[local + 1] - bounds[local];
-                ring_allreduce(&mut s, w, node, m, &inter, slice, e, CTX_INTER);
-                ring_ag(&mut s, w, local, q, &intra, &bounds, e, T_AG);
-            }
-            (C::Allgather, A::Ring) => {
-                let displs: Vec<usize> = (0..=p).map(|i| i * n * e).collect();
-                ring_ag(&mut s, w, w, p, &id, &displs, 1, T_AG);
-            }
-            (C::Allgather, A::RecursiveDoubling) => {
-                let m = n * e;
-                let f = Fold::new(p);
-                match f.virt(w) {
-                    None => {
-                        s.send(w, w + 1, T_FOLD_IN, m);
-                        s.recv(w, w + 1, T_FOLD_OUT, false);
-                    }
-                    Some(v) => {
-                        let extra = w < 2 * f.rem;
-                        if extra {
-                            s.recv(w, w - 1, T_FOLD_IN, false);
-                        }
-                        let orig = |x: usize| if x >= f.p2 { p } else { f.orig_lo(x) };
-                        let mut mask = 1;
-                        while mask < f.p2 {
-                            let lo = v & !(mask - 1);
-                            let partner = f.actor(v ^ mask);
-                            s.sendrecv(
-                                w,
-                                partner,
-                                (orig(lo + mask) - f.orig_lo(lo)) * m,
-                                partner,
-                                T_AG,
-                                false,
-                            );
-                            mask <<= 1;
-                        }
-                        if extra {
-                            s.send(w, w - 1, T_FOLD_OUT, p * m);
-                        }
-                    }
-                }
-            }
-            (C::Allgather, A::Bruck) => {
-                for k in 0..ceil_log2(p) {
-                    let d = 1usize << k;
-                    let cnt = d.min(p - d);
-                    s.sendrecv(w, (w + p - d) % p, cnt * n * e, (w + d) % p, T_AG, false);
-                }
-            }
-            (C::ReduceScatter, A::Ring) => {
-                let bounds: Vec<usize> = (0..=p).map(|i| block_start(n, p, i)).collect();
-                ring_rs(&mut s, w, w, p, &id, &bounds, e, T_RS);
-            }
-            (C::ReduceScatter, A::RecursiveDoubling) => {
-                let f = Fold::new(p);
-                let vb: Vec<usize> = (0..=f.p2)
-                    .map(|v| block_start(n, p, if v >= f.p2 { p } else { f.orig_lo(v) }))
-                    .collect();
-                match f.virt(w) {
-                    None => {
-                        s.send(w, w + 1, T_FOLD_IN, n * e);
-                        s.recv(w, w + 1, T_FOLD_OUT, false);
-                    }
-                    Some(v) => {
-                        let extra = w < 2 * f.rem;
-                        if extra {
-                            s.recv(w, w - 1, T_FOLD_IN, true);
-                        }
-                        halving_rs(&mut s, w, v, f, &vb, e, T_RS);
-                        if extra {
-                            let theirs = block_start(n, p, w) - block_start(n, p, w - 1);
-                            s.send(w, w - 1, T_FOLD_OUT, theirs * e);
-                        }
-                    }
-                }
-            }
-            (C::Broadcast, A::Binomial) => bcast_binomial(&mut s, w, p, case.root, n * e, T_BCAST),
-            (C::Broadcast, A::ScatterAllgather) => {
-                bcast_scatter_allgather(&mut s, w, p, case.root, n * e)
-            }
-            (C::Broadcast, A::Lp) => {
-                bcast_lp(&mut s, w, p, case.root, n * e, lp_block_elems(case)? * e)
-            }
-            (C::Reduce, A::Binomial) => reduce_binomial(&mut s, w, p, case.root, n * e, T_REDUCE),
-            (C::Reduce, A::Lp) => reduce_lp(&mut s, w, p, case.root, n, lp_block_elems(case)?, e),
-            (op, a) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} has no {} algorithm",
-                    op.name(),
-                    a.name()
-                )))
-            }
+    if case.algo == Algorithm::Torus2d {
+        let q = ranks_per_node;
+        if q == 0 || p % q != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "2D torus: {q} ranks per node does not divide {p} ranks"
+            )));
         }
     }
+    for w in 0..p {
+        let (steps, unit) = rank_plan(case, p, ranks_per_node, w)?;
+        push_schedule(&mut s, w, &steps, unit);
+    }
     Ok(s)
+}
+
+/// Rank `w`'s plan of `case` and the bytes per plan unit.
+fn rank_plan(
+    case: &DenseCase,
+    p: usize,
+    ranks_per_node: usize,
+    w: usize,
+) -> Result<(Vec<Step>, usize)> {
+    let (n, e) = (case.elems, case.elem_bytes);
+    use Algorithm as A;
+    use Collective as C;
+    Ok(match (case.op, case.algo) {
+        (C::Allreduce, A::Ring) => (plan::allreduce_ring(n, p, w), e),
+        (C::Allreduce, A::RecursiveDoubling) => (plan::allreduce_recursive_doubling(n, p, w), e),
+        (C::Allreduce, A::Rabenseifner) => (plan::allreduce_halving(n, p, w, false), e),
+        (C::Allreduce, A::Be) => (plan::allreduce_halving(n, p, w, true), e),
+        (C::Allreduce, A::Binomial) => (plan::allreduce_binomial(n, p, w), e),
+        (C::Allreduce, A::Lp) => (plan::allreduce_lp(n, p, w, lp_block_elems(case)?), e),
+        (C::Allreduce, A::Torus2d) => {
+            let q = ranks_per_node;
+            let (node, local) = (w / q, w % q);
+            let t = plan::allreduce_torus(n, q, p / q, node, local);
+            (t.world(q, node, local), e)
+        }
+        (C::Allgather, A::Ring) => (
+            plan::allgather_ring(&equal(p, n * e), w, tags::ALLGATHER),
+            1,
+        ),
+        (C::Allgather, A::RecursiveDoubling) => (
+            plan::allgather_recursive_doubling(&equal(p, n * e), w, tags::ALLGATHER),
+            1,
+        ),
+        (C::Allgather, A::Bruck) => (
+            plan::allgather_bruck(&equal(p, n * e), w, tags::ALLGATHER).1,
+            1,
+        ),
+        (C::ReduceScatter, A::Ring) => (plan::reduce_scatter_ring(n, p, w), e),
+        (C::ReduceScatter, A::RecursiveDoubling) => (plan::reduce_scatter_halving(n, p, w), e),
+        (C::Broadcast, A::Binomial) => (plan::broadcast_binomial(n * e, p, w, case.root), 1),
+        (C::Broadcast, A::ScatterAllgather) => {
+            (plan::bcast_scatter_allgather(n * e, p, w, case.root), 1)
+        }
+        (C::Broadcast, A::Lp) => (
+            plan::bcast_lp(n * e, p, w, case.root, lp_block_elems(case)? * e),
+            1,
+        ),
+        (C::Reduce, A::Binomial) => (plan::reduce_binomial_to(n, p, w, case.root), e),
+        (C::Reduce, A::Lp) => (
+            plan::reduce_lp(n, p, w, case.root, lp_block_elems(case)?),
+            e,
+        ),
+        (op, a) => {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no {} algorithm",
+                op.name(),
+                a.name()
+            )))
+        }
+    })
+}
+
+/// Byte displacements of `p` equal blocks of `m` bytes.
+fn equal(p: usize, m: usize) -> Vec<usize> {
+    (0..=p).map(|i| i * m).collect()
 }
 
 /// Predicted time, rounds and bytes per rank of `case` on `topo` (exact under the

@@ -34,6 +34,7 @@ pub mod dense;
 mod error;
 pub mod fit;
 pub mod models;
+pub mod plan;
 pub mod presets;
 pub mod schedule;
 pub mod sparse;

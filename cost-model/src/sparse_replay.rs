@@ -9,35 +9,20 @@
 //! ([`Observed::Worst`]) each count takes its worst case, which is where paper 003 Table 1
 //! and the other closed forms of [`crate::sparse`] apply.
 //!
-//! What the schedules mirror (collectives/src/sparse/, message for message):
-//! - every step selects `k = clamp(⌈ρ·d⌉, 1, d)` entries; an entry is 8 bytes (u32 index,
-//!   f32 value); a Bruck all-gather whose block sizes the receivers do not know puts a
-//!   4-byte length before each block;
-//! - TopkA: Bruck all-gather of `8k` bytes per rank (sizes known);
-//! - TopkDSA: `P − 1` send-receives (`+s`, `−s`) of this rank's entries in block `+s` of
-//!   `d` split into P near-equal blocks, then a framed Bruck all-gather of the reduced
-//!   blocks, each a 4-byte dense/sparse flag and then `4·len` bytes of values when
-//!   `8·entries > 4·len`, else the entries;
-//! - gTopk: binomial reduction to rank 0 and binomial broadcast, every message `8k` bytes;
-//! - CLT-k: binomial broadcast of `k` u32 indices from the leader `step mod P`, then the
-//!   dense all-reduce of `k` f32 that `choose_allreduce` picks (recursive doubling under
-//!   8 KiB, Rabenseifner on powers of two, ring otherwise);
-//! - SparDL: `m = P / teams` ranks per team, `chunk = ⌈d/m⌉`, `k_b = ⌊chunk·ρ⌋`;
-//!   Spar-Reduce-Scatter of `k_b` entries per block, then R-SAG (`log2 teams` exchanges of
-//!   `k_b` entries) or B-SAG (framed Bruck of `h` entries between teams), then a Bruck
-//!   all-gather of the final blocks in the team (framed after B-SAG);
-//! - HiTopKComm: ring reduce-scatter of `d` values (f32, or f16 with `f16_wire`) inside
-//!   each node of `n` ranks, a framed Bruck all-gather of the selections among the `m`
-//!   ranks with the same local index (6 bytes per entry with `f16_wire`), and a framed
-//!   Bruck all-gather of the summed slices inside the node;
-//! - ExDyna: Bruck all-gather of the 4-byte counts, Bruck all-gather of the indices padded
-//!   to the largest count, and the chosen dense all-reduce of the union's values (the
-//!   partitions are disjoint, so the union has `Σ k_r` entries).
+//! The rounds come from [`crate::plan`], which `collectives::sparse` executes: an entry is
+//! [`ENTRY_BYTES`] (u32 index, f32 value); a Bruck all-gather whose block sizes the
+//! receivers do not know puts a [`FRAME_BYTES`] length before each block; dense phases
+//! (CLT-k's broadcast and all-reduce, HiTopKComm's reduce-scatter, ExDyna's all-reduce)
+//! are the dense plans, with the all-reduce [`default_allreduce`] picks.
 //!
 //! The construction-time agreement exchange (and HiTopKComm's communicator split) is not
 //! part of a step and is not included.
 
 use crate::dense::{block_start, dense_schedule, DenseCase};
+use crate::plan::dense::{bcast_binomial, bruck_rounds, reduce_binomial};
+pub use crate::plan::sparse::{default_allreduce, ENTRY_BYTES, FRAME_BYTES};
+use crate::plan::sparse::{direct_exchanges, k_of, srs_rounds, SagKind, SpardlLayout};
+use crate::plan::{push_schedule, Step};
 use crate::schedule::{Op, Prediction, Schedule};
 use crate::{Algorithm, Collective, Error, Result, Topology};
 
@@ -58,13 +43,6 @@ const T_HI_INTRA: u32 = 0x610E;
 const CTX_BCAST: u32 = 0x1_0000;
 const CTX_ALLREDUCE: u32 = 0x2_0000;
 const CTX_RS: u32 = 0x3_0000;
-
-/// Bytes of one sparse entry on the wire (u32 index + f32 value).
-pub const ENTRY_BYTES: usize = 8;
-/// Bytes of the length header before each block of a framed Bruck all-gather.
-pub const FRAME_BYTES: usize = 4;
-/// Payload below which `collectives::dense::choose_allreduce` picks recursive doubling.
-pub const SMALL_ALLREDUCE_BYTES: usize = 8 << 10;
 
 /// The data-dependent entry counts of one step (see the module docs for who reports them).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -169,15 +147,7 @@ impl SparseStep {
 
     /// `k = clamp(⌈ρ·d⌉, 1, d)`, the entries each rank selects.
     pub fn k(&self) -> usize {
-        ((self.density * self.d as f64).ceil() as usize).clamp(1, self.d.max(1))
-    }
-}
-
-fn ceil_log2(p: usize) -> u32 {
-    if p <= 1 {
-        0
-    } else {
-        usize::BITS - (p - 1).leading_zeros()
+        k_of(self.d, self.density)
     }
 }
 
@@ -185,26 +155,16 @@ fn len_of(n: usize, parts: usize, j: usize) -> usize {
     block_start(n, parts, j + 1) - block_start(n, parts, j)
 }
 
-/// Bruck all-gather over `group` (world ranks by position) for the member at position
-/// `me`; `block[x]` is the payload of position x's block; `framed` adds the length header.
+/// Bruck all-gather ([`bruck_rounds`]) over `group` (world ranks by position) for the
+/// member at position `me`; `block[x]` is the payload of position x's block; `framed`
+/// adds the length header.
 fn bruck(s: &mut Schedule, group: &[usize], me: usize, block: &[usize], framed: bool, tag: u32) {
     let n = group.len();
-    let w = group[me];
-    let mut gap = 1;
-    while gap < n {
-        let cnt = gap.min(n - gap);
-        let bytes: usize = (0..cnt)
+    for br in bruck_rounds(n, me) {
+        let bytes: usize = (0..br.count)
             .map(|i| block[(me + i) % n] + if framed { FRAME_BYTES } else { 0 })
             .sum();
-        s.sendrecv(
-            w,
-            group[(me + n - gap) % n],
-            bytes,
-            group[(me + gap) % n],
-            tag,
-            false,
-        );
-        gap *= 2;
+        s.sendrecv(group[me], group[br.to], bytes, group[br.from], tag, false);
     }
 }
 
@@ -245,17 +205,6 @@ fn append(s: &mut Schedule, sub: &Schedule, map: &[usize], ctx: u32) {
     }
 }
 
-/// The all-reduce algorithm `collectives::dense::choose_allreduce(p, bytes, None)` picks.
-pub fn chosen_allreduce(p: usize, bytes: usize) -> Algorithm {
-    if p <= 1 || bytes < SMALL_ALLREDUCE_BYTES {
-        Algorithm::RecursiveDoubling
-    } else if p.is_power_of_two() {
-        Algorithm::Rabenseifner
-    } else {
-        Algorithm::Ring
-    }
-}
-
 fn world_dense(s: &mut Schedule, case: &DenseCase, ctx: u32) -> Result<()> {
     let p = s.ops.len();
     let sub = dense_schedule(case, p, 1)?;
@@ -279,41 +228,14 @@ fn check_len<T>(what: &str, v: &[T], n: usize) -> Result<()> {
     }
 }
 
-/// SparDL's team count, as `collectives::sparse::SparDl` chooses and validates it.
-fn spardl_teams(step: &SparseStep, p: usize) -> Result<usize> {
-    let teams = match step.algo {
-        Algorithm::Spardl => 1,
-        Algorithm::SpardlRsag => step.teams.unwrap_or(if p % 2 == 0 { 2 } else { 1 }),
-        _ => step
-            .teams
-            .unwrap_or_else(|| (2..=p).find(|f| p % f == 0).unwrap_or(1)),
+/// SparDL's layout for `step` on `p` ranks.
+fn spardl_layout(step: &SparseStep, p: usize) -> Result<SpardlLayout> {
+    let sag = match step.algo {
+        Algorithm::SpardlRsag => SagKind::Recursive,
+        Algorithm::SpardlBsag => SagKind::Bruck,
+        _ => SagKind::None,
     };
-    if teams == 0 || p % teams != 0 {
-        return Err(bad(format!("SparDL: {teams} teams do not divide P = {p}")));
-    }
-    if step.algo == Algorithm::SpardlRsag && !teams.is_power_of_two() {
-        return Err(bad(format!(
-            "SparDL R-SAG needs a power-of-two team count, got {teams}"
-        )));
-    }
-    Ok(teams)
-}
-
-/// SparDL's per-block count `k_b = ⌊⌈d/m⌉·ρ⌋` and `chunk = ⌈d/m⌉` (PAPERS.md).
-pub fn spardl_block(d: usize, density: f64, m: usize) -> (usize, usize) {
-    let chunk = d.div_ceil(m.max(1));
-    let kb = ((chunk as f64 * density).floor() as usize).min(chunk);
-    (chunk, kb)
-}
-
-/// B-SAG's `h` for a step (Algorithm 2 of paper 003, as implemented): `k_b` at full
-/// density, else `round(h)` clamped to `[min(1, k_b), k_b]`.
-pub fn bsag_h(h: f64, kb: usize, chunk: usize) -> usize {
-    if kb == chunk {
-        kb
-    } else {
-        (h.round() as usize).clamp(kb.min(1), kb)
-    }
+    SpardlLayout::new(sag, step.teams, p, step.d, step.density)
 }
 
 /// The message schedule of `step` on `p` ranks (`rpn`: ranks per node for HiTopKComm).
@@ -365,36 +287,19 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 })
                 .collect();
             for (w, mine) in sent.iter().enumerate() {
-                for st in 1..p {
-                    let dest = (w + st) % p;
-                    let src = (w + p - st) % p;
+                for (dest, src) in direct_exchanges(p, w) {
                     s.sendrecv(w, dest, e * mine[dest], src, T_DSA_RS, false);
                 }
                 bruck(&mut s, &world, w, &block, true, T_DSA_AG);
             }
         }
         Algorithm::Gtopk => {
-            let levels = ceil_log2(p);
+            // The binomial reduce to rank 0 and broadcast, every message k entries.
             for w in 0..p {
-                for lv in 0..levels {
-                    let mask = 1usize << lv;
-                    if w & mask != 0 {
-                        s.send(w, w - mask, T_GT_REDUCE, e * k);
-                        break;
-                    } else if w + mask < p {
-                        s.recv(w, w + mask, T_GT_REDUCE, false);
-                    }
-                }
-                for lv in (0..levels).rev() {
-                    let mask = 1usize << lv;
-                    if w % (2 * mask) == 0 {
-                        if w + mask < p {
-                            s.send(w, w + mask, T_GT_BCAST, e * k);
-                        }
-                    } else if w % (2 * mask) == mask {
-                        s.recv(w, w - mask, T_GT_BCAST, false);
-                    }
-                }
+                let mut steps: Vec<Step> = Vec::new();
+                reduce_binomial(&mut steps, 0..e * k, p, w, 0, T_GT_REDUCE);
+                bcast_binomial(&mut steps, 0..e * k, p, w, 0, T_GT_BCAST);
+                push_schedule(&mut s, w, &steps, 1);
             }
         }
         Algorithm::Cltk => {
@@ -402,7 +307,7 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
             let bcast =
                 DenseCase::new(Collective::Broadcast, Algorithm::Binomial, k).with_root(leader);
             world_dense(&mut s, &bcast, CTX_BCAST)?;
-            let ar = DenseCase::new(Collective::Allreduce, chosen_allreduce(p, 4 * k), k);
+            let ar = DenseCase::new(Collective::Allreduce, default_allreduce(p, 4 * k), k);
             world_dense(&mut s, &ar, CTX_ALLREDUCE)?;
         }
         Algorithm::Spardl | Algorithm::SpardlRsag | Algorithm::SpardlBsag => {
@@ -427,7 +332,7 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 bruck(&mut s, &world, w, &vec![4 * m_t; p], false, T_EX_IDX);
             }
             let u: usize = kt.iter().sum();
-            let ar = DenseCase::new(Collective::Allreduce, chosen_allreduce(p, 4 * u), u);
+            let ar = DenseCase::new(Collective::Allreduce, default_allreduce(p, 4 * u), u);
             world_dense(&mut s, &ar, CTX_ALLREDUCE)?;
         }
         _ => unreachable!("checked is_sparse"),
@@ -436,53 +341,37 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
 }
 
 fn spardl(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
-    let teams = spardl_teams(step, p)?;
-    let m = p / teams;
-    let (chunk, kb) = spardl_block(step.d, step.density, m);
+    let lay = spardl_layout(step, p)?;
+    let (m, kb) = (lay.m, lay.k_block);
     let e = ENTRY_BYTES;
     // B-SAG: the h-entry blocks between teams and the final blocks of each position.
     let (h, fin): (usize, Vec<usize>) = match (&step.observed, step.algo) {
         (_, Algorithm::Spardl | Algorithm::SpardlRsag) => (0, vec![kb; m]),
         (Observed::Bsag { h, gathered }, _) => {
             check_len("B-SAG gathered", gathered, m)?;
-            let h = bsag_h(*h, kb, chunk);
-            (h, gathered.iter().map(|&n| n.min(kb)).collect())
+            (
+                lay.bsag_h(*h),
+                gathered.iter().map(|&n| n.min(kb)).collect(),
+            )
         }
         (Observed::Worst, _) => (kb, vec![kb; m]),
         (o, _) => return Err(bad(format!("B-SAG cannot use {o:?}"))),
     };
     for w in 0..p {
         let (t, q) = (w / m, w % m);
-        let team: Vec<usize> = (0..m).map(|j| t * m + j).collect();
-        // Spar-Reduce-Scatter (paper 003 §3.1, non-recursive partners).
-        if m > 1 {
-            let rounds = ceil_log2(m);
-            let mut sizes: Vec<usize> = (0..rounds - 1).map(|i| 1usize << i).collect();
-            sizes.push(m - (1usize << (rounds - 1)));
-            sizes.reverse();
-            let mut gap = m - sizes[0];
-            for &sz in &sizes {
-                s.sendrecv(
-                    w,
-                    team[(q + gap) % m],
-                    e * kb * sz,
-                    team[(q + m - gap) % m],
-                    T_SRS,
-                    false,
-                );
-                gap /= 2;
-            }
+        let team: Vec<usize> = (0..m).map(|j| lay.rank(t, j)).collect();
+        for r in srs_rounds(m, q) {
+            s.sendrecv(w, team[r.to], e * kb * r.count, team[r.from], T_SRS, false);
         }
         match step.algo {
             Algorithm::SpardlRsag => {
-                for st in 0..teams.trailing_zeros() {
-                    let partner = (t ^ (1usize << st)) * m + q;
+                for partner in lay.rsag_partners(t, q) {
                     s.sendrecv(w, partner, e * kb, partner, T_SAG, false);
                 }
             }
             Algorithm::SpardlBsag => {
-                let cross: Vec<usize> = (0..teams).map(|x| x * m + q).collect();
-                bruck(s, &cross, t, &vec![e * h; teams], true, T_SAG);
+                let cross: Vec<usize> = (0..lay.teams).map(|x| lay.rank(x, q)).collect();
+                bruck(s, &cross, t, &vec![e * h; lay.teams], true, T_SAG);
             }
             _ => {}
         }
@@ -556,6 +445,7 @@ pub fn replay_sparse(step: &SparseStep, topo: &Topology) -> Result<Prediction> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::ceil_log2;
     use crate::sparse::{predict_sparse, SparseCase};
     use crate::Link;
 
