@@ -1,14 +1,19 @@
 //! The cost model's predictions equal what `SimComm` measures when the real algorithms run:
 //! per rank, the rounds, bytes sent and received, and the simulated clock (up to float
 //! rounding), for every dense algorithm, several P (powers of two and not), sizes that do
-//! and do not divide, on flat and two-level topologies.
+//! and do not divide, on flat and two-level topologies; and call by call, every rank's
+//! message trace equals the plan it executes (`cost_model::plan::dense`), for every
+//! algorithm at P = 1 … 17.
+
+#[path = "support/trace.rs"]
+mod trace;
 
 use collectives::dense::{
     allgather, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo,
     BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo,
 };
-use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};
-use cost_model::dense::{closed_form, predict_dense, DenseCase};
+use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
+use cost_model::dense::{closed_form, dense_schedule, predict_dense, DenseCase};
 use cost_model::{Algorithm, Collective, Link, Prediction, Topology};
 
 const BLOCK: usize = 1024;
@@ -34,64 +39,79 @@ fn topologies(p: usize) -> Vec<Topology> {
 
 /// Runs one collective on SimComm over ThreadComm and returns each rank's stats.
 fn measure(topo: &Topology, op: Collective, algo: Algorithm, n: usize) -> Vec<SimStats> {
+    measure_traced(topo, op, algo, n).0
+}
+
+/// As [`measure`], with every rank's message trace.
+fn measure_traced(
+    topo: &Topology,
+    op: Collective,
+    algo: Algorithm,
+    n: usize,
+) -> (Vec<SimStats>, Vec<Vec<Traced>>) {
     let p = topo.ranks();
     let topo = *topo;
     let opts = DenseOptions::default().unchecked();
-    ThreadComm::run(p, move |c| -> collectives::Result<SimStats> {
-        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
-        let r = sim.rank();
-        let mut buf: Vec<f32> = (0..n).map(|i| (i + r) as f32).collect();
-        match op {
-            Collective::Allreduce => {
-                let a = match algo {
-                    Algorithm::Ring => AllreduceAlgo::Ring,
-                    Algorithm::RecursiveDoubling => AllreduceAlgo::RecursiveDoubling,
-                    Algorithm::Rabenseifner => AllreduceAlgo::Rabenseifner,
-                    Algorithm::Be => AllreduceAlgo::BidirectionalExchange,
-                    Algorithm::Binomial => AllreduceAlgo::Binomial,
-                    Algorithm::Lp => AllreduceAlgo::LinearPipeline { block_bytes: BLOCK },
-                    Algorithm::Torus2d => AllreduceAlgo::Torus2d {
-                        ranks_per_node: topo.ranks_per_node,
-                    },
-                    _ => unreachable!(),
-                };
-                allreduce(&sim, &mut buf, a, &opts)?;
+    let out = ThreadComm::run(
+        p,
+        move |c| -> collectives::Result<(SimStats, Vec<Traced>)> {
+            let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+            sim.record_trace();
+            let r = sim.rank();
+            let mut buf: Vec<f32> = (0..n).map(|i| (i + r) as f32).collect();
+            match op {
+                Collective::Allreduce => {
+                    let a = match algo {
+                        Algorithm::Ring => AllreduceAlgo::Ring,
+                        Algorithm::RecursiveDoubling => AllreduceAlgo::RecursiveDoubling,
+                        Algorithm::Rabenseifner => AllreduceAlgo::Rabenseifner,
+                        Algorithm::Be => AllreduceAlgo::BidirectionalExchange,
+                        Algorithm::Binomial => AllreduceAlgo::Binomial,
+                        Algorithm::Lp => AllreduceAlgo::LinearPipeline { block_bytes: BLOCK },
+                        Algorithm::Torus2d => AllreduceAlgo::Torus2d {
+                            ranks_per_node: topo.ranks_per_node,
+                        },
+                        _ => unreachable!(),
+                    };
+                    allreduce(&sim, &mut buf, a, &opts)?;
+                }
+                Collective::Allgather => {
+                    let a = match algo {
+                        Algorithm::Ring => AllgatherAlgo::Ring,
+                        Algorithm::RecursiveDoubling => AllgatherAlgo::RecursiveDoubling,
+                        _ => AllgatherAlgo::Bruck,
+                    };
+                    let mut out = vec![0f32; n * p];
+                    allgather(&sim, &buf, &mut out, a, &opts)?;
+                }
+                Collective::ReduceScatter => {
+                    let a = match algo {
+                        Algorithm::Ring => ReduceScatterAlgo::Ring,
+                        _ => ReduceScatterAlgo::RecursiveHalving,
+                    };
+                    reduce_scatter(&sim, &mut buf, a, &opts)?;
+                }
+                Collective::Broadcast => {
+                    let a = match algo {
+                        Algorithm::Binomial => BroadcastAlgo::Binomial,
+                        Algorithm::ScatterAllgather => BroadcastAlgo::ScatterAllgather,
+                        _ => BroadcastAlgo::LinearPipeline { block_bytes: BLOCK },
+                    };
+                    broadcast(&sim, &mut buf, p - 1, a, &opts)?;
+                }
+                Collective::Reduce => {
+                    let a = match algo {
+                        Algorithm::Binomial => ReduceAlgo::Binomial,
+                        _ => ReduceAlgo::LinearPipeline { block_bytes: BLOCK },
+                    };
+                    reduce(&sim, &mut buf, p - 1, a, &opts)?;
+                }
             }
-            Collective::Allgather => {
-                let a = match algo {
-                    Algorithm::Ring => AllgatherAlgo::Ring,
-                    Algorithm::RecursiveDoubling => AllgatherAlgo::RecursiveDoubling,
-                    _ => AllgatherAlgo::Bruck,
-                };
-                let mut out = vec![0f32; n * p];
-                allgather(&sim, &buf, &mut out, a, &opts)?;
-            }
-            Collective::ReduceScatter => {
-                let a = match algo {
-                    Algorithm::Ring => ReduceScatterAlgo::Ring,
-                    _ => ReduceScatterAlgo::RecursiveHalving,
-                };
-                reduce_scatter(&sim, &mut buf, a, &opts)?;
-            }
-            Collective::Broadcast => {
-                let a = match algo {
-                    Algorithm::Binomial => BroadcastAlgo::Binomial,
-                    Algorithm::ScatterAllgather => BroadcastAlgo::ScatterAllgather,
-                    _ => BroadcastAlgo::LinearPipeline { block_bytes: BLOCK },
-                };
-                broadcast(&sim, &mut buf, p - 1, a, &opts)?;
-            }
-            Collective::Reduce => {
-                let a = match algo {
-                    Algorithm::Binomial => ReduceAlgo::Binomial,
-                    _ => ReduceAlgo::LinearPipeline { block_bytes: BLOCK },
-                };
-                reduce(&sim, &mut buf, p - 1, a, &opts)?;
-            }
-        }
-        Ok(sim.stats())
-    })
-    .unwrap()
+            Ok((sim.stats(), sim.take_trace()))
+        },
+    )
+    .unwrap();
+    out.into_iter().unzip()
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -166,4 +186,41 @@ fn dense_predictions_equal_simcomm() {
         cases > 300 && closed > 60,
         "{cases} cases, {closed} closed forms"
     );
+}
+
+#[test]
+fn every_dense_trace_equals_its_plan() {
+    let ops = [
+        Collective::Allreduce,
+        Collective::Allgather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+    ];
+    let mut calls = 0;
+    for p in 1usize..=17 {
+        for topo in topologies(p) {
+            for n in [0usize, 5, 1000] {
+                for op in ops {
+                    for &algo in op.algorithms() {
+                        let case = DenseCase::new(op, algo, n)
+                            .with_block_bytes(BLOCK)
+                            .with_root(p - 1);
+                        let what = format!(
+                            "{} {} P={p} ({}×{}) n={n}",
+                            op.name(),
+                            algo.name(),
+                            topo.nodes,
+                            topo.ranks_per_node
+                        );
+                        let plan = dense_schedule(&case, p, topo.ranks_per_node).unwrap();
+                        let (_, got) = measure_traced(&topo, op, algo, n);
+                        trace::assert_trace(&what, &plan, &got);
+                        calls += got.iter().map(Vec::len).sum::<usize>();
+                    }
+                }
+            }
+        }
+    }
+    assert!(calls > 50_000, "only {calls} calls compared");
 }

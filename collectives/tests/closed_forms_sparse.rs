@@ -9,10 +9,17 @@
 //! HiTopKComm; the gradients are positive, so no sum is exactly zero), SparDL's `h()` and
 //! `last_gathered()` (B-SAG), and for TopkDSA each rank's own selection, recomputed with
 //! the same error feedback and exact top-k the algorithm uses.
+//!
+//! And call by call: every rank's message trace equals the schedule the replay builds from
+//! the plans (`cost_model::plan`), for every algorithm at P = 1 … 17.
+
+#[path = "support/trace.rs"]
+mod trace;
 
 use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAllreduce, SparseOptions};
-use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};
+use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
 use cost_model::dense::block_start;
+use cost_model::sparse_replay::sparse_schedule;
 use cost_model::{
     predict_sparse, replay_sparse, Algorithm, Link, Observed, Prediction, SparseCase, SparseStep,
     Topology,
@@ -60,6 +67,7 @@ fn grad(d: usize, rank: usize, step: usize) -> Vec<f32> {
 #[derive(Debug, Clone, Default)]
 struct Seen {
     sim: SimStats,
+    trace: Vec<Traced>,
     selected: usize,
     support: Vec<u32>,
     /// TopkDSA: this rank's selected entries per block of d split in P.
@@ -115,6 +123,7 @@ fn measure(
             }
             sim.barrier()?;
             sim.reset();
+            sim.record_trace();
             let (update, st) = match &mut alg {
                 Alg::Any(a) => a.step(&sim, &g)?,
                 Alg::Bsag(a) => {
@@ -125,6 +134,7 @@ fn measure(
                 }
             };
             seen.sim = sim.stats();
+            seen.trace = sim.take_trace();
             seen.selected = st.selected;
             seen.support = update.indices().to_vec();
             out.push(seen);
@@ -236,6 +246,10 @@ fn check(
         let pred = replay_sparse(&step, topo).unwrap_or_else(|e| panic!("{what}: {e}"));
         let got: Vec<SimStats> = seen.iter().map(|r| r[s].sim).collect();
         assert_equal(&what, &pred, &got);
+        let plan = sparse_schedule(&step, p, topo.ranks_per_node)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let traces: Vec<Vec<Traced>> = seen.iter().map(|r| r[s].trace.clone()).collect();
+        trace::assert_trace(&what, &plan, &traces);
         if p > 1 {
             assert!(
                 pred.rounds > 0 && pred.time_s > 0.0,
@@ -372,4 +386,25 @@ fn table_1_equals_simcomm_where_it_applies() {
             }
         }
     }
+}
+
+#[test]
+fn every_sparse_trace_equals_its_plan_for_p_1_to_17() {
+    let mut checked = 0;
+    for p in 1usize..=17 {
+        let topo = Topology::flat(p, inter()).unwrap();
+        for name in FLAT {
+            checked += check(&topo, name, 1003, 0.05, SparseOptions::default());
+        }
+        // HiTopKComm on every node size that divides P.
+        for n in (1..=p).filter(|n| p % n == 0) {
+            let topo = Topology::new(p / n, n, intra(), inter()).unwrap();
+            let opts = SparseOptions {
+                ranks_per_node: Some(n),
+                ..SparseOptions::default()
+            };
+            checked += check(&topo, "hitopk", 1003, 0.05, opts);
+        }
+    }
+    assert!(checked >= 17 * 9 * STEPS, "{checked}");
 }

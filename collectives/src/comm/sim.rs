@@ -54,6 +54,39 @@ impl SimStats {
     }
 }
 
+/// One communication call as [`SimComm`] saw it, with peers as world ranks and payload
+/// bytes (see [`SimComm::record_trace`]): what a plan's step must look like on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traced {
+    /// A send.
+    Send {
+        /// Destination world rank.
+        to: usize,
+        /// Payload bytes.
+        bytes: usize,
+    },
+    /// A receive.
+    Recv {
+        /// Source world rank.
+        from: usize,
+        /// Payload bytes.
+        bytes: usize,
+    },
+    /// A send-receive pair.
+    SendRecv {
+        /// Destination world rank.
+        to: usize,
+        /// Payload bytes sent.
+        sent: usize,
+        /// Source world rank.
+        from: usize,
+        /// Payload bytes received.
+        received: usize,
+    },
+}
+
+type Trace = Arc<Mutex<Option<Vec<Traced>>>>;
+
 /// How the simulated clock relates to wall time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClockMode {
@@ -73,6 +106,8 @@ pub struct SimComm<C: Communicator> {
     /// This communicator's rank → world rank (for choosing intra- or inter-node links).
     world_ranks: Arc<Vec<usize>>,
     state: Arc<Mutex<SimStats>>,
+    /// The calls of this rank, when recording (shared with its sub-communicators).
+    trace: Trace,
     mode: ClockMode,
     epoch: Instant,
 }
@@ -94,6 +129,7 @@ impl<C: Communicator> SimComm<C> {
             topology: Arc::new(topology),
             world_ranks,
             state: Arc::new(Mutex::new(SimStats::default())),
+            trace: Arc::new(Mutex::new(None)),
             mode,
             epoch: Instant::now(),
         })
@@ -102,6 +138,27 @@ impl<C: Communicator> SimComm<C> {
     /// This rank's counters and clock so far (shared with its sub-communicators).
     pub fn stats(&self) -> SimStats {
         *self.lock()
+    }
+
+    /// Starts (or restarts) recording this rank's calls, its sub-communicators' included.
+    pub fn record_trace(&self) {
+        *self.trace.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    }
+
+    /// The calls recorded since [`Self::record_trace`], in program order; stops recording.
+    pub fn take_trace(&self) -> Vec<Traced> {
+        self.trace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+
+    fn log(&self, t: impl FnOnce(&dyn Fn(usize) -> usize) -> Traced) {
+        let mut g = self.trace.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = g.as_mut() {
+            v.push(t(&|r| self.world_ranks[r]));
+        }
     }
 
     /// Zeroes the counters and the clock.
@@ -222,6 +279,10 @@ impl<C: Communicator> Communicator for SimComm<C> {
         let arrival = self.record_send(start, dest, data.len());
         self.inner.send(dest, tag, &Self::frame(arrival, data))?;
         self.finish(arrival, None);
+        self.log(|w| Traced::Send {
+            to: w(dest),
+            bytes: data.len(),
+        });
         Ok(())
     }
 
@@ -230,6 +291,10 @@ impl<C: Communicator> Communicator for SimComm<C> {
         self.start_op();
         let (arrival, msg) = self.unframe(src, tag, self.inner.recv(src, tag)?)?;
         self.finish(arrival, Some(msg.len()));
+        self.log(|w| Traced::Recv {
+            from: w(src),
+            bytes: msg.len(),
+        });
         Ok(msg)
     }
 
@@ -260,6 +325,12 @@ impl<C: Communicator> Communicator for SimComm<C> {
         )?;
         let (arrival, msg) = self.unframe(src, recv_tag, raw)?;
         self.finish(sent_arrival.max(arrival), Some(msg.len()));
+        self.log(|w| Traced::SendRecv {
+            to: w(dest),
+            sent: data.len(),
+            from: w(src),
+            received: msg.len(),
+        });
         Ok(msg)
     }
 
@@ -297,6 +368,7 @@ impl<C: Communicator> Communicator for SimComm<C> {
             topology: self.topology.clone(),
             world_ranks: Arc::new(world_ranks),
             state: self.state.clone(),
+            trace: self.trace.clone(),
             mode: self.mode,
             epoch: self.epoch,
         }))

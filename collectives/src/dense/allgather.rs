@@ -5,7 +5,10 @@
 
 use bytemuck::Pod;
 
-use crate::dense::util::{agree, ceil_log2, pair_mut, Fold};
+use cost_model::plan::dense as plan;
+
+use crate::dense::exec::run_bytes;
+use crate::dense::util::agree;
 use crate::dense::{tags, DenseOptions, Op};
 use crate::{Communicator, Error, Result, Tag};
 
@@ -226,137 +229,23 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
         return Ok(());
     }
     match algo {
-        AllgatherAlgo::Ring => ring_blocks(comm, out, &displs, r, p, &|i| i, tag),
-        AllgatherAlgo::RecursiveDoubling => recursive_doubling(comm, out, &displs, tag),
-        AllgatherAlgo::Bruck => bruck(comm, out, &displs, tag),
+        AllgatherAlgo::Ring => run_bytes(comm, out, &plan::allgather_ring(&displs, r, tag)),
+        AllgatherAlgo::RecursiveDoubling => run_bytes(
+            comm,
+            out,
+            &plan::allgather_recursive_doubling(&displs, r, tag),
+        ),
+        AllgatherAlgo::Bruck => {
+            // The plan works on a rotated copy in which this rank's block comes first.
+            let (rot, steps) = plan::allgather_bruck(&displs, r, tag);
+            let mut tmp = vec![0u8; out.len()];
+            tmp[..rot[1]].copy_from_slice(mine);
+            run_bytes(comm, &mut tmp, &steps)?;
+            for i in 1..p {
+                let b = (r + i) % p;
+                out[displs[b]..displs[b + 1]].copy_from_slice(&tmp[rot[i]..rot[i + 1]]);
+            }
+            Ok(())
+        }
     }
-}
-
-/// Ring all-gather of blocks `displs[i]..displs[i+1]` where `me` (a virtual index, mapped
-/// to communicator ranks by `abs`) already holds its own block.
-pub(crate) fn ring_blocks<C: Communicator + ?Sized>(
-    comm: &C,
-    out: &mut [u8],
-    displs: &[usize],
-    me: usize,
-    p: usize,
-    abs: &dyn Fn(usize) -> usize,
-    tag: Tag,
-) -> Result<()> {
-    let right = abs((me + 1) % p);
-    let left = abs((me + p - 1) % p);
-    for s in 0..p - 1 {
-        let sb = (me + p - s) % p;
-        let rb = (me + 2 * p - s - 1) % p;
-        let want = displs[rb + 1] - displs[rb];
-        let (send, recv) = pair_mut(out, displs[sb]..displs[sb + 1], displs[rb]..displs[rb + 1]);
-        let n = comm.sendrecv_into(right, tag, send, left, tag, recv)?;
-        check_bytes(comm, left, tag, n, want)?;
-    }
-    Ok(())
-}
-
-fn check_bytes<C: Communicator + ?Sized>(
-    comm: &C,
-    src: usize,
-    tag: Tag,
-    got: usize,
-    want: usize,
-) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::Mismatch {
-            what: "message length",
-            detail: format!(
-                "rank {} expected {want} bytes from rank {src} (tag {tag}), got {got}",
-                comm.rank()
-            ),
-        })
-    }
-}
-
-/// Recursive doubling with the fold-in: extra even ranks hand their block to their odd
-/// partner, the P2 = 2^⌊log2 P⌋ acting ranks double their contiguous holdings each step,
-/// and the odd partners send the full result back.
-fn recursive_doubling<C: Communicator + ?Sized>(
-    comm: &C,
-    out: &mut [u8],
-    displs: &[usize],
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    let r = comm.rank();
-    let fold = Fold::new(p);
-    let Some(v) = fold.virt(r) else {
-        // Folded-out even rank: give my block to r + 1, get everything back.
-        comm.send(r + 1, tag + 1, &out[displs[r]..displs[r + 1]])?;
-        let n = comm.recv_into(r + 1, tag + 2, out)?;
-        return check_bytes(comm, r + 1, tag + 2, n, out.len());
-    };
-    if r < 2 * fold.rem {
-        let want = displs[r] - displs[r - 1];
-        let n = comm.recv_into(r - 1, tag + 1, &mut out[displs[r - 1]..displs[r]])?;
-        check_bytes(comm, r - 1, tag + 1, n, want)?;
-    }
-    // Byte range held by virtual ranks lo..hi.
-    let span = |lo: usize, hi: usize| {
-        displs[fold.orig_lo(lo)]..displs[if hi >= fold.p2 { p } else { fold.orig_lo(hi) }]
-    };
-    let mut mask = 1;
-    while mask < fold.p2 {
-        let pv = v ^ mask;
-        let lo = v & !(mask - 1);
-        let plo = pv & !(mask - 1);
-        let mine = span(lo, lo + mask);
-        let theirs = span(plo, plo + mask);
-        let want = theirs.end - theirs.start;
-        let partner = fold.actor(pv);
-        let (send, recv) = pair_mut(out, mine, theirs);
-        let n = comm.sendrecv_into(partner, tag, send, partner, tag, recv)?;
-        check_bytes(comm, partner, tag, n, want)?;
-        mask <<= 1;
-    }
-    if r < 2 * fold.rem {
-        comm.send(r - 1, tag + 2, out)?;
-    }
-    Ok(())
-}
-
-/// Bruck's all-gather: ⌈log2 P⌉ steps; step k sends the first min(2^k, P − 2^k) blocks
-/// held (in the order own, own + 1, …) to rank − 2^k and receives as many from rank + 2^k.
-fn bruck<C: Communicator + ?Sized>(
-    comm: &C,
-    out: &mut [u8],
-    displs: &[usize],
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    let r = comm.rank();
-    // Rotated offsets: block (r + i) mod p sits at rot[i].
-    let mut rot = Vec::with_capacity(p + 1);
-    let mut acc = 0;
-    for i in 0..p {
-        rot.push(acc);
-        let b = (r + i) % p;
-        acc += displs[b + 1] - displs[b];
-    }
-    rot.push(acc);
-    let mut tmp = vec![0u8; acc];
-    tmp[..rot[1]].copy_from_slice(&out[displs[r]..displs[r + 1]]);
-    for k in 0..ceil_log2(p) {
-        let d = 1usize << k;
-        let cnt = d.min(p - d);
-        let dest = (r + p - d) % p;
-        let src = (r + d) % p;
-        let (send, recv) = pair_mut(&mut tmp, 0..rot[cnt], rot[d]..rot[d + cnt]);
-        let want = recv.len();
-        let n = comm.sendrecv_into(dest, tag, send, src, tag, recv)?;
-        check_bytes(comm, src, tag, n, want)?;
-    }
-    for i in 1..p {
-        let b = (r + i) % p;
-        out[displs[b]..displs[b + 1]].copy_from_slice(&tmp[rot[i]..rot[i + 1]]);
-    }
-    Ok(())
 }

@@ -2,11 +2,13 @@
 
 use half::{bf16, f16};
 
-use crate::dense::bcast::{bcast_binomial, lp_block_elems, reduce_binomial};
-use crate::dense::reduce_scatter::{be_ag, be_rs, doubling_ag, halving_rs, ring_ag, ring_rs};
-use crate::dense::util::{agree, block_start, Fold};
-use crate::dense::wire::{Scratch, WireElem};
-use crate::dense::{tags, DenseOptions, Op, WireType};
+use cost_model::plan::dense as plan;
+
+use crate::dense::bcast::lp_block_elems;
+use crate::dense::exec::run_wire;
+use crate::dense::util::agree;
+use crate::dense::wire::WireElem;
+use crate::dense::{DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result};
 
 /// All-reduce algorithm.
@@ -149,188 +151,24 @@ fn allreduce_w<C: Communicator + ?Sized, W: WireElem>(
     buf: &mut [f32],
     algo: AllreduceAlgo,
 ) -> Result<()> {
-    let p = comm.size();
-    let r = comm.rank();
-    let n = buf.len();
-    match algo {
-        AllreduceAlgo::Ring => {
-            let mut sc = Scratch::<W>::new(n.div_ceil(p));
-            ring_allreduce(comm, buf, r, p, &|i| i, &mut sc)
-        }
-        AllreduceAlgo::RecursiveDoubling => folded::<C, W>(comm, buf, n, |v, fold, buf, sc| {
-            let mut mask = 1;
-            while mask < fold.p2 {
-                let pv = v ^ mask;
-                let partner = fold.actor(pv);
-                // Both partners add the same two wire-rounded operands, lower rank first.
-                W::round_in_place(buf);
-                sc.sendrecv_add_inplace(comm, partner, tags::RD, partner, tags::RD, buf, pv < v)?;
-                mask <<= 1;
-            }
-            W::round_in_place(buf);
-            Ok(())
-        }),
-        AllreduceAlgo::Rabenseifner => {
-            let fold = Fold::new(p);
-            let vb: Vec<usize> = (0..=fold.p2).map(|i| block_start(n, fold.p2, i)).collect();
-            folded::<C, W>(comm, buf, first_half(&vb), |v, fold, buf, sc| {
-                halving_rs(comm, buf, &vb, fold, v, sc, tags::RS)?;
-                W::round_in_place(&mut buf[vb[v]..vb[v + 1]]);
-                doubling_ag(comm, buf, &vb, fold, v, sc, tags::AG)
-            })
-        }
-        AllreduceAlgo::BidirectionalExchange => {
-            let fold = Fold::new(p);
-            let vb: Vec<usize> = (0..=fold.p2).map(|i| block_start(n, fold.p2, i)).collect();
-            folded::<C, W>(comm, buf, first_half(&vb), |v, fold, buf, sc| {
-                let own = be_rs(comm, buf, &vb, fold, v, sc, tags::RS)?;
-                W::round_in_place(&mut buf[vb[own]..vb[own + 1]]);
-                be_ag(comm, buf, &vb, fold, v, own, sc, tags::AG)
-            })
-        }
-        AllreduceAlgo::Binomial => {
-            let mut sc = Scratch::<W>::new(n);
-            reduce_binomial(comm, buf, 0, &mut sc, tags::TREE_REDUCE)?;
-            bcast_f32::<C, W>(comm, buf, 0, &|c, b| {
-                bcast_binomial(c, b, 0, tags::TREE_BCAST)
-            })
-        }
+    let (p, r, n) = (comm.size(), comm.rank(), buf.len());
+    let steps = match algo {
+        AllreduceAlgo::Ring => plan::allreduce_ring(n, p, r),
+        AllreduceAlgo::RecursiveDoubling => plan::allreduce_recursive_doubling(n, p, r),
+        AllreduceAlgo::Rabenseifner => plan::allreduce_halving(n, p, r, false),
+        AllreduceAlgo::BidirectionalExchange => plan::allreduce_halving(n, p, r, true),
+        AllreduceAlgo::Binomial => plan::allreduce_binomial(n, p, r),
         AllreduceAlgo::LinearPipeline { block_bytes } => {
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
-            let mut sc = Scratch::<W>::new(be.min(n));
-            lp_allreduce(comm, buf, be, &mut sc)
+            plan::allreduce_lp(n, p, r, be)
         }
-        AllreduceAlgo::Torus2d { .. } => Err(Error::InvalidArgument(
-            "torus2d is dispatched before".into(),
-        )),
-    }
-}
-
-/// Largest half a recursive-halving step receives (its first step's kept half).
-fn first_half(vb: &[usize]) -> usize {
-    let p2 = vb.len() - 1;
-    let n = vb[p2];
-    let mid = vb[p2 / 2];
-    mid.max(n - mid)
-}
-
-/// Ring all-reduce among virtual ranks `0..p` (mapped to communicator ranks by `abs`).
-fn ring_allreduce<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    me: usize,
-    p: usize,
-    abs: &dyn Fn(usize) -> usize,
-    sc: &mut Scratch<W>,
-) -> Result<()> {
-    if p <= 1 {
-        return Ok(());
-    }
-    let n = buf.len();
-    let bounds: Vec<usize> = (0..=p).map(|i| block_start(n, p, i)).collect();
-    ring_rs(comm, buf, &bounds, me, p, abs, sc, tags::RS)?;
-    W::round_in_place(&mut buf[bounds[me]..bounds[me + 1]]);
-    ring_ag(comm, buf, &bounds, me, p, abs, sc, tags::AG)
-}
-
-/// Runs `body` on the P2 acting ranks after folding the extra ranks in (even rank 2i
-/// sends its vector to 2i + 1, which adds it), then sends the result back out.
-fn folded<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    scratch_elems: usize,
-    body: impl FnOnce(usize, Fold, &mut [f32], &mut Scratch<W>) -> Result<()>,
-) -> Result<()> {
-    let p = comm.size();
-    let r = comm.rank();
-    let fold = Fold::new(p);
-    let n = buf.len();
-    match fold.virt(r) {
-        None => {
-            let mut sc = Scratch::<W>::new(n);
-            sc.send(comm, r + 1, tags::FOLD_IN, buf)?;
-            sc.recv_copy(comm, r + 1, tags::FOLD_OUT, buf)
+        AllreduceAlgo::Torus2d { .. } => {
+            return Err(Error::InvalidArgument(
+                "torus2d is dispatched before".into(),
+            ))
         }
-        Some(v) => {
-            let extra = r < 2 * fold.rem;
-            let mut sc = Scratch::<W>::new(if extra {
-                n
-            } else {
-                scratch_elems.max(n.min(1))
-            });
-            if extra {
-                sc.recv_add(comm, r - 1, tags::FOLD_IN, buf)?;
-            }
-            body(v, fold, buf, &mut sc)?;
-            if extra {
-                sc.send(comm, r - 1, tags::FOLD_OUT, buf)?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Broadcast of an `f32` vector through the wire type: the root rounds its own copy so it
-/// keeps the bits the others decode.
-fn bcast_f32<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    root: usize,
-    bcast: &dyn Fn(&C, &mut [u8]) -> Result<()>,
-) -> Result<()> {
-    if W::IS_F32 {
-        return bcast(comm, bytemuck::cast_slice_mut(buf));
-    }
-    let mut wire: Vec<W> = if comm.rank() == root {
-        buf.iter().map(|&x| W::from_f32(x)).collect()
-    } else {
-        vec![W::from_f32(0.0); buf.len()]
     };
-    bcast(comm, bytemuck::cast_slice_mut(&mut wire))?;
-    for (o, w) in buf.iter_mut().zip(&wire) {
-        *o = w.to_f32();
-    }
-    Ok(())
-}
-
-/// Linear-pipeline all-reduce (paper 004 Fig. 2c): ranks 0 → 1 → … → P − 1 reduce each
-/// block along the chain; rank P − 1 holds the sum and the block flows back P − 1 → … → 0.
-/// Rank r forwards the returning block j while reducing block j + 2(P − 1 − r), the lag
-/// after which that block comes back, so both directions stay busy.
-fn lp_allreduce<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    be: usize,
-    sc: &mut Scratch<W>,
-) -> Result<()> {
-    let p = comm.size();
-    let r = comm.rank();
-    let n = buf.len();
-    let nb = n.div_ceil(be);
-    let lag = 2 * (p - 1 - r);
-    let block = |j: usize| j * be..((j + 1) * be).min(n);
-    for step in 0..nb + lag {
-        if step < nb {
-            let blk = &mut buf[block(step)];
-            if r > 0 {
-                sc.recv_add(comm, r - 1, tags::LP_REDUCE, blk)?;
-            }
-            if r + 1 < p {
-                sc.send(comm, r + 1, tags::LP_REDUCE, blk)?;
-            } else {
-                W::round_in_place(blk);
-                sc.send(comm, r - 1, tags::LP_BCAST, blk)?;
-            }
-        }
-        if r + 1 < p && step >= lag {
-            let blk = &mut buf[block(step - lag)];
-            sc.recv_copy(comm, r + 1, tags::LP_BCAST, blk)?;
-            if r > 0 {
-                sc.send(comm, r - 1, tags::LP_BCAST, blk)?;
-            }
-        }
-    }
-    Ok(())
+    run_wire::<C, W>(comm, buf, &steps)
 }
 
 /// The two sub-communicators of a hierarchical all-reduce, split once and reused.
@@ -400,18 +238,15 @@ pub fn allreduce_hier(hier: &HierComm, buf: &mut [f32], opts: &DenseOptions) -> 
 }
 
 fn hier_w<W: WireElem>(hier: &HierComm, buf: &mut [f32]) -> Result<()> {
-    let intra = hier.intra();
-    let inter = hier.inter();
-    let q = intra.size();
-    let me = intra.rank();
-    let n = buf.len();
-    let bounds: Vec<usize> = (0..=q).map(|i| block_start(n, q, i)).collect();
-    let mut sc = Scratch::<W>::new(n.div_ceil(q));
-    ring_rs(intra, buf, &bounds, me, q, &|i| i, &mut sc, tags::RS)?;
-    let slice = &mut buf[bounds[me]..bounds[me + 1]];
-    let m = inter.size();
-    let mut sc2 = Scratch::<W>::new(slice.len().div_ceil(m.max(1)));
-    ring_allreduce(inter, slice, inter.rank(), m, &|i| i, &mut sc2)?;
-    W::round_in_place(slice);
-    ring_ag(intra, buf, &bounds, me, q, &|i| i, &mut sc, tags::AG)
+    let (intra, inter) = (hier.intra(), hier.inter());
+    let t = plan::allreduce_torus(
+        buf.len(),
+        intra.size(),
+        inter.size(),
+        inter.rank(),
+        intra.rank(),
+    );
+    run_wire::<_, W>(intra, buf, &t.intra_rs)?;
+    run_wire::<_, W>(inter, buf, &t.inter)?;
+    run_wire::<_, W>(intra, buf, &t.intra_ag)
 }

@@ -6,11 +6,13 @@
 use bytemuck::Pod;
 use half::{bf16, f16};
 
-use crate::dense::allgather::ring_blocks;
-use crate::dense::util::{agree, block_start};
-use crate::dense::wire::{expect_len, Scratch, WireElem};
-use crate::dense::{tags, DenseOptions, Op, WireType};
-use crate::{Communicator, Error, Result, Tag};
+use cost_model::plan::dense as plan;
+
+use crate::dense::exec::{run_bytes, run_wire};
+use crate::dense::util::agree;
+use crate::dense::wire::WireElem;
+use crate::dense::{DenseOptions, Op, WireType};
+use crate::{Communicator, Error, Result};
 
 /// Broadcast algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,15 +122,17 @@ pub fn broadcast<C: Communicator + ?Sized, T: Pod>(
     check_root(root, comm.size())?;
     let elem = std::mem::size_of::<T>().max(1);
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
-    match algo {
-        BroadcastAlgo::Binomial => bcast_binomial(comm, bytes, root, tags::TREE_BCAST),
-        BroadcastAlgo::ScatterAllgather => bcast_scatter_allgather(comm, bytes, root),
+    let (p, r, n) = (comm.size(), comm.rank(), bytes.len());
+    let steps = match algo {
+        BroadcastAlgo::Binomial => plan::broadcast_binomial(n, p, r, root),
+        BroadcastAlgo::ScatterAllgather => plan::bcast_scatter_allgather(n, p, r, root),
         BroadcastAlgo::LinearPipeline { block_bytes } => {
             // Whole elements per block, so no element straddles two messages.
             let b = lp_block_elems(block_bytes, elem)? * elem;
-            bcast_lp(comm, bytes, root, b, tags::LP_BCAST)
+            plan::bcast_lp(n, p, r, root, b)
         }
-    }
+    };
+    run_bytes(comm, bytes, &steps)
 }
 
 /// Sums every rank's `buf` into the root's `buf`. Other ranks' buffers hold partial sums
@@ -168,169 +172,13 @@ fn reduce_w<C: Communicator + ?Sized, W: WireElem>(
     root: usize,
     algo: ReduceAlgo,
 ) -> Result<()> {
-    match algo {
-        ReduceAlgo::Binomial => {
-            let mut sc = Scratch::<W>::new(buf.len());
-            reduce_binomial(comm, buf, root, &mut sc, tags::TREE_REDUCE)
-        }
+    let (p, r, n) = (comm.size(), comm.rank(), buf.len());
+    let steps = match algo {
+        ReduceAlgo::Binomial => plan::reduce_binomial_to(n, p, r, root),
         ReduceAlgo::LinearPipeline { block_bytes } => {
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
-            let mut sc = Scratch::<W>::new(be.min(buf.len()));
-            reduce_lp(comm, buf, root, be, &mut sc, tags::LP_REDUCE)
+            plan::reduce_lp(n, p, r, root, be)
         }
-    }
-}
-
-/// Binomial-tree reduce to `root` (MST): in step k a rank whose relative rank has bit k
-/// set sends its partial sum to relative rank − 2^k and stops; the others add what
-/// relative rank + 2^k sends.
-pub(crate) fn reduce_binomial<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    root: usize,
-    sc: &mut Scratch<W>,
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    let rel = (comm.rank() + p - root) % p;
-    let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            sc.send(comm, abs(rel - mask), tag, buf)?;
-            break;
-        } else if rel + mask < p {
-            sc.recv_add(comm, abs(rel + mask), tag, buf)?;
-        }
-        mask <<= 1;
-    }
-    Ok(())
-}
-
-/// Binomial-tree broadcast of bytes from `root` (MPICH's order: receive from the parent,
-/// then send to children at decreasing distance).
-pub(crate) fn bcast_binomial<C: Communicator + ?Sized>(
-    comm: &C,
-    buf: &mut [u8],
-    root: usize,
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    let rel = (comm.rank() + p - root) % p;
-    let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            let src = abs(rel - mask);
-            let n = comm.recv_into(src, tag, buf)?;
-            expect_len(comm, src, tag, n, buf.len())?;
-            break;
-        }
-        mask <<= 1;
-    }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            comm.send(abs(rel + mask), tag, buf)?;
-        }
-        mask >>= 1;
-    }
-    Ok(())
-}
-
-/// Scatter (binomial) of P byte blocks in relative-rank order, then a ring all-gather.
-fn bcast_scatter_allgather<C: Communicator + ?Sized>(
-    comm: &C,
-    buf: &mut [u8],
-    root: usize,
-) -> Result<()> {
-    let p = comm.size();
-    if p == 1 {
-        return Ok(());
-    }
-    let n = buf.len();
-    let rel = (comm.rank() + p - root) % p;
-    let abs = move |x: usize| (x + root) % p;
-    let displs: Vec<usize> = (0..=p).map(|i| block_start(n, p, i)).collect();
-    let span = |a: usize, b: usize| displs[a]..displs[b.min(p)];
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            let src = abs(rel - mask);
-            let range = span(rel, rel + mask);
-            let want = range.len();
-            let n = comm.recv_into(src, tags::SCATTER, &mut buf[range])?;
-            expect_len(comm, src, tags::SCATTER, n, want)?;
-            break;
-        }
-        mask <<= 1;
-    }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            comm.send(
-                abs(rel + mask),
-                tags::SCATTER,
-                &buf[span(rel + mask, rel + 2 * mask)],
-            )?;
-        }
-        mask >>= 1;
-    }
-    ring_blocks(comm, buf, &displs, rel, p, &abs, tags::BCAST_AG)
-}
-
-/// Linear-pipeline broadcast (paper 004 Fig. 2a): relative ranks form a chain from the
-/// root; each block of `b` bytes is received from the predecessor and forwarded.
-pub(crate) fn bcast_lp<C: Communicator + ?Sized>(
-    comm: &C,
-    buf: &mut [u8],
-    root: usize,
-    b: usize,
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    if p == 1 || b == 0 {
-        return Ok(());
-    }
-    let rel = (comm.rank() + p - root) % p;
-    let prev = (rel + p - 1 + root) % p;
-    let next = (rel + 1 + root) % p;
-    for chunk in buf.chunks_mut(b) {
-        if rel > 0 {
-            let want = chunk.len();
-            let n = comm.recv_into(prev, tag, chunk)?;
-            expect_len(comm, prev, tag, n, want)?;
-        }
-        if rel + 1 < p {
-            comm.send(next, tag, chunk)?;
-        }
-    }
-    Ok(())
-}
-
-/// Linear-pipeline reduce (paper 004 Fig. 2b): chain position i is rank root + 1 + i, the
-/// root last; each block of `be` elements is received, added to the own block, forwarded.
-pub(crate) fn reduce_lp<C: Communicator + ?Sized, W: WireElem>(
-    comm: &C,
-    buf: &mut [f32],
-    root: usize,
-    be: usize,
-    sc: &mut Scratch<W>,
-    tag: Tag,
-) -> Result<()> {
-    let p = comm.size();
-    if p == 1 || be == 0 {
-        return Ok(());
-    }
-    let pos = (comm.rank() + p - root - 1) % p;
-    let rank_at = |i: usize| (root + 1 + i) % p;
-    for chunk in buf.chunks_mut(be) {
-        if pos > 0 {
-            sc.recv_add(comm, rank_at(pos - 1), tag, chunk)?;
-        }
-        if pos + 1 < p {
-            sc.send(comm, rank_at(pos + 1), tag, chunk)?;
-        }
-    }
-    Ok(())
+    };
+    run_wire::<C, W>(comm, buf, &steps)
 }

@@ -38,6 +38,7 @@ mod allgather;
 mod allreduce;
 mod bcast;
 mod chooser;
+mod exec;
 mod reduce_scatter;
 mod util;
 mod wire;
@@ -100,29 +101,5 @@ pub(crate) enum Op {
 }
 
 /// The fixed tag range of the dense collectives (each phase has its own tag, so messages
-/// of different phases never match each other).
-pub mod tags {
-    use crate::Tag;
-    /// First tag used by this module.
-    pub const FIRST: Tag = 0x6000;
-    /// Last tag used by this module.
-    pub const LAST: Tag = 0x603F;
-    pub(crate) const CHECK: Tag = 0x6000;
-    pub(crate) const COUNTS: Tag = 0x6004;
-    /// All-gather uses this tag and the next two (fold-in, fold-out).
-    pub(crate) const ALLGATHER: Tag = 0x6008;
-    pub(crate) const RS: Tag = 0x6010;
-    pub(crate) const AG: Tag = 0x6011;
-    pub(crate) const FOLD_IN: Tag = 0x6012;
-    pub(crate) const FOLD_OUT: Tag = 0x6013;
-    pub(crate) const RD: Tag = 0x6014;
-    pub(crate) const LP_REDUCE: Tag = 0x6018;
-    pub(crate) const LP_BCAST: Tag = 0x6019;
-    pub(crate) const TREE_REDUCE: Tag = 0x601A;
-    pub(crate) const TREE_BCAST: Tag = 0x601B;
-    pub(crate) const SCATTER: Tag = 0x601C;
-    pub(crate) const BCAST_AG: Tag = 0x601D;
-    pub(crate) const RS_ALONE: Tag = 0x6020;
-    pub(crate) const RS_FOLD_IN: Tag = 0x6021;
-    pub(crate) const RS_FOLD_OUT: Tag = 0x6022;
-}
+/// of different phases never match each other); defined beside the plans that use them.
+pub use cost_model::plan::dense::tags;

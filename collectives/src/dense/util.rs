@@ -1,5 +1,5 @@
-//! Small helpers shared by the dense algorithms: block partitions, disjoint borrows,
-//! the power-of-two fold-in map, and the cross-rank agreement check.
+//! Small helpers shared by the dense algorithms: block partitions (owned by the plans),
+//! disjoint borrows, and the cross-rank agreement check.
 
 use std::ops::Range;
 
@@ -7,15 +7,7 @@ use crate::dense::allgather::{gather_core, AllgatherAlgo};
 use crate::dense::tags;
 use crate::{Communicator, Error, Result};
 
-/// Start of block `i` when `n` items are split into `parts` nearly equal blocks (the first
-/// `n % parts` blocks get one more). The cost model replays the same split, so it owns it.
-pub use cost_model::dense::block_start;
-
-/// Range of block `i` of `n` items split into `parts` nearly equal blocks.
-#[inline]
-pub fn block_range(n: usize, parts: usize, i: usize) -> Range<usize> {
-    block_start(n, parts, i)..block_start(n, parts, i + 1)
-}
+pub use cost_model::plan::{block_range, block_start};
 
 /// Borrows `a` immutably and `b` mutably from one slice; the ranges must not overlap
 /// (every caller passes distinct blocks of one partition).
@@ -28,68 +20,6 @@ pub(crate) fn pair_mut<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&
         debug_assert!(b.end <= a.start, "overlapping ranges {a:?} {b:?}");
         let (x, y) = buf.split_at_mut(a.start);
         (&y[..a.end - a.start], &mut x[b])
-    }
-}
-
-/// The standard fold-in of non-power-of-two rank counts (Thakur, Rabenseifner & Gropp
-/// 2005, §4): with `p2` the largest power of two ≤ `p` and `rem = p − p2`, ranks
-/// `0..2·rem` pair up (even → odd), the even ones sit out, and the remaining `p2` ranks
-/// get virtual ranks `0..p2`. Virtual rank `v` stands for the contiguous original ranks
-/// `orig_lo(v)..orig_lo(v + 1)`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Fold {
-    pub p2: usize,
-    pub rem: usize,
-}
-
-impl Fold {
-    pub(crate) fn new(p: usize) -> Self {
-        let p2 = if p == 0 {
-            0
-        } else {
-            1usize << (usize::BITS - 1 - p.leading_zeros())
-        };
-        Fold { p2, rem: p - p2 }
-    }
-
-    /// The virtual rank of `r`, or `None` for an even rank folded into `r + 1`.
-    pub(crate) fn virt(&self, r: usize) -> Option<usize> {
-        if r < 2 * self.rem {
-            if r % 2 == 0 {
-                None
-            } else {
-                Some(r / 2)
-            }
-        } else {
-            Some(r - self.rem)
-        }
-    }
-
-    /// The original rank that acts for virtual rank `v`.
-    pub(crate) fn actor(&self, v: usize) -> usize {
-        if v < self.rem {
-            2 * v + 1
-        } else {
-            v + self.rem
-        }
-    }
-
-    /// First original rank that virtual rank `v` stands for (`orig_lo(p2) = p`).
-    pub(crate) fn orig_lo(&self, v: usize) -> usize {
-        if v < self.rem {
-            2 * v
-        } else {
-            v + self.rem
-        }
-    }
-}
-
-/// `ceil(log2(p))` for `p ≥ 1`.
-pub(crate) fn ceil_log2(p: usize) -> u32 {
-    if p <= 1 {
-        0
-    } else {
-        usize::BITS - (p - 1).leading_zeros()
     }
 }
 

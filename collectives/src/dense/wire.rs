@@ -169,16 +169,18 @@ impl<W: WireElem> Scratch<W> {
         }
     }
 
-    /// Receives exactly `out.len()` elements from `src` and adds them: `out = out + recv`.
+    /// Receives exactly `out.len()` elements from `src` and adds them; `lower_first` as in
+    /// [`Self::sendrecv_add`].
     pub(crate) fn recv_add<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
         src: usize,
         tag: Tag,
         out: &mut [f32],
+        lower_first: bool,
     ) -> Result<()> {
         self.recv_scratch(comm, src, tag, out.len())?;
-        self.add_received(out, false);
+        self.add_received(out, lower_first);
         Ok(())
     }
 
@@ -316,7 +318,7 @@ pub(crate) fn expect_len<C: Communicator + ?Sized>(
         Err(Error::Mismatch {
             what: "message length",
             detail: format!(
-                "rank {} expected {want} elements from rank {src} (tag {tag}), got {got}",
+                "rank {} expected {want} items from rank {src} (tag {tag}), got {got}",
                 comm.rank()
             ),
         })
