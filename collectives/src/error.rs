@@ -100,7 +100,11 @@ pub enum Error {
 
 impl From<cost_model::Error> for Error {
     fn from(e: cost_model::Error) -> Self {
-        Error::CostModel(e.to_string())
+        match e {
+            // A plan rejecting a caller's argument is the caller's invalid argument.
+            cost_model::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+            e => Error::CostModel(e.to_string()),
+        }
     }
 }
 

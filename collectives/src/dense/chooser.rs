@@ -13,9 +13,8 @@ pub trait Predictor {
     fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64>;
 }
 
-/// Below this many bytes latency dominates (Open MPI's tuned component switches from
-/// recursive doubling to Rabenseifner at 8 KiB for 4-7 ranks; PAPERS.md).
-const SMALL: usize = 8 << 10;
+/// Below this many bytes latency dominates (the rule of `cost_model::plan::sparse::default_allreduce`).
+const SMALL: usize = cost_model::plan::sparse::SMALL_ALLREDUCE_BYTES;
 
 /// The all-reduce algorithm for `p` ranks and `bytes` bytes. With a predictor, the
 /// candidate with the smallest predicted time (ties: the earlier candidate); without, or
@@ -42,12 +41,10 @@ pub fn choose_allreduce(
             return a;
         }
     }
-    if p <= 1 || bytes < SMALL {
-        AllreduceAlgo::RecursiveDoubling
-    } else if p.is_power_of_two() {
-        AllreduceAlgo::Rabenseifner
-    } else {
-        AllreduceAlgo::Ring
+    match cost_model::plan::sparse::default_allreduce(p, bytes) {
+        cost_model::Algorithm::Rabenseifner => AllreduceAlgo::Rabenseifner,
+        cost_model::Algorithm::Ring => AllreduceAlgo::Ring,
+        _ => AllreduceAlgo::RecursiveDoubling,
     }
 }
 

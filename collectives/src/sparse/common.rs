@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 
+use cost_model::plan::dense::bruck_rounds;
 use sparsify::{ExactTopK, MsTopK, Selector};
 
 use super::{SelectorKind, SparseOptions, NAMES};
@@ -339,24 +340,10 @@ impl Group {
     pub fn size(&self) -> usize {
         self.members.len()
     }
-
-    /// World rank of the member at position `(me + off) mod size`.
-    pub fn at(&self, off: isize) -> usize {
-        let n = self.size() as isize;
-        self.members[((self.me as isize + off).rem_euclid(n)) as usize]
-    }
 }
 
-/// `⌈log2 p⌉` for `p ≥ 1`.
-pub(crate) fn ceil_log2(p: usize) -> u32 {
-    if p <= 1 {
-        0
-    } else {
-        usize::BITS - (p - 1).leading_zeros()
-    }
-}
-
-/// Bruck all-gather of one byte block per group member (paper 003 §2, Fig. 2b): in step
+/// Bruck all-gather of one byte block per group member, in the rounds of
+/// `cost_model::plan::dense::bruck_rounds` (SparDL (Zhao et al.) §2, Fig. 2b): in round
 /// `s`, with `gap = 2^s`, send the first `min(gap, n − gap)` held blocks to position
 /// `me − gap` and receive as many from `me + gap`; `⌈log2 n⌉` send-receive rounds for
 /// any `n`. `sizes` gives every member's block length when all ranks know them (no
@@ -372,9 +359,8 @@ pub(crate) fn bruck(
     let n = g.size();
     let mut held: Vec<Vec<u8>> = Vec::with_capacity(n);
     held.push(mine);
-    let mut gap = 1usize;
-    while gap < n {
-        let cnt = gap.min(n - gap);
+    for round in bruck_rounds(n, g.me) {
+        let (gap, cnt) = (round.gap, round.count);
         let mut msg = Vec::new();
         for b in &held[..cnt] {
             if sizes.is_none() {
@@ -382,8 +368,7 @@ pub(crate) fn bruck(
             }
             msg.extend_from_slice(b);
         }
-        let dest = g.at(-(gap as isize));
-        let src = g.at(gap as isize);
+        let (dest, src) = (g.members[round.to], g.members[round.from]);
         let got = comm.sendrecv(dest, tag, &msg, src, tag)?;
         let mut off = 0usize;
         for j in 0..cnt {
@@ -404,7 +389,6 @@ pub(crate) fn bruck(
         if off != got.len() {
             return Err(short(comm, src, tag));
         }
-        gap *= 2;
     }
     let mut out = vec![Vec::new(); n];
     for (i, b) in held.into_iter().enumerate() {
@@ -608,13 +592,5 @@ mod tests {
         let s = sum_ordered(&[&a, &b]);
         assert_eq!(s.idx, vec![0, 2, 4]);
         assert_eq!(s.val, vec![1.0, 5.0, 4.0]);
-    }
-
-    #[test]
-    fn ceil_log2_values() {
-        assert_eq!(
-            (1..=9).map(ceil_log2).collect::<Vec<_>>(),
-            vec![0, 1, 2, 2, 3, 3, 3, 3, 4]
-        );
     }
 }

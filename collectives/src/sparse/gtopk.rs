@@ -11,7 +11,10 @@
 
 use sparsify::SparseGrad;
 
-use super::common::{ceil_log2, sum_ordered, tags, topk_entries, Config, Entries};
+use cost_model::plan::dense as plan;
+use cost_model::plan::Step;
+
+use super::common::{sum_ordered, tags, topk_entries, Config, Entries};
 use super::scaffold::{self, accessors, constructor, Feedback};
 use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
@@ -44,35 +47,31 @@ impl SparseAllreduce for GTopk {
         let cc = self.cfg.begin(comm, grad)?;
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
         let local = self.fb.select(grad, k, 0)?;
-        let levels = ceil_log2(p);
         let mut cur = local.clone();
         let mut dropped: Vec<Entries> = Vec::new();
-        // Binomial reduction to rank 0 with a top-k merge at every level.
-        for s in 0..levels {
-            let mask = 1usize << s;
-            if rank & mask != 0 {
-                cc.send(rank - mask, tags::GT_REDUCE, &cur.encode())?;
-                break;
-            } else if rank + mask < p {
-                let got = cc.recv(rank + mask, tags::GT_REDUCE)?;
-                let other = Entries::decode_all(&got, 0..d)?;
-                cc.add_entries(other.len());
-                let (keep, drop) = topk_entries(&sum_ordered(&[&cur, &other]), k);
-                dropped.push(drop);
-                cur = keep;
-            }
-        }
-        // Binomial broadcast of the global top-k from rank 0.
-        for s in (0..levels).rev() {
-            let mask = 1usize << s;
-            if rank % (2 * mask) == 0 {
-                if rank + mask < p {
-                    cc.send(rank + mask, tags::GT_BCAST, &cur.encode())?;
+        // The binomial reduction to rank 0 with a top-k merge at every level, then the
+        // binomial broadcast of the global top-k: the dense binomial plans, with entries
+        // as the payload.
+        let mut tree = Vec::new();
+        plan::reduce_binomial(&mut tree, 0..0, p, rank, 0, tags::GT_REDUCE);
+        plan::bcast_binomial(&mut tree, 0..0, p, rank, 0, tags::GT_BCAST);
+        for st in &tree {
+            match *st {
+                Step::Send { to, tag, .. } => cc.send(to, tag, &cur.encode())?,
+                Step::Recv {
+                    from, tag, combine, ..
+                } => {
+                    let got = Entries::decode_all(&cc.recv(from, tag)?, 0..d)?;
+                    cc.add_entries(got.len());
+                    if combine.reduces() {
+                        let (keep, drop) = topk_entries(&sum_ordered(&[&cur, &got]), k);
+                        dropped.push(drop);
+                        cur = keep;
+                    } else {
+                        cur = got;
+                    }
                 }
-            } else if rank % (2 * mask) == mask {
-                let got = cc.recv(rank - mask, tags::GT_BCAST)?;
-                cur = Entries::decode_all(&got, 0..d)?;
-                cc.add_entries(cur.len());
+                _ => {}
             }
         }
         let global = cur;

@@ -22,8 +22,10 @@
 
 use sparsify::{Selector, SparseGrad};
 
+use cost_model::plan::sparse::{srs_rounds, SagKind, SpardlLayout};
+
 use super::common::{
-    self, bruck, ceil_log2, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
+    self, bruck, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
 };
 use super::scaffold::{self, accessors};
 use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
@@ -71,10 +73,6 @@ fn sag_name(sag: Sag) -> &'static str {
     }
 }
 
-fn smallest_prime_factor(p: usize) -> usize {
-    (2..=p).find(|f| p % f == 0).unwrap_or(1)
-}
-
 impl SparDl {
     /// Builds SparDL with the given Spar-All-Gather (collective; see [`super::build`]).
     pub fn new(
@@ -89,26 +87,13 @@ impl SparDl {
     }
 
     pub(crate) fn from_config(cfg: Config, sag: Sag) -> Result<Self> {
-        let p = cfg.p;
-        let teams = match sag {
-            Sag::None => 1,
-            Sag::Recursive => cfg.opts.teams.unwrap_or(if p % 2 == 0 { 2 } else { 1 }),
-            Sag::Bruck => cfg.opts.teams.unwrap_or_else(|| smallest_prime_factor(p)),
+        let kind = match sag {
+            Sag::None => SagKind::None,
+            Sag::Recursive => SagKind::Recursive,
+            Sag::Bruck => SagKind::Bruck,
         };
-        if teams == 0 || p % teams != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "SparDL: {teams} teams do not divide P = {p}"
-            )));
-        }
-        if sag == Sag::Recursive && !teams.is_power_of_two() {
-            return Err(Error::InvalidArgument(format!(
-                "SparDL R-SAG needs a power-of-two team count, got {teams} (use spardl_bsag)"
-            )));
-        }
-        let m = p / teams;
-        let chunk = cfg.d.div_ceil(m);
-        // PAPERS.md (SparDL code): k_block = floor(chunk · density).
-        let kb = ((chunk as f64 * cfg.density).floor() as usize).min(chunk);
+        let lay = SpardlLayout::new(kind, cfg.opts.teams, cfg.p, cfg.d, cfg.density)?;
+        let (teams, m, chunk, kb) = (lay.teams, lay.m, lay.chunk, lay.k_block);
         let l = kb as f64;
         Ok(SparDl {
             sag,
@@ -148,6 +133,15 @@ impl SparDl {
         self.last_n
     }
 
+    fn layout(&self) -> SpardlLayout {
+        SpardlLayout {
+            teams: self.teams,
+            m: self.m,
+            chunk: self.chunk,
+            k_block: self.kb,
+        }
+    }
+
     fn block(&self, b: usize) -> std::ops::Range<usize> {
         b * self.chunk..(b + 1) * self.chunk
     }
@@ -172,49 +166,42 @@ impl SparDl {
 
     /// Spar-Reduce-Scatter over the team; returns this rank's reduced, selected block.
     fn srs(&mut self, cc: &Counting, team: &Group) -> Result<Entries> {
-        let m = team.size();
-        let q = team.me;
-        if m > 1 {
-            let rounds = ceil_log2(m);
-            let mut sizes: Vec<usize> = (0..rounds - 1).map(|i| 1usize << i).collect();
-            sizes.push(m - (1usize << (rounds - 1)));
-            sizes.reverse();
-            let mut gap = m - sizes[0];
-            for &sz in &sizes {
-                let mut msg = Vec::with_capacity(8 * self.kb * sz);
-                for j in 0..sz {
-                    self.select_block((q + gap + j) % m)?.encode_into(&mut msg);
-                }
-                let got = cc.sendrecv(
-                    team.at(gap as isize),
-                    tags::SRS,
-                    &msg,
-                    team.at(-(gap as isize)),
-                    tags::SRS,
-                )?;
-                if got.len() != 8 * self.kb * sz {
-                    return Err(Error::Mismatch {
-                        what: "message length",
-                        detail: format!(
-                            "SparDL SRS: rank {} expected {} bytes, got {}",
-                            cc.rank(),
-                            8 * self.kb * sz,
-                            got.len()
-                        ),
-                    });
-                }
-                let mut off = 0;
-                for j in 0..sz {
-                    let r = self.block((q + j) % m);
-                    let (e, used) = Entries::decode(&got[off..], self.kb, r)?;
-                    off += used;
-                    for (&i, &v) in e.idx.iter().zip(&e.val) {
-                        self.work[i as usize] += v;
-                    }
-                }
-                cc.add_entries(self.kb * sz);
-                gap /= 2;
+        let (m, q) = (team.size(), team.me);
+        for round in srs_rounds(m, q) {
+            let sz = round.count;
+            let mut msg = Vec::with_capacity(8 * self.kb * sz);
+            for j in 0..sz {
+                self.select_block((q + round.gap + j) % m)?
+                    .encode_into(&mut msg);
             }
+            let got = cc.sendrecv(
+                team.members[round.to],
+                tags::SRS,
+                &msg,
+                team.members[round.from],
+                tags::SRS,
+            )?;
+            if got.len() != 8 * self.kb * sz {
+                return Err(Error::Mismatch {
+                    what: "message length",
+                    detail: format!(
+                        "SparDL SRS: rank {} expected {} bytes, got {}",
+                        cc.rank(),
+                        8 * self.kb * sz,
+                        got.len()
+                    ),
+                });
+            }
+            let mut off = 0;
+            for j in 0..sz {
+                let r = self.block((q + j) % m);
+                let (e, used) = Entries::decode(&got[off..], self.kb, r)?;
+                off += used;
+                for (&i, &v) in e.idx.iter().zip(&e.val) {
+                    self.work[i as usize] += v;
+                }
+            }
+            cc.add_entries(self.kb * sz);
         }
         self.select_block(q)
     }
@@ -224,10 +211,9 @@ impl SparDl {
         let t = self.cfg.rank / self.m;
         let q = self.cfg.rank % self.m;
         let mut cur = own;
-        let steps = self.teams.trailing_zeros();
-        for s in 0..steps {
-            let other_team = t ^ (1usize << s);
-            let partner = other_team * self.m + q;
+        let partners: Vec<usize> = self.layout().rsag_partners(t, q).collect();
+        for (s, partner) in partners.into_iter().enumerate() {
+            let other_team = partner / self.m;
             let got = cc.sendrecv(partner, tags::SAG, &cur.encode(), partner, tags::SAG)?;
             let other = Entries::decode_all(&got, self.block(q))?;
             cc.add_entries(other.len());
@@ -257,11 +243,7 @@ impl SparDl {
         };
         // At full density every team's block holds every index, the all-overlap bound h = L
         // of §3.3 applies.
-        let h = if self.kb == self.chunk {
-            self.kb
-        } else {
-            (self.h.round() as usize).clamp(self.kb.min(1), self.kb)
-        };
+        let h = self.layout().bsag_h(self.h);
         let (keep_h, drop_h) = topk_entries(&own, h);
         for (&i, &v) in drop_h.idx.iter().zip(&drop_h.val) {
             self.work[i as usize] += v;

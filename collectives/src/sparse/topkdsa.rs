@@ -5,6 +5,7 @@
 //! than its sparse form. Paper 003 Table 1: `(P + 2 log P)α` and between `4k(P−1)/P` and
 //! `(2k + n)(P−1)/P` numbers. Conserves mass: every selected entry reaches the update.
 
+use cost_model::plan::sparse::direct_exchanges;
 use sparsify::SparseGrad;
 
 use super::common::{bruck, sum_ordered, tags, Config, Entries, Group};
@@ -102,9 +103,7 @@ impl SparseAllreduce for TopkDsa {
         // Split reduce-scatter: P − 1 direct exchanges.
         let mut parts: Vec<Entries> = vec![Entries::default(); p];
         parts[rank] = part_of(rank);
-        for s in 1..p {
-            let dest = (rank + s) % p;
-            let src = (rank + p - s) % p;
+        for (dest, src) in direct_exchanges(p, rank) {
             let got = cc.sendrecv(
                 dest,
                 tags::DSA_RS,
