@@ -7,9 +7,9 @@
 //!   `MpiComm` (feature `mpi`, one rank per process under `mpirun`) and [`SimComm`] (wraps
 //!   any transport and accounts for time, rounds and bytes on a modelled cluster).
 //! - Dense collectives (allreduce, allgather, reduce-scatter, broadcast, reduce) with the
-//!   classic algorithms and the linear pipeline of paper 004.
-//! - Sparse allreduce of top-k gradients: TopkA, TopkDSA, gTopk, CLT-k, SparDL (paper 003),
-//!   HiTopKComm (paper 001 §3.2), ExDyna (paper 002).
+//!   classic algorithms and the linear pipeline of Linear Pipelining (Wang et al.).
+//! - Sparse allreduce of top-k gradients: TopkA, TopkDSA, gTopk, CLT-k, SparDL (Zhao et al.),
+//!   HiTopKComm (Shi et al., MLSys 2021, §3.2), ExDyna (Yoon & Oh, CCGrid 2024).
 //!
 //! ```
 //! use collectives::{CommExt, Communicator, ThreadComm};

@@ -361,7 +361,7 @@ fn hierarchical_topologies() {
     }
 }
 
-/// Paper 003 Table 1 against SimComm directly, where the inputs hit its assumptions: TopkA
+/// SparDL (Zhao et al.) Table 1 against SimComm directly, where the inputs hit its assumptions: TopkA
 /// for any P, gTopk on powers of two, SparDL with `k = P·k_b` (d = 64·P, ρ = 1/8).
 #[test]
 fn table_1_equals_simcomm_where_it_applies() {

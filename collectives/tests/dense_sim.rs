@@ -1,6 +1,6 @@
 //! Under SimComm, the measured rounds and bytes per rank (and, on a flat α-β network, the
 //! simulated time) of the dense algorithms equal their closed forms: Thakur, Rabenseifner
-//! & Gropp (2005) for ring, recursive doubling, Rabenseifner and Bruck; paper 004 Table 1
+//! & Gropp (2005) for ring, recursive doubling, Rabenseifner and Bruck; Linear Pipelining (Wang et al.) Table 1
 //! for LP, MST and BE.
 
 use collectives::dense::{
@@ -105,7 +105,7 @@ fn rabenseifner_and_be_match_table1_be_row() {
             for s in ar(p, n, algo) {
                 assert_eq!(s.rounds, 2 * log2(p), "{algo:?} p={p}");
                 assert_eq!(s.bytes_sent, 2 * (p as u64 - 1) * 4 * n as u64 / p as u64);
-                // Paper 004 Table 1, BE allreduce with γ = 0:
+                // Linear Pipelining (Wang et al.) Table 1, BE allreduce with γ = 0:
                 // 2·log p·α + 2·(p−1)/p·n·β.
                 let t =
                     2.0 * log2(p) as f64 * ALPHA + 2.0 * (p as f64 - 1.0) / p as f64 * bytes * BETA;
@@ -146,14 +146,14 @@ fn binomial_allreduce_matches_table1_mst_row() {
         // Root: log p receives then log p sends of the whole vector.
         assert_eq!(stats[0].rounds, 2 * log2(p));
         assert_eq!(stats[0].bytes_sent, log2(p) * 4 * n as u64);
-        // Paper 004 Table 1, MST allreduce with γ = 0: log p·(2α + 2nβ).
+        // Linear Pipelining (Wang et al.) Table 1, MST allreduce with γ = 0: log p·(2α + 2nβ).
         let t = log2(p) as f64 * (2.0 * ALPHA + 2.0 * bytes * BETA);
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
         assert!(close(worst, t), "p={p}: {worst} vs {t}");
     }
 }
 
-/// Paper 004 Table 1, LP allreduce with γ = 0: 2(p − 1 + n/b)α + (bp − b + n)·2β.
+/// Linear Pipelining (Wang et al.) Table 1, LP allreduce with γ = 0: 2(p − 1 + n/b)α + (bp − b + n)·2β.
 fn table1_lp_allreduce(p: usize, n_bytes: f64, b: f64) -> f64 {
     let pf = p as f64;
     2.0 * (pf - 1.0 + n_bytes / b) * ALPHA + (b * pf - b + n_bytes) * 2.0 * BETA
@@ -178,7 +178,7 @@ fn linear_pipeline_matches_table1_lp_row() {
         }
         // A rank sends one block at a time. On P = 2 the two directions use different
         // senders: n/b + 1 steps of α + βb. For P ≥ 3 the middle ranks send both ways:
-        // 2·n/b + 2P − 5 steps, which is the 9 steps paper 004 Fig. 2c shows for 4 blocks
+        // 2·n/b + 2P − 5 steps, which is the 9 steps Linear Pipelining (Wang et al.) Fig. 2c shows for 4 blocks
         // on 3 GPUs; Table 1's 2(p − 1 + n/b) rounds the fill up and is an upper bound.
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
         let step = ALPHA + BETA * b as f64;
@@ -214,7 +214,7 @@ fn lp_broadcast_matches_table1() {
             )
         });
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
-        // Paper 004 Table 1: (p − 1 + n/b)α + (b(p − 1) + n)β; the exact schedule is one
+        // Linear Pipelining (Wang et al.) Table 1: (p − 1 + n/b)α + (b(p − 1) + n)β; the exact schedule is one
         // step shorter (p − 2 + n/b steps of α + βb).
         let t1 = (p as f64 - 1.0 + nblocks as f64) * ALPHA
             + (b as f64 * (p as f64 - 1.0) + n as f64) * BETA;

@@ -100,7 +100,7 @@ fn identical_and_conserving(c: &dyn Communicator, name: &'static str, density: f
     c.barrier()
 }
 
-/// SparDL's rounds and bytes under SimComm equal paper 003 Table 1.
+/// SparDL's rounds and bytes under SimComm equal SparDL (Zhao et al.) Table 1.
 fn spardl_table1(c: MpiComm) -> Result<MpiComm> {
     let p = c.size();
     let topo = Topology::flat(

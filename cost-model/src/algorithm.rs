@@ -21,33 +21,33 @@ pub enum Algorithm {
     Rabenseifner,
     /// Bruck all-gather.
     Bruck,
-    /// Binomial tree (paper 004's MST); all-reduce = reduce + broadcast.
+    /// Binomial tree (Linear Pipelining's MST); all-reduce = reduce + broadcast.
     Binomial,
-    /// Linear pipeline with a block size (paper 004).
+    /// Linear pipeline with a block size (Linear Pipelining (Wang et al.)).
     Lp,
-    /// Bidirectional exchange (paper 004 Table 1 "BE").
+    /// Bidirectional exchange (Linear Pipelining (Wang et al.) Table 1 "BE").
     Be,
-    /// 2D torus / hierarchical all-reduce (paper 001 §5.3).
+    /// 2D torus / hierarchical all-reduce (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3).
     Torus2d,
     /// Broadcast by binomial scatter + ring all-gather.
     ScatterAllgather,
-    /// Sparse: all-gather of every rank's top-k (paper 003 Table 1 "TopkA").
+    /// Sparse: all-gather of every rank's top-k (SparDL (Zhao et al.) Table 1 "TopkA").
     Topka,
-    /// Sparse: TopkDSA (paper 003 Table 1).
+    /// Sparse: TopkDSA (SparDL (Zhao et al.) Table 1).
     Topkdsa,
-    /// Sparse: global top-k tree (gTopk, paper 003 Table 1).
+    /// Sparse: global top-k tree (gTopk, SparDL (Zhao et al.) Table 1).
     Gtopk,
-    /// Sparse: CLT-k, one leader's indices (paper 003 Table 1).
+    /// Sparse: CLT-k, one leader's indices (SparDL (Zhao et al.) Table 1).
     Cltk,
-    /// Sparse: SparDL, Spar-Reduce-Scatter + Spar-All-Gather (paper 003).
+    /// Sparse: SparDL, Spar-Reduce-Scatter + Spar-All-Gather (SparDL (Zhao et al.)).
     Spardl,
-    /// Sparse: SparDL with the R-SAG all-gather (paper 003).
+    /// Sparse: SparDL with the R-SAG all-gather (SparDL (Zhao et al.)).
     SpardlRsag,
-    /// Sparse: SparDL with the B-SAG all-gather (paper 003 Alg. 2).
+    /// Sparse: SparDL with the B-SAG all-gather (SparDL (Zhao et al.) Alg. 2).
     SpardlBsag,
-    /// Sparse: hierarchical top-k communication (paper 001 Alg. 2, Eq. 7-10).
+    /// Sparse: hierarchical top-k communication (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Alg. 2, Eq. 7-10).
     Hitopk,
-    /// Sparse: ExDyna (paper 002).
+    /// Sparse: ExDyna (Yoon & Oh, CCGrid 2024).
     Exdyna,
 }
 

@@ -208,7 +208,7 @@ pub fn predict_dense(case: &DenseCase, topo: &Topology) -> Result<Prediction> {
 /// | allreduce ring | `2(P−1)·(α + β·n/P) + (P−1)·γ·n/P` | `P ∣ elems` |
 /// | allreduce recursive doubling | `log2 P·(α + (β+γ)·n)` | P power of two |
 /// | allreduce Rabenseifner, BE | `2 log2 P·α + 2(P−1)/P·n·β + (P−1)/P·n·γ` | P power of two, `P ∣ elems` |
-/// | allreduce binomial (MST) | `log2 P·(2α + (2β+γ)·n)` | P power of two (paper 004 Table 1 MST) |
+/// | allreduce binomial (MST) | `log2 P·(2α + (2β+γ)·n)` | P power of two (Linear Pipelining (Wang et al.) Table 1 MST) |
 /// | allgather ring | `(P−1)·(α + β·m)` | m bytes per rank |
 /// | allgather recursive doubling | `log2 P·α + (P−1)·m·β` | P power of two |
 /// | allgather Bruck | `⌈log2 P⌉·α + (P−1)·m·β` | P power of two |
@@ -216,7 +216,7 @@ pub fn predict_dense(case: &DenseCase, topo: &Topology) -> Result<Prediction> {
 /// | broadcast binomial | `log2 P·(α + β·n)` | P power of two |
 /// | broadcast / reduce LP | `(P−2+n/b)·(α + β·b)` (+γ·b per step for reduce) | `b ∣ n`, P ≥ 2 |
 ///
-/// Paper 004 Table 1 writes the LP terms with `P − 1 + n/b` steps; the implementation's
+/// Linear Pipelining (Wang et al.) Table 1 writes the LP terms with `P − 1 + n/b` steps; the implementation's
 /// schedule needs one step less (the first block leaves the root at time 0), which the unit
 /// tests check. LP all-reduce has no closed form here: each middle rank alternates a send
 /// up and a send down, and the schedule (never slower than the table's
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn lp_against_paper_004_table_1() {
-        // Paper 004 Table 1: LP broadcast (p − 1 + n/b)·α + (b(p − 1) + n)·β, LP allreduce
+        // Linear Pipelining (Wang et al.) Table 1: LP broadcast (p − 1 + n/b)·α + (b(p − 1) + n)·β, LP allreduce
         // 2(p − 1 + n/b)·α + (bp − b + n)·(2β + γ). Our exact schedules take one step less
         // for broadcast (the table counts the first block's injection as a step), and for
         // all-reduce overlap the two chains.

@@ -3,10 +3,10 @@
 //! Predicts what communication and sparsification cost on a cluster, so that planners can
 //! choose layer merges and algorithms without running them: the α-β(-γ) models of the
 //! collectives, fitted by least squares from measurements; the top-k cost model
-//! `t = γ·ρ·d·log d` of OMGS-SGD (paper 000, Eq. 10-11, §V-B); predicted time, rounds and
+//! `t = γ·ρ·d·log d` of OMGS-SGD (OMGS-SGD (Shi et al., INFOCOM 2020), Eq. 10-11, §V-B); predicted time, rounds and
 //! bytes of every algorithm (exact schedules of the dense ones and, given the step's
-//! data-dependent entry counts, of the sparse ones; paper 003 Table 1, paper
-//! 004 Table 1, paper 001 Eq. 3 and 7-10 for hierarchical clusters); presets with the
+//! data-dependent entry counts, of the sparse ones; SparDL (Zhao et al.) Table 1, paper
+//! 004 Table 1, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 for hierarchical clusters); presets with the
 //! papers' published constants; the calibration JSON and an algorithm ranking.
 //!
 //! This crate depends on nothing else of the workspace.
@@ -18,7 +18,7 @@
 //! assert_eq!(cluster.ranks(), 16);
 //! assert!(cluster.link(0, 1).time(1 << 20) > 8e-3);
 //!
-//! // The OMGS-SGD 1 GbE cluster of paper 000 with the authors' constants.
+//! // The OMGS-SGD 1 GbE cluster of OMGS-SGD (Shi et al., INFOCOM 2020) with the authors' constants.
 //! let omgs = cost_model::presets::omgs_1gbe(16).unwrap();
 //! assert!(omgs.topk.time(1 << 20) > 0.0 && omgs.sparse_allgather.time(1 << 10) > 0.0);
 //!

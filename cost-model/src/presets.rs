@@ -7,22 +7,22 @@ use crate::models::{LinearModel, SparseAllgatherModel, TopkModel};
 use crate::{Error, Link, Result, Topology};
 
 /// Top-k coefficient of the OMGS cluster: `t_s(x) = 2.18896957e-10 · x · log2 x` seconds
-/// for `x` elements (paper 000 Eq. 10 and §V-B, γ·ρ folded for ρ = 0.001; constant from
-/// the authors' code, PAPERS.md; the paper rounds it to γ = 2.2·10⁻¹⁰, P102-100 GPU).
+/// for `x` elements (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10 and §V-B, γ·ρ folded for ρ = 0.001; constant from
+/// the authors' code; the paper rounds it to γ = 2.2·10⁻¹⁰, P102-100 GPU).
 pub const OMGS_TOPK_GAMMA_RHO: f64 = 2.18896957e-10;
 
-/// Density the OMGS constants were measured at (paper 000 §V-B: ρ = 0.001).
+/// Density the OMGS constants were measured at (OMGS-SGD (Shi et al., INFOCOM 2020) §V-B: ρ = 0.001).
 pub const OMGS_DENSITY: f64 = 0.001;
 
-/// Dense all-reduce α of MG-WFBP as the OMGS authors' code carries it (PAPERS.md), seconds.
+/// Dense all-reduce α of MG-WFBP as the OMGS authors' code carries it, seconds.
 pub const MGWFBP_ALPHA_S: f64 = 9.618801111215886e-08;
 
-/// Dense all-reduce β of MG-WFBP as the OMGS authors' code carries it (PAPERS.md),
+/// Dense all-reduce β of MG-WFBP as the OMGS authors' code carries it,
 /// seconds per byte.
 pub const MGWFBP_BETA_S: f64 = 3.89407453e-13;
 
 /// Sparse all-gather `(P, a, b)` of the OMGS 1 GbE cluster: `t(x) = (a + b·x·P·4)·2`
-/// (paper 000 Eq. 11 and Fig. 2(b); constants from the authors' code, PAPERS.md).
+/// (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11 and Fig. 2(b); constants from the authors' code, the authors' code).
 pub const OMGS_ALLGATHER: [(usize, f64, f64); 4] = [
     (2, 1.6e-3, 1.0e-8),
     (4, 2.7e-3, 1.3e-8),
@@ -31,14 +31,14 @@ pub const OMGS_ALLGATHER: [(usize, f64, f64); 4] = [
 ];
 
 /// The OMGS-SGD evaluation cluster: 16 nodes with one P102-100 GPU each on 1 GbE
-/// (paper 000 §V-A/B), with the constants of the authors' code (PAPERS.md).
+/// (OMGS-SGD (Shi et al., INFOCOM 2020) §V-A/B), with the constants of the authors' code.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OmgsPreset {
     /// Number of workers P (2, 4, 8 or 16: the sizes the authors measured).
     pub ranks: usize,
-    /// Top-k selection time `2.18896957e-10 · x · log2 x` (paper 000 Eq. 10).
+    /// Top-k selection time `2.18896957e-10 · x · log2 x` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10).
     pub topk: TopkModel,
-    /// All-gather of a sparse group, `(a + b·x·P·4)·2` (paper 000 Eq. 11).
+    /// All-gather of a sparse group, `(a + b·x·P·4)·2` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11).
     pub sparse_allgather: SparseAllgatherModel,
     /// Dense all-reduce `α + β·n` with MG-WFBP's α, β as the authors' code carries them
     /// (`n` in bytes). These constants imply far more bandwidth than 1 GbE, so they are
@@ -49,7 +49,7 @@ pub struct OmgsPreset {
     pub density: f64,
 }
 
-/// The OMGS 1 GbE cluster for `p ∈ {2, 4, 8, 16}` workers (paper 000; PAPERS.md). Other
+/// The OMGS 1 GbE cluster for `p ∈ {2, 4, 8, 16}` workers (OMGS-SGD (Shi et al., INFOCOM 2020)). Other
 /// worker counts were not measured by the authors and are an [`Error::InvalidArgument`]
 /// rather than a guess.
 pub fn omgs_1gbe(p: usize) -> Result<OmgsPreset> {
@@ -97,7 +97,7 @@ impl OmgsPreset {
 /// one-way small-message latency of MPI over TCP on GbE.
 pub const ETHERNET_1GBE_ALPHA_S: f64 = 50e-6;
 
-/// Paper 000's cluster as physical links: `nodes` machines, one GPU each, joined by 1 Gbit/s
+/// OMGS-SGD's cluster as physical links: `nodes` machines, one GPU each, joined by 1 Gbit/s
 /// Ethernet with [`ETHERNET_1GBE_ALPHA_S`] per message. Use it to run real algorithms on
 /// `SimComm`: unlike [`OmgsPreset::topology`], α here is one message's start-up, not a whole
 /// all-gather's.
@@ -107,7 +107,7 @@ pub fn ethernet_1gbe(nodes: usize) -> Result<Topology> {
 }
 
 /// Intra-node latency for V100 GPUs joined by NVLink, seconds. Chosen, not published:
-/// paper 001 gives no α; 5 µs is NCCL's typical intra-node small-message latency.
+/// MSTopK/HiTopKComm (Shi et al., MLSys 2021) gives no α; 5 µs is NCCL's typical intra-node small-message latency.
 pub const NVLINK_ALPHA_S: f64 = 5e-6;
 
 /// Intra-node NVLink bandwidth, Gbit/s. Chosen: 2 NVLink-2 links of 25 GB/s between a pair
@@ -118,22 +118,22 @@ pub const NVLINK_GBIT: f64 = 400.0;
 /// typical TCP round-trip half on a virtual private connection.
 pub const CLOUD_25GBE_ALPHA_S: f64 = 50e-6;
 
-/// Inter-node bandwidth, Gbit/s (paper 001 §5: 16 nodes on 25 Gbps Ethernet).
+/// Inter-node bandwidth, Gbit/s (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5: 16 nodes on 25 Gbps Ethernet).
 pub const CLOUD_25GBE_GBIT: f64 = 25.0;
 
 /// Reduction cost γ of a V100 summing f32 (seconds per byte): ~900 GB/s HBM2 read twice
 /// and written once, so about 3 bytes of traffic per byte reduced. Chosen, not published.
 pub const V100_GAMMA_S_PER_BYTE: f64 = 3.0 / 900e9;
 
-/// Paper 001's cluster: 16 nodes × 8 V100 GPUs with NVLink inside a node and 25 GbE
-/// between nodes (paper 001 §2.2 and §5, Table 1). The paper publishes no α or β; the
+/// MSTopK/HiTopKComm's cluster: 16 nodes × 8 V100 GPUs with NVLink inside a node and 25 GbE
+/// between nodes (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §2.2 and §5, Table 1). The paper publishes no α or β; the
 /// link constants are the documented choices [`NVLINK_ALPHA_S`], [`NVLINK_GBIT`],
 /// [`CLOUD_25GBE_ALPHA_S`], [`CLOUD_25GBE_GBIT`] and [`V100_GAMMA_S_PER_BYTE`].
 pub fn cloud_16x8_25gbe() -> Topology {
     cloud_25gbe(16, 8)
 }
 
-/// Paper 001-style cluster of `nodes × gpus_per_node` with the same link constants as
+/// MSTopK/HiTopKComm (Shi et al., MLSys 2021)-style cluster of `nodes × gpus_per_node` with the same link constants as
 /// [`cloud_16x8_25gbe`] (for scaling studies at other sizes).
 pub fn cloud_25gbe(nodes: usize, gpus_per_node: usize) -> Topology {
     Topology {

@@ -1,12 +1,12 @@
 //! Communication cost of the sparse all-reduce algorithms, from the papers' closed forms:
-//! paper 003 Table 1 (TopkA, TopkDSA, gTopk, SparDL without SAG, with R-SAG and B-SAG),
-//! paper 001 Eq. 3 and 7-10 (TopkA on a cluster, HiTopKComm), and compositions of the dense
-//! forms for CLT-k and ExDyna (paper 002 §IV).
+//! SparDL (Zhao et al.) Table 1 (TopkA, TopkDSA, gTopk, SparDL without SAG, with R-SAG and B-SAG),
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 (TopkA on a cluster, HiTopKComm), and compositions of the dense
+//! forms for CLT-k and ExDyna (Yoon & Oh, CCGrid 2024, §IV).
 //!
-//! Units. `d` is the dense length, `k = ⌈ρ·d⌉` the entries each rank selects. Paper 003
+//! Units. `d` is the dense length, `k = ⌈ρ·d⌉` the entries each rank selects. SparDL (Zhao et al.)
 //! counts `k` sparse gradients and `n` dense ones in 4-byte words (a sparse entry is two
 //! words, index and value, hence its `2k`); here β is per byte, so a word costs `4β`.
-//! Paper 001 Eq. 3, 9 and 10 count 4 bytes per selected element (values; the indices are
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3, 9 and 10 count 4 bytes per selected element (values; the indices are
 //! not in its formula) and we follow the paper.
 //!
 //! Worst case. Sparse bytes depend on the data (how many indices coincide when merged).
@@ -100,28 +100,28 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
     }
     let l = clg(p);
     Ok(match case.algo {
-        // Paper 003 Table 1: (log P)α + 2(P − 1)kβ.
+        // SparDL (Zhao et al.) Table 1: (log P)α + 2(P − 1)kβ.
         Algorithm::Topka => flat(l, 2.0 * (pf - 1.0) * k),
-        // Paper 003 Table 1: (P + 2 log P)α, worst (P − 1)/P·(2k + n)β.
+        // SparDL (Zhao et al.) Table 1: (P + 2 log P)α, worst (P − 1)/P·(2k + n)β.
         Algorithm::Topkdsa => flat(pf + 2.0 * l, (pf - 1.0) / pf * (2.0 * k + d)),
-        // Paper 003 Table 1: 2 log P α + 4 (log P) k β.
+        // SparDL (Zhao et al.) Table 1: 2 log P α + 4 (log P) k β.
         Algorithm::Gtopk => flat(2.0 * l, 4.0 * l * k),
         // CLT-k: the leader's k indices broadcast (binomial, log P·(α + kβ)), then a
         // Rabenseifner all-reduce of k values (2 log P α + 2(P − 1)/P·kβ).
         Algorithm::Cltk => flat(3.0 * l, l * k + 2.0 * (pf - 1.0) / pf * k),
-        // Paper 003 Table 1: 2⌈log P⌉α + 4k(P − 1)/P β.
+        // SparDL (Zhao et al.) Table 1: 2⌈log P⌉α + 4k(P − 1)/P β.
         Algorithm::Spardl => flat(2.0 * l, 4.0 * k * (pf - 1.0) / pf),
-        // Paper 003 Table 1: (2⌈log P/d⌉ + log d)α + 2k((2P − 2d)/P + (d/P)·log d)β.
+        // SparDL (Zhao et al.) Table 1: (2⌈log P/d⌉ + log d)α + 2k((2P − 2d)/P + (d/P)·log d)β.
         Algorithm::SpardlRsag => flat(
             2.0 * clg(p / teams) + lg(tf),
             2.0 * k * ((2.0 * pf - 2.0 * tf) / pf + tf / pf * lg(tf)),
         ),
-        // Paper 003 Table 1: same latency, worst 2k(d² + 2P − 3d)/P β.
+        // SparDL (Zhao et al.) Table 1: same latency, worst 2k(d² + 2P − 3d)/P β.
         Algorithm::SpardlBsag => flat(
             2.0 * clg(p / teams) + lg(tf),
             2.0 * k * (tf * tf + 2.0 * pf - 3.0 * tf) / pf,
         ),
-        // ExDyna (paper 002 §IV): all-gather of the counts (⌈log P⌉α, P − 1 words),
+        // ExDyna (Yoon & Oh, CCGrid 2024, §IV): all-gather of the counts (⌈log P⌉α, P − 1 words),
         // all-gather of the indices padded to the largest count ((P − 1)k words),
         // all-reduce of the values at the union, worst case |union| = min(P·k, d)
         // (Rabenseifner).
@@ -129,7 +129,7 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
             let u = (pf * k).min(d);
             flat(4.0 * l, (pf - 1.0) * (k + 1.0) + 2.0 * (pf - 1.0) / pf * u)
         }
-        // Paper 001 Eq. 7-10 with n GPUs per node and m nodes: intra reduce-scatter
+        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 7-10 with n GPUs per node and m nodes: intra reduce-scatter
         // (n − 1)α_intra + 4(n − 1)d/n β_intra; inter all-gather α_inter log m +
         // 4(m − 1)ρd/n β_inter; intra all-gather α_intra log n + 4(n − 1)ρdm/n β_intra.
         // The MSTopK compute of Eq. 8 is priced by a TopkModel, not here.

@@ -1,5 +1,5 @@
 //! The cluster a cost is predicted for: `nodes × ranks_per_node` ranks, with one α-β link
-//! model inside a node and one between nodes (paper 001 Eq. 3 and 7-10 distinguish the two).
+//! model inside a node and one between nodes (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 distinguish the two).
 //!
 //! Rank `r` lives on node `r / ranks_per_node` (block placement, as `mpirun --map-by core`
 //! and one process per GPU give).
@@ -56,7 +56,7 @@ pub struct Topology {
     pub intra: Link,
     /// Link between two ranks on different nodes (Ethernet, InfiniBand).
     pub inter: Link,
-    /// Reduction cost, seconds per byte reduced (γ of paper 004 Table 1).
+    /// Reduction cost, seconds per byte reduced (γ of Linear Pipelining (Wang et al.) Table 1).
     #[serde(default)]
     pub gamma_s_per_byte: f64,
 }

@@ -136,7 +136,7 @@ pub fn assert_close(got: &[f32], want: &[f64], rtol: f64, atol: f64, what: &str)
     }
 }
 
-/// An independent single-process TopkA (paper 000 §II-F; SparCML's all-gather of local
+/// An independent single-process TopkA (OMGS-SGD (Shi et al., INFOCOM 2020) §II-F; SparCML's all-gather of local
 /// top-k): every rank keeps its own error feedback, selects its exact top-`k` of
 /// `grad + residual` with `sparsify`, and the update is the sum of all selections divided
 /// by P, accumulated in `f64`. `grads[r][s]` is rank r's gradient of step s; returns the

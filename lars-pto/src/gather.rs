@@ -1,5 +1,5 @@
 //! The all-gather with variable counts that the parallel tensor operator ends with
-//! (paper 001 Eq. 14). Every rank knows every count in advance (they follow from the agreed
+//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 14). Every rank knows every count in advance (they follow from the agreed
 //! layer list), so no count exchange is needed.
 //!
 //! [`crate::Exchange::Direct`]: a one-round point-to-point exchange over the

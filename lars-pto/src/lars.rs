@@ -1,7 +1,7 @@
 //! LARS, layer-wise adaptive rate scaling (You, Gitman & Ginsburg 2017, Algorithm 1; paper
 //! 001 Eq. 11), with the per-layer coefficients computed by the parallel tensor operator.
 //!
-//! For a layer with weights `w` and aggregated gradient `g` (paper 001 Eq. 11, You et al.
+//! For a layer with weights `w` and aggregated gradient `g` (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11, You et al.
 //! Eq. 6 with the trust coefficient η and weight decay β folded into the denominator):
 //!
 //! ```text
@@ -42,7 +42,7 @@ pub struct LarsConfig {
 }
 
 impl Default for LarsConfig {
-    /// η = 0.001 (You et al.), β = 1e-4 and μ = 0.9 (the training defaults of PAPERS.md),
+    /// η = 0.001 (You et al.), β = 1e-4 and μ = 0.9 (the authors' training defaults),
     /// ε = 0 (MLPerf), no clip, the default skip list.
     fn default() -> Self {
         LarsConfig {
@@ -109,7 +109,7 @@ pub fn lars_coeff(
     let (trust, scale) = if excluded || wn == 0.0 || gn == 0.0 {
         (1.0, 1.0)
     } else {
-        // Paper 001 Eq. 11 (γ = η, ε = weight decay there) with an extra ε as in LARC.
+        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11 (γ = η, ε = weight decay there) with an extra ε as in LARC.
         let trust = cfg.trust_coefficient * wn / (gn + cfg.weight_decay * wn + cfg.epsilon);
         finite(layer, Quantity::TrustRatio, trust)?;
         // apex LARC clip: adaptive_lr = min(adaptive_lr / lr, 1).

@@ -3,7 +3,7 @@
 //! 1 GbE cluster), with backward times emulated per layer, and compares each scheme's
 //! measured iteration time with the prediction of [`crate::predict`] for the same plan.
 //!
-//! The prediction's inputs are measured the way paper 000 does it: per-layer backward and
+//! The prediction's inputs are measured the way OMGS-SGD (Shi et al., INFOCOM 2020) does it: per-layer backward and
 //! forward times by the per-hook timestamp method in a profiling run, the top-k time as a
 //! linear fit of the measured compression spans, and the communication from the link's
 //! α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; a Bruck
@@ -212,7 +212,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     let sparse = TopkAllgather {
         density: cfg.density,
     };
-    // Profiling run (paper 000's per-hook method).
+    // Profiling run (OMGS-SGD's per-hook method).
     let prof = run(cfg, topo, &emu, &MergePlan::layerwise(l_count), &sparse)?;
     let samples: Vec<Vec<f64>> = prof
         .iter()

@@ -1,6 +1,6 @@
 //! Merge plans (contiguous groups of layers communicated together) and the planners of
-//! paper 000: layer-wise (LAGS-SGD), one group (TopK-SGD), threshold merging (MGS-SGD,
-//! PAPERS.md semantics), OMGS Algorithm 1 (Theorem 1's Q3 ∧ Q5 rule), the dense MG-WFBP
+//! OMGS-SGD (Shi et al., INFOCOM 2020): layer-wise (LAGS-SGD), one group (TopK-SGD), threshold merging (MGS-SGD,
+//! the authors' semantics), OMGS Algorithm 1 (Theorem 1's Q3 ∧ Q5 rule), the dense MG-WFBP
 //! variant, an exact planner (dynamic programming over non-dominated states) and an
 //! exhaustive search over all `2^(L−1)` plans as the reference.
 //!
@@ -92,7 +92,7 @@ impl MergePlan {
         self.layers
     }
 
-    /// Number of groups (communications per iteration, paper 000 Table V).
+    /// Number of groups (communications per iteration, OMGS-SGD (Shi et al., INFOCOM 2020) Table V).
     pub fn num_groups(&self) -> usize {
         self.starts.len()
     }
@@ -133,7 +133,7 @@ impl MergePlan {
     }
 }
 
-/// Default threshold of MGS-SGD: 8192 elements (paper 000 §V-D, footnote 10).
+/// Default threshold of MGS-SGD: 8192 elements (OMGS-SGD (Shi et al., INFOCOM 2020) §V-D, footnote 10).
 pub const DEFAULT_THRESHOLD: usize = 8192;
 
 /// Largest profile the exhaustive search accepts (`2^(L−1)` plans).
@@ -149,7 +149,7 @@ pub enum Planner {
     TopK,
     /// Threshold merging with this many elements (MGS-SGD).
     Threshold(usize),
-    /// Paper 000 Algorithm 1 (FindMergedLayers, Theorem 1's Q3 ∧ Q5).
+    /// OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1 (FindMergedLayers, Theorem 1's Q3 ∧ Q5).
     Omgs,
     /// Exact optimum of the timeline model (dynamic programming); the default.
     #[default]
@@ -220,7 +220,7 @@ impl Planner {
     }
 }
 
-/// Threshold merging (MGS-SGD) as the OMGS authors' code does it (PAPERS.md): walk from the
+/// Threshold merging (MGS-SGD) as the OMGS authors' code does it: walk from the
 /// last tensor to the first adding element counts; the group closes right after the tensor
 /// that makes the running total reach `threshold`; leftovers form the last group.
 pub fn threshold(profile: &LayerProfile, threshold: usize) -> MergePlan {
@@ -242,7 +242,7 @@ pub fn threshold(profile: &LayerProfile, threshold: usize) -> MergePlan {
     }
 }
 
-/// Paper 000 Algorithm 1 (FindMergedLayers): start with every layer normal; for `l = L → 2`
+/// OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1 (FindMergedLayers): start with every layer normal; for `l = L → 2`
 /// make `l` a merged layer (merge its group into layer `l−1`) when Theorem 1's Q3 ∧ Q5
 /// holds, then recompute the start times (Eq. 13-15) before looking at the next layer.
 pub fn algorithm1(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn threshold_8192_gives_table_v_group_counts() {
-        // Paper 000 Table V, MGS-SGD column.
+        // OMGS-SGD (Shi et al., INFOCOM 2020) Table V, MGS-SGD column.
         for (name, groups) in [
             ("vgg16", 13),
             ("resnet50", 53),

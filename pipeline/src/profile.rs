@@ -1,7 +1,7 @@
 //! Layer profiles: per parameter tensor, in forward order, its name, element count and
-//! backward time (paper 000 Table II: `d^(l)` and `t_b^(l)`), plus the forward time `t_f`.
+//! backward time (OMGS-SGD (Shi et al., INFOCOM 2020) Table II: `d^(l)` and `t_b^(l)`), plus the forward time `t_f`.
 //!
-//! JSON (DESIGN.md): `{"model": "resnet50", "layers": [{"name": "conv1.weight", "numel":
+//! JSON: `{"model": "resnet50", "layers": [{"name": "conv1.weight", "numel":
 //! 9408, "backward_s": 1.2e-4}]}`; `backward_s` may be omitted (then 0), `forward_s` is an
 //! optional extra. Every way in validates: no layers, zero or negative sizes and
 //! non-finite or negative times are typed errors.
@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// One parameter tensor ("layer" in paper 000, which merges per tensor).
+/// One parameter tensor ("layer" in OMGS-SGD (Shi et al., INFOCOM 2020), which merges per tensor).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Layer {
     /// Tensor name, e.g. `layer1.0.conv1.weight`.
@@ -118,7 +118,7 @@ impl LayerProfile {
         Ok(())
     }
 
-    /// Parses and validates the JSON format of DESIGN.md.
+    /// Parses and validates the layer-profile JSON format.
     pub fn from_json(text: &str) -> Result<Self> {
         let raw: RawProfile = serde_json::from_str(text)?;
         let mut layers = Vec::with_capacity(raw.layers.len());
@@ -198,7 +198,7 @@ impl LayerProfile {
         self.layers.iter().map(|l| l.numel).sum()
     }
 
-    /// Total backward time `t_b = Σ t_b^(l)` (paper 000 Eq. 3).
+    /// Total backward time `t_b = Σ t_b^(l)` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 3).
     pub fn total_backward_s(&self) -> f64 {
         self.layers.iter().map(|l| l.backward_s).sum()
     }
@@ -231,7 +231,7 @@ impl LayerProfile {
     }
 }
 
-/// Averages per-layer backward times measured by the per-hook timestamp method (PAPERS.md:
+/// Averages per-layer backward times measured by the per-hook timestamp method (authors' code:
 /// the difference of consecutive "gradient ready" timestamps), skipping `warmup` samples.
 /// `samples[i][l]` is iteration `i`'s time of layer `l` in forward order.
 pub fn average_backward(samples: &[Vec<f64>], warmup: usize) -> Result<Vec<f64>> {

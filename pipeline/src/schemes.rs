@@ -1,6 +1,6 @@
-//! How a merged group is reduced, split between the two threads of Algorithm 2 (paper 000):
+//! How a merged group is reduced, split between the two threads of Algorithm 2 (OMGS-SGD (Shi et al., INFOCOM 2020)):
 //! [`Compress`] runs on the compute thread right after the group's last gradient arrived
-//! (top-k selection with error feedback, paper 000 Eq. 10's `t_s`), [`Exchange`] runs on
+//! (top-k selection with error feedback, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10's `t_s`), [`Exchange`] runs on
 //! the communication thread (the all-gather of Eq. 11, a dense all-reduce, or a whole
 //! sparse all-reduce algorithm from `collectives` that selects while it communicates).
 //! A [`Scheme`] makes one pair per group, so per-group state (residuals) lives with it.
@@ -168,7 +168,7 @@ fn selector_allgather(
     ))
 }
 
-/// Top-k with error feedback (residual memory, DESIGN.md's contract): `acc = residual +
+/// Top-k with error feedback (residual memory, the selector contract): `acc = residual +
 /// grad`, select `⌈ρ·n⌉` entries of `acc` with a `sparsify` selector (fused into one pass
 /// by [`ErrorFeedback::step`]), keep the rest as the new residual.
 pub struct TopkCompress {
@@ -252,12 +252,12 @@ fn average(comm: &dyn Communicator, data: &mut [f32]) {
 
 /// All-gather of every rank's sparse group (`collectives::dense::allgatherv`, or
 /// `allgatherv_known` when every rank sends the same number of entries), summed in rank
-/// order and divided by P (the sparse aggregation of paper 000 §II-F), bit-identical on
+/// order and divided by P (the sparse aggregation of OMGS-SGD (Shi et al., INFOCOM 2020) §II-F), bit-identical on
 /// every rank. Each rank's block is its [`HEADER_BYTES`]-byte header followed by the
 /// [`SparseGrad`] wire encoding, so the agreement check costs no extra round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SparseAllgather {
-    /// The all-gather algorithm (ring by default, as the timeline of paper 000 assumes).
+    /// The all-gather algorithm (ring by default, as the timeline of OMGS-SGD (Shi et al., INFOCOM 2020) assumes).
     pub algo: AllgatherAlgo,
     /// Every rank sends as many entries as this one (an exact-count selector at the same
     /// density): skip the exchange of counts. A peer that sends another length is then a
@@ -319,7 +319,7 @@ impl Exchange for SparseAllgather {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DenseExchange {
     /// The all-reduce algorithm (ring by default: reduce-scatter then all-gather, 2(P−1)
-    /// rounds; paper 004 Algorithm 3's allreduce).
+    /// rounds; Linear Pipelining (Wang et al.) Algorithm 3's allreduce).
     pub algo: AllreduceAlgo,
 }
 
@@ -345,7 +345,7 @@ impl Exchange for DenseExchange {
 
 /// TopK-SGD family: exact top-k with error feedback per group, sparse all-gather. With one
 /// group it is TopK-SGD, with layer-wise groups LAGS-SGD, with a threshold plan MGS-SGD,
-/// with the optimal plan OMGS-SGD (paper 000 Table I).
+/// with the optimal plan OMGS-SGD (Shi et al., INFOCOM 2020, Table I).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TopkAllgather {
     /// Density ρ.

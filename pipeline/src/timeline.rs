@@ -1,4 +1,4 @@
-//! The iteration timeline of paper 000 (Eq. 2-9 and 17) for a merge plan: per layer the
+//! The iteration timeline of OMGS-SGD (Shi et al., INFOCOM 2020) (Eq. 2-9 and 17) for a merge plan: per layer the
 //! backward span, per merged group the sparsification and communication spans, the
 //! iteration time and the non-overlapped communication.
 //!
@@ -21,9 +21,9 @@ use crate::{Error, Result};
 /// Per-group costs the timeline needs. Both take the group's dense element count.
 pub trait StepCosts {
     /// Time to sparsify (compress) a group of `numel` elements on the compute stream
-    /// (`t_s`, paper 000 Eq. 10). Zero for dense schemes.
+    /// (`t_s`, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10). Zero for dense schemes.
     fn sparsify_s(&self, numel: usize) -> f64;
-    /// Time to communicate a group of `numel` elements (`t_c`, paper 000 Eq. 11).
+    /// Time to communicate a group of `numel` elements (`t_c`, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11).
     fn comm_s(&self, numel: usize) -> f64;
     /// Start-up time α of one communication (Theorem 1's α). Defaults to `comm_s(0)`,
     /// exact for affine models.
@@ -45,7 +45,7 @@ impl<T: StepCosts + ?Sized> StepCosts for &T {
 }
 
 /// Simple closed-form costs for tests and quick studies: `t_s = γ·x·log2 x` and
-/// `t_c = α + β·x` (paper 000 Eq. 10-11 with x in elements).
+/// `t_c = α + β·x` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10-11 with x in elements).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SimpleCosts {
     /// γ·ρ of Eq. 10, seconds per `x·log2 x`.
@@ -75,13 +75,13 @@ impl StepCosts for SimpleCosts {
 }
 
 /// Sparse costs of the OMGS 1 GbE cluster (or any calibration in the same form): top-k on
-/// the dense group, all-gather of the `⌈ρ·x⌉` selected elements (PAPERS.md: the all-gather
+/// the dense group, all-gather of the `⌈ρ·x⌉` selected elements (the authors' code: the all-gather
 /// model's `x` counts selected elements).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OmgsCosts {
-    /// Top-k selection time model (paper 000 Eq. 10).
+    /// Top-k selection time model (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10).
     pub topk: cost_model::TopkModel,
-    /// All-gather time model of a sparse group (paper 000 Eq. 11).
+    /// All-gather time model of a sparse group (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11).
     pub allgather: cost_model::SparseAllgatherModel,
     /// Density ρ: fraction of a group's elements sent.
     pub density: f64,
@@ -125,7 +125,7 @@ pub struct DenseCosts {
 }
 
 impl DenseCosts {
-    /// The MG-WFBP constants the OMGS authors' code carries (PAPERS.md).
+    /// The MG-WFBP constants the OMGS authors' code carries.
     pub fn preset(p: usize) -> Result<Self> {
         Ok(DenseCosts {
             allreduce: cost_model::presets::omgs_1gbe(p)?.dense,
@@ -286,7 +286,7 @@ fn checked(what: &'static str, numel: usize, v: f64) -> Result<f64> {
     }
 }
 
-/// Predicts the timeline of `plan` on `profile` with `costs` (paper 000 Eq. 2-9, 17).
+/// Predicts the timeline of `plan` on `profile` with `costs` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 2-9, 17).
 pub fn predict(
     profile: &LayerProfile,
     plan: &MergePlan,

@@ -1,4 +1,4 @@
-//! `cargo xtask plan`: the merge plan of a layer profile as JSON (paper 000 §IV).
+//! `cargo xtask plan`: the merge plan of a layer profile as JSON (OMGS-SGD (Shi et al., INFOCOM 2020) §IV).
 
 use std::time::Instant;
 
@@ -12,7 +12,7 @@ use crate::CliResult;
 /// Options of `cargo xtask plan`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Layer profile JSON (DESIGN.md format).
+    /// Layer profile JSON (JSON format of `pipeline::LayerProfile`).
     #[arg(long, conflicts_with = "model")]
     pub profile: Option<std::path::PathBuf>,
     /// A built-in profile: vgg16, resnet50, inception_v4, lstm_ptb, bert_base.
@@ -21,7 +21,7 @@ pub struct Args {
     /// Planner: lags, topk, threshold[:N], omgs, exact (default), mgwfbp, exhaustive.
     #[arg(long, default_value = "exact")]
     pub planner: String,
-    /// Cost preset: omgs-1gbe (sparse, paper 000) or omgs-1gbe-dense (MG-WFBP constants).
+    /// Cost preset: omgs-1gbe (sparse, OMGS-SGD (Shi et al., INFOCOM 2020)) or omgs-1gbe-dense (MG-WFBP constants).
     #[arg(long, default_value = "omgs-1gbe", conflicts_with = "calibration")]
     pub preset: String,
     /// A calibration JSON from `cargo xtask calibrate` instead of a preset.

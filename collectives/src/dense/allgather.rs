@@ -8,7 +8,7 @@ use bytemuck::Pod;
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_bytes;
-use crate::dense::util::agree;
+use crate::dense::util::check_call;
 use crate::dense::{tags, DenseOptions, Op};
 use crate::{Communicator, Error, Result, Tag};
 
@@ -82,19 +82,15 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
     opts: &DenseOptions,
 ) -> Result<()> {
     let p = comm.size();
-    if opts.check {
-        agree(
-            comm,
-            [
-                Op::Allgather as u64,
-                mine.len() as u64,
-                algo.code(),
-                0,
-                0,
-                0,
-            ],
-        )?;
-    }
+    check_call(
+        comm,
+        opts,
+        Op::Allgather,
+        mine.len(),
+        (algo.code(), 0),
+        0,
+        0,
+    )?;
     if out.len() != mine.len() * p {
         return Err(Error::InvalidArgument(format!(
             "allgather: output has {} elements, need {} × {p}",

@@ -6,7 +6,7 @@ use cost_model::plan::dense as plan;
 
 use crate::dense::bcast::lp_block_elems;
 use crate::dense::exec::run_wire;
-use crate::dense::util::agree;
+use crate::dense::util::{agree, check_call};
 use crate::dense::wire::WireElem;
 use crate::dense::{DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result};
@@ -21,19 +21,19 @@ pub enum AllreduceAlgo {
     RecursiveDoubling,
     /// Recursive-halving reduce-scatter + recursive-doubling all-gather (Rabenseifner).
     Rabenseifner,
-    /// Bidirectional exchange (paper 004 Table 1 "BE", after Chan et al. 2007): the same
+    /// Bidirectional exchange (Linear Pipelining (Wang et al.) Table 1 "BE", after Chan et al. 2007): the same
     /// reduce-scatter + all-gather costs as Rabenseifner, with partner distance doubling
     /// in the reduce-scatter (nearest partners move the largest halves).
     BidirectionalExchange,
-    /// Binomial-tree reduce to rank 0 + binomial broadcast (paper 004's MST).
+    /// Binomial-tree reduce to rank 0 + binomial broadcast (Linear Pipelining's MST).
     Binomial,
-    /// Linear pipeline (paper 004 Fig. 2c): chain reduce towards rank P − 1, pipelined
+    /// Linear pipeline (Linear Pipelining (Wang et al.) Fig. 2c): chain reduce towards rank P − 1, pipelined
     /// broadcast back, in blocks of `block_bytes` wire bytes.
     LinearPipeline {
         /// Pipeline block size b in bytes on the wire (≥ one element).
         block_bytes: usize,
     },
-    /// 2D torus / hierarchical (paper 001 §5.3): intra-node reduce-scatter, inter-node
+    /// 2D torus / hierarchical (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): intra-node reduce-scatter, inter-node
     /// ring all-reduce of each slice, intra-node all-gather; rank r is on node
     /// r / ranks_per_node.
     Torus2d {
@@ -116,20 +116,15 @@ pub fn allreduce<C: Communicator + ?Sized>(
     algo: AllreduceAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    let (code, param) = algo.code();
-    if opts.check {
-        agree(
-            comm,
-            [
-                Op::Allreduce as u64,
-                buf.len() as u64,
-                code,
-                param,
-                opts.wire.code(),
-                0,
-            ],
-        )?;
-    }
+    check_call(
+        comm,
+        opts,
+        Op::Allreduce,
+        buf.len(),
+        algo.code(),
+        opts.wire.code(),
+        0,
+    )?;
     let p = comm.size();
     algo.validate(p, opts.wire)?;
     if p == 1 {
@@ -214,7 +209,7 @@ impl HierComm {
     }
 }
 
-/// 2D-torus all-reduce over split communicators (paper 001 §5.3): ring reduce-scatter in
+/// 2D-torus all-reduce over split communicators (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): ring reduce-scatter in
 /// the node, ring all-reduce of this rank's slice across nodes, ring all-gather in the
 /// node. Options are checked on the node communicator and then the cross-node one.
 pub fn allreduce_hier(hier: &HierComm, buf: &mut [f32], opts: &DenseOptions) -> Result<()> {

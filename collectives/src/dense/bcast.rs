@@ -1,5 +1,5 @@
 //! Broadcast (binomial tree, scatter + all-gather, linear pipeline) and reduce (binomial
-//! tree, linear pipeline). The tree is paper 004's MST; the pipeline is paper 004 §3
+//! tree, linear pipeline). The tree is Linear Pipelining's MST; the pipeline is Linear Pipelining (Wang et al.) §3
 //! (Fig. 2a, 2b); scatter + all-gather is van de Geijn's long-message broadcast (Thakur,
 //! Rabenseifner & Gropp 2005, §3.2).
 
@@ -9,7 +9,7 @@ use half::{bf16, f16};
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::{run_bytes, run_wire};
-use crate::dense::util::agree;
+use crate::dense::util::check_call;
 use crate::dense::wire::WireElem;
 use crate::dense::{DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result};
@@ -21,7 +21,7 @@ pub enum BroadcastAlgo {
     Binomial,
     /// Binomial scatter of P blocks, then a ring all-gather (van de Geijn).
     ScatterAllgather,
-    /// Chain from the root in blocks of `block_bytes` bytes (paper 004 Fig. 2a).
+    /// Chain from the root in blocks of `block_bytes` bytes (Linear Pipelining (Wang et al.) Fig. 2a).
     LinearPipeline {
         /// Pipeline block size b in bytes (> 0).
         block_bytes: usize,
@@ -52,7 +52,7 @@ impl BroadcastAlgo {
 pub enum ReduceAlgo {
     /// Binomial tree (MST).
     Binomial,
-    /// Chain ending at the root in blocks of `block_bytes` wire bytes (paper 004 Fig. 2b).
+    /// Chain ending at the root in blocks of `block_bytes` wire bytes (Linear Pipelining (Wang et al.) Fig. 2b).
     LinearPipeline {
         /// Pipeline block size b in bytes on the wire (≥ one element).
         block_bytes: usize,
@@ -105,20 +105,7 @@ pub fn broadcast<C: Communicator + ?Sized, T: Pod>(
     algo: BroadcastAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    let (code, param) = algo.code();
-    if opts.check {
-        agree(
-            comm,
-            [
-                Op::Broadcast as u64,
-                buf.len() as u64,
-                code,
-                param,
-                0,
-                root as u64,
-            ],
-        )?;
-    }
+    check_call(comm, opts, Op::Broadcast, buf.len(), algo.code(), 0, root)?;
     check_root(root, comm.size())?;
     let elem = std::mem::size_of::<T>().max(1);
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -144,20 +131,15 @@ pub fn reduce<C: Communicator + ?Sized>(
     algo: ReduceAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    let (code, param) = algo.code();
-    if opts.check {
-        agree(
-            comm,
-            [
-                Op::Reduce as u64,
-                buf.len() as u64,
-                code,
-                param,
-                opts.wire.code(),
-                root as u64,
-            ],
-        )?;
-    }
+    check_call(
+        comm,
+        opts,
+        Op::Reduce,
+        buf.len(),
+        algo.code(),
+        opts.wire.code(),
+        root,
+    )?;
     check_root(root, comm.size())?;
     match opts.wire {
         WireType::F32 => reduce_w::<C, f32>(comm, buf, root, algo),

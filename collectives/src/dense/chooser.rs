@@ -25,21 +25,10 @@ pub fn choose_allreduce(
     bytes: usize,
     calibration: Option<&dyn Predictor>,
 ) -> AllreduceAlgo {
-    if let Some(pred) = calibration {
-        let best = AllreduceAlgo::all(p)
-            .into_iter()
-            .filter_map(|a| {
-                pred.allreduce_s(&a, p, bytes)
-                    .filter(|t| t.is_finite())
-                    .map(|t| (a, t))
-            })
-            .fold(None::<(AllreduceAlgo, f64)>, |best, (a, t)| match best {
-                Some((_, bt)) if bt <= t => best,
-                _ => Some((a, t)),
-            });
-        if let Some((a, _)) = best {
-            return a;
-        }
+    if let Some(a) = calibration
+        .and_then(|pred| fastest(AllreduceAlgo::all(p), |a| pred.allreduce_s(a, p, bytes)))
+    {
+        return a;
     }
     match cost_model::plan::sparse::default_allreduce(p, bytes) {
         cost_model::Algorithm::Rabenseifner => AllreduceAlgo::Rabenseifner,
@@ -56,21 +45,10 @@ pub fn choose_allgather(
     bytes: usize,
     calibration: Option<&dyn Predictor>,
 ) -> AllgatherAlgo {
-    if let Some(pred) = calibration {
-        let best = AllgatherAlgo::ALL
-            .into_iter()
-            .filter_map(|a| {
-                pred.allgather_s(&a, p, bytes)
-                    .filter(|t| t.is_finite())
-                    .map(|t| (a, t))
-            })
-            .fold(None::<(AllgatherAlgo, f64)>, |best, (a, t)| match best {
-                Some((_, bt)) if bt <= t => best,
-                _ => Some((a, t)),
-            });
-        if let Some((a, _)) = best {
-            return a;
-        }
+    if let Some(a) =
+        calibration.and_then(|pred| fastest(AllgatherAlgo::ALL, |a| pred.allgather_s(a, p, bytes)))
+    {
+        return a;
     }
     let total = bytes.saturating_mul(p);
     if total < SMALL {
@@ -80,4 +58,20 @@ pub fn choose_allgather(
     } else {
         AllgatherAlgo::Ring
     }
+}
+
+/// The candidate with the smallest finite predicted time (ties: the earlier one); `None`
+/// when none is priced.
+fn fastest<A>(
+    candidates: impl IntoIterator<Item = A>,
+    time: impl Fn(&A) -> Option<f64>,
+) -> Option<A> {
+    candidates
+        .into_iter()
+        .filter_map(|a| time(&a).filter(|t| t.is_finite()).map(|t| (a, t)))
+        .fold(None::<(A, f64)>, |best, (a, t)| match best {
+            Some((_, bt)) if bt <= t => best,
+            _ => Some((a, t)),
+        })
+        .map(|(a, _)| a)
 }

@@ -3,9 +3,9 @@
 //!
 //! Algorithms follow Thakur, Rabenseifner & Gropp, "Optimization of Collective
 //! Communication Operations in MPICH" (2005) for ring, recursive doubling / halving,
-//! Rabenseifner and Bruck; Chan et al. (2007) as cited by paper 004 for bidirectional
-//! exchange (BE); paper 004 (Wang et al.) §3 for the linear pipeline (LP) and the minimum
-//! spanning tree (MST, binomial); paper 001 §5.3 for the 2D-torus / hierarchical
+//! Rabenseifner and Bruck; Chan et al. (2007) as cited by Linear Pipelining (Wang et al.) for bidirectional
+//! exchange (BE); Linear Pipelining (Wang et al.) §3 for the linear pipeline (LP) and the minimum
+//! spanning tree (MST, binomial); MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 for the 2D-torus / hierarchical
 //! all-reduce.
 //!
 //! Guarantees:

@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_wire;
-use crate::dense::util::{agree, block_range};
+use crate::dense::util::{block_range, check_call};
 use crate::dense::wire::WireElem;
 use crate::dense::{DenseOptions, Op, WireType};
 use crate::{Communicator, Result};
@@ -52,19 +52,15 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
     algo: ReduceScatterAlgo,
     opts: &DenseOptions,
 ) -> Result<Range<usize>> {
-    if opts.check {
-        agree(
-            comm,
-            [
-                Op::ReduceScatter as u64,
-                buf.len() as u64,
-                algo.code(),
-                0,
-                opts.wire.code(),
-                0,
-            ],
-        )?;
-    }
+    check_call(
+        comm,
+        opts,
+        Op::ReduceScatter,
+        buf.len(),
+        (algo.code(), 0),
+        opts.wire.code(),
+        0,
+    )?;
     match opts.wire {
         WireType::F32 => reduce_scatter_w::<C, f32>(comm, buf, algo),
         WireType::F16 => reduce_scatter_w::<C, f16>(comm, buf, algo),

@@ -1,5 +1,5 @@
 //! Wire element types: what travels between ranks. Sums are always accumulated in `f32`;
-//! `f16`/`bf16` halve the bytes on the wire (paper 001 §4 uses FP16 communication).
+//! `f16`/`bf16` halve the bytes on the wire (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4 uses FP16 communication).
 
 use bytemuck::Pod;
 use half::{bf16, f16};
@@ -75,29 +75,23 @@ impl WireElem for f32 {
     }
 }
 
-impl WireElem for f16 {
-    const IS_F32: bool = false;
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
+/// The half-width wire types: conversions by the `half` crate.
+macro_rules! half_wire {
+    ($($t:ty),*) => {$(
+        impl WireElem for $t {
+            const IS_F32: bool = false;
+            #[inline(always)]
+            fn from_f32(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+        }
+    )*};
 }
-
-impl WireElem for bf16 {
-    const IS_F32: bool = false;
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-}
+half_wire!(f16, bf16);
 
 /// Reusable send and receive scratch for one collective call (no per-step allocation).
 pub(crate) struct Scratch<W> {

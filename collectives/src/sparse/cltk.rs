@@ -1,4 +1,4 @@
-//! CLT-k, cyclic local top-k (paper 002 §III, ref. [16]): at step `t` the leader
+//! CLT-k, cyclic local top-k (ExDyna (Yoon & Oh, CCGrid 2024) §III, ref. [16]): at step `t` the leader
 //! `t mod P` selects the top-k indices of its own accumulated gradient, broadcasts them,
 //! and every rank contributes its accumulated values at exactly those indices to a dense
 //! all-reduce of `k` numbers. No gradient build-up (one index set) and no mass lost:
@@ -6,11 +6,11 @@
 
 use sparsify::SparseGrad;
 
-use super::common::{self, Config, Entries};
-use super::scaffold::{self, accessors, constructor};
+use super::common::{self, Config, Counting, Entries};
+use super::scaffold::{self, accessors, constructor, counted_step};
 use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::dense::{broadcast, BroadcastAlgo, DenseOptions};
-use crate::{Communicator, Error, Result};
+use crate::{Error, Result};
 
 /// CLT-k: a cyclic leader selects, the others follow.
 pub struct CltK {
@@ -35,13 +35,12 @@ impl CltK {
 
 impl SparseAllreduce for CltK {
     accessors!("cltk", |s| &s.resid);
+    counted_step!();
+}
 
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        grad: &[f32],
-    ) -> Result<(SparseGrad<f32>, StepStats)> {
-        let cc = self.cfg.begin(comm, grad)?;
+impl CltK {
+    /// One step on the counting adapter `cc` (see [`SparseAllreduce::step`]).
+    fn run(&mut self, cc: &Counting, grad: &[f32]) -> Result<(SparseGrad<f32>, StepStats)> {
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
         let leader = (self.t % p as u64) as usize;
         self.t += 1;
@@ -58,13 +57,13 @@ impl SparseAllreduce for CltK {
             scaffold::check_finite(&self.resid)?;
         }
         let dense = DenseOptions::default().unchecked();
-        broadcast(&cc, &mut idx, leader, BroadcastAlgo::Binomial, &dense)?;
+        broadcast(cc, &mut idx, leader, BroadcastAlgo::Binomial, &dense)?;
         if idx.windows(2).any(|w| w[0] >= w[1]) || idx.last().is_some_and(|&i| i as usize >= d) {
             return Err(Error::InvalidArgument(
                 "cltk: leader's indices are not valid".into(),
             ));
         }
-        let val = scaffold::allreduce_at(&cc, &mut self.resid, &idx)?;
+        let val = scaffold::allreduce_at(cc, &mut self.resid, &idx)?;
         let sum = Entries { idx, val };
         Ok(scaffold::finish(&self.cfg, &sum, cc.counts(), selected))
     }

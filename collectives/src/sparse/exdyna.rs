@@ -1,9 +1,9 @@
-//! ExDyna (paper 002 §IV, Algorithms 1-5): block-based partitioning of the gradient vector,
+//! ExDyna (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5): block-based partitioning of the gradient vector,
 //! dynamic partition allocation with a cyclic assignment, partition-wise threshold
 //! selection and online threshold scaling; then an all-gather of the counts and of the
 //! (padded) indices and an all-reduce of every rank's accumulated values at their union.
 //!
-//! Constants (PAPERS.md, from the authors' code): `num_blk = 1024`, `sz_blk = a − a % 32`
+//! Constants (from the authors' code): `num_blk = 1024`, `sz_blk = a − a % 32`
 //! with `a = d / 1024`, the remainder to the last partition, `min_blk = num_blk / (4P)`;
 //! partition of rank `r` at step `t` is `(t mod P + r) mod P`; adjustment with α = 1.05,
 //! `blk_move = 1`; threshold starts at `1 / (2√k)` and scales by ×1.005 (`k'/k > 1.1`),
@@ -32,20 +32,20 @@ use sparsify::SparseGrad;
 
 use sparsify::{ExactTopK, Selector};
 
-use super::common::{bruck, tags, Config, Entries, Group};
-use super::scaffold::{self, accessors, constructor};
+use super::common::{bruck, tags, Config, Counting, Entries, Group};
+use super::scaffold::{self, accessors, constructor, counted_step};
 use super::{SparseAllreduce, StepStats};
-use crate::{Communicator, Error, Result};
+use crate::{Error, Result};
 
 #[cfg(doc)]
 use super::SparseOptions;
 
-/// Paper 002 Algorithm 3's α (PAPERS.md: 1.05 and 1/1.05 = 0.95238).
+/// ExDyna (Yoon & Oh, CCGrid 2024) Algorithm 3's α (the authors' code: 1.05 and 1/1.05 = 0.95238).
 const ALPHA: f64 = 1.05;
-/// Paper 002 Algorithm 5's β and γ (PAPERS.md: 1.1, 0.005).
+/// ExDyna (Yoon & Oh, CCGrid 2024) Algorithm 5's β and γ (the authors' code: 1.1, 0.005).
 const BETA: f64 = 1.1;
 const GAMMA: f64 = 0.005;
-/// Blocks in the gradient vector (PAPERS.md, `num_blk`).
+/// Blocks in the gradient vector (the authors' code, `num_blk`).
 const NUM_BLK: usize = 1024;
 
 /// ExDyna; see the module docs.
@@ -177,13 +177,12 @@ impl ExDyna {
 
 impl SparseAllreduce for ExDyna {
     accessors!("exdyna", |s| &s.resid);
+    counted_step!();
+}
 
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        grad: &[f32],
-    ) -> Result<(SparseGrad<f32>, StepStats)> {
-        let cc = self.cfg.begin(comm, grad)?;
+impl ExDyna {
+    /// One step on the counting adapter `cc` (see [`SparseAllreduce::step`]).
+    fn run(&mut self, cc: &Counting, grad: &[f32]) -> Result<(SparseGrad<f32>, StepStats)> {
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
         scaffold::accumulate(&mut self.resid, grad);
         scaffold::check_finite(&self.resid)?;
@@ -206,7 +205,7 @@ impl SparseAllreduce for ExDyna {
             .map(|i| i as u32)
             .collect();
         if mine.is_empty() && !range.is_empty() {
-            // PAPERS.md: if nothing is selected, take one index (the largest magnitude).
+            // the authors' code: if nothing is selected, take one index (the largest magnitude).
             let best = range
                 .clone()
                 .max_by(|&a, &b| {
@@ -226,7 +225,7 @@ impl SparseAllreduce for ExDyna {
             head.extend_from_slice(&thr.to_bits().to_le_bytes());
         }
         let sizes = vec![head.len(); p];
-        let counts_b = bruck(&cc, &g, head, Some(&sizes), tags::EX_COUNTS)?;
+        let counts_b = bruck(cc, &g, head, Some(&sizes), tags::EX_COUNTS)?;
         let word = |b: &[u8], w: usize| u32::from_le_bytes([b[w], b[w + 1], b[w + 2], b[w + 3]]);
         let kt: Vec<usize> = counts_b.iter().map(|b| word(b, 0) as usize).collect();
         if warm {
@@ -240,7 +239,7 @@ impl SparseAllreduce for ExDyna {
         let mut padded = mine.clone();
         padded.resize(m_t, u32::MAX);
         let idx_b = bruck(
-            &cc,
+            cc,
             &g,
             bytemuck::cast_slice(&padded).to_vec(),
             Some(&vec![4 * m_t; p]),
@@ -265,7 +264,7 @@ impl SparseAllreduce for ExDyna {
             union.extend_from_slice(own);
         }
         // Every rank's accumulated values at the union, summed (Algorithm 1).
-        let vals = scaffold::allreduce_at(&cc, &mut self.resid, &union)?;
+        let vals = scaffold::allreduce_at(cc, &mut self.resid, &union)?;
         let mut pairs: Vec<(u32, f32)> = union.into_iter().zip(vals).collect();
         pairs.sort_unstable_by_key(|x| x.0);
         let sum = Entries {
@@ -288,7 +287,7 @@ impl SparseAllreduce for ExDyna {
         self.kt = kt;
         self.t += 1;
         let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), mine.len());
-        // Paper 002 Eq. 5.
+        // ExDyna (Yoon & Oh, CCGrid 2024) Eq. 5.
         stats.padding = Some(if k_actual == 0 {
             1.0
         } else {

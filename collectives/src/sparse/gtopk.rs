@@ -1,8 +1,8 @@
-//! gTopk (Shi et al., ICDCS 2019; paper 003 §4 baseline [42]): local top-k with error
+//! gTopk (Shi et al., ICDCS 2019; SparDL (Zhao et al.) §4 baseline [42]): local top-k with error
 //! feedback, a binomial-tree reduction to rank 0 that keeps only the top-k of each
 //! pairwise sum, and a binomial-tree broadcast of the global top-k.
 //!
-//! Paper 003 Table 1: `2 log P` rounds and `4k log P` numbers on the critical path (rank 0
+//! SparDL (Zhao et al.) Table 1: `2 log P` rounds and `4k log P` numbers on the critical path (rank 0
 //! receives and sends `log P` messages of `k` indices and `k` values). The tree is
 //! binomial, so any P works with `⌈log2 P⌉` levels. As in gTopk, a rank puts back into its
 //! residual the entries it selected locally that are not in the global top-k; the
@@ -14,8 +14,8 @@ use sparsify::SparseGrad;
 use cost_model::plan::dense as plan;
 use cost_model::plan::Step;
 
-use super::common::{sum_ordered, tags, topk_entries, Config, Entries};
-use super::scaffold::{self, accessors, constructor, Feedback};
+use super::common::{sum_ordered, tags, topk_entries, Config, Counting, Entries};
+use super::scaffold::{self, accessors, constructor, counted_step, Feedback};
 use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
 
@@ -38,13 +38,12 @@ impl GTopk {
 
 impl SparseAllreduce for GTopk {
     accessors!("gtopk", |s| s.fb.residual());
+    counted_step!();
+}
 
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        grad: &[f32],
-    ) -> Result<(SparseGrad<f32>, StepStats)> {
-        let cc = self.cfg.begin(comm, grad)?;
+impl GTopk {
+    /// One step on the counting adapter `cc` (see [`SparseAllreduce::step`]).
+    fn run(&mut self, cc: &Counting, grad: &[f32]) -> Result<(SparseGrad<f32>, StepStats)> {
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
         let local = self.fb.select(grad, k, 0)?;
         let mut cur = local.clone();

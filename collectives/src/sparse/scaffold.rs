@@ -70,6 +70,22 @@ macro_rules! accessors {
 }
 pub(crate) use accessors;
 
+/// The [`super::SparseAllreduce::step`] of an algorithm that runs on one counting
+/// adapter: the checks of [`Config::begin`], then its `run(&mut self, cc, grad)`.
+macro_rules! counted_step {
+    () => {
+        fn step(
+            &mut self,
+            comm: &dyn $crate::Communicator,
+            grad: &[f32],
+        ) -> $crate::Result<(sparsify::SparseGrad<f32>, $crate::sparse::StepStats)> {
+            let cc = self.cfg.begin(comm, grad)?;
+            self.run(&cc, grad)
+        }
+    };
+}
+pub(crate) use counted_step;
+
 impl Config {
     /// Start of a step: [`Config::check_step`], then a fresh traffic counter over `comm`.
     pub fn begin<'a>(&self, comm: &'a dyn Communicator, grad: &[f32]) -> Result<Counting<'a>> {

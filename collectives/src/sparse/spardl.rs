@@ -1,9 +1,9 @@
-//! SparDL (paper 003 §3): Spar-Reduce-Scatter (SRS) with the non-recursive partner
+//! SparDL (Zhao et al., §3): Spar-Reduce-Scatter (SRS) with the non-recursive partner
 //! structure for any P, global residual collection (Algorithm 1), a final Bruck
 //! all-gather, and the Spar-All-Gather variants R-SAG (teams a power of two) and B-SAG
 //! (any team count, with Algorithm 2's adjustment of `h`).
 //!
-//! Blocks (PAPERS.md, from the authors' code): `chunk = ⌈d / m⌉` for `m` ranks per team,
+//! Blocks (from the authors' code): `chunk = ⌈d / m⌉` for `m` ranks per team,
 //! padded to `chunk · m`; `k_block = ⌊chunk · density⌋`. SRS partners: `rounds =
 //! ⌈log2 m⌉`, bag sizes `[2^i for i < rounds − 1] + [m − 2^(rounds−1)]` reversed, `gap =
 //! m − sizes[0]`; in round `i` send bag `(pos + gap) …` (`sizes[i]` blocks) to `pos + gap`
@@ -27,7 +27,7 @@ use cost_model::plan::sparse::{srs_rounds, SagKind, SpardlLayout};
 use super::common::{
     self, bruck, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
 };
-use super::scaffold::{self, accessors};
+use super::scaffold::{self, accessors, counted_step};
 use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
 use crate::{Communicator, Error, Result};
 
@@ -286,13 +286,12 @@ impl SparDl {
 
 impl SparseAllreduce for SparDl {
     accessors!(|s| sag_name(s.sag), |s| &s.resid);
+    counted_step!();
+}
 
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        grad: &[f32],
-    ) -> Result<(SparseGrad<f32>, StepStats)> {
-        let cc = self.cfg.begin(comm, grad)?;
+impl SparDl {
+    /// One step on the counting adapter `cc` (see [`SparseAllreduce::step`]).
+    fn run(&mut self, cc: &Counting, grad: &[f32]) -> Result<(SparseGrad<f32>, StepStats)> {
         let d = self.cfg.d;
         // Algorithm 1 lines 1-3: acc = residual + grad; `resid` keeps acc (the copy), `work`
         // is what the selections consume.
@@ -307,12 +306,12 @@ impl SparseAllreduce for SparDl {
             members: (0..self.m).map(|j| t * self.m + j).collect(),
             me: q,
         };
-        let own = self.srs(&cc, &team)?;
+        let own = self.srs(cc, &team)?;
         let selected = self.kb * self.m;
         let fin = match self.sag {
             Sag::None => own,
-            Sag::Recursive => self.rsag(&cc, own)?,
-            Sag::Bruck => self.bsag(&cc, own)?,
+            Sag::Recursive => self.rsag(cc, own)?,
+            Sag::Bruck => self.bsag(cc, own)?,
         };
         // Final Bruck all-gather inside the team (Algorithm 1 line 11).
         let sizes = vec![8 * self.kb; self.m];
@@ -321,8 +320,8 @@ impl SparseAllreduce for SparDl {
         } else {
             Some(&sizes[..])
         };
-        let blocks = bruck(&cc, &team, fin.encode(), known, tags::AG)?;
-        let parts = scaffold::decode_ranges(&cc, &blocks, q, |j| self.block(j))?;
+        let blocks = bruck(cc, &team, fin.encode(), known, tags::AG)?;
+        let parts = scaffold::decode_ranges(cc, &blocks, q, |j| self.block(j))?;
         let all = scaffold::concat(&parts);
         // Algorithm 1 lines 12-14: at the final indices the residual is what this rank
         // discarded there; elsewhere it stays the accumulated gradient.

@@ -1,15 +1,15 @@
-//! TopkDSA (SparCML's dynamic sparse allreduce, paper 003 §4 baseline [36]): local top-k
+//! TopkDSA (SparCML's dynamic sparse allreduce, SparDL (Zhao et al.) §4 baseline [36]): local top-k
 //! with error feedback, a split reduce-scatter that sends each rank's entries of block `j`
 //! straight to rank `j` (`P − 1` rounds), then a Bruck all-gather of the reduced blocks in
 //! which a block that has filled in travels **dense** (values only) once that is smaller
-//! than its sparse form. Paper 003 Table 1: `(P + 2 log P)α` and between `4k(P−1)/P` and
+//! than its sparse form. SparDL (Zhao et al.) Table 1: `(P + 2 log P)α` and between `4k(P−1)/P` and
 //! `(2k + n)(P−1)/P` numbers. Conserves mass: every selected entry reaches the update.
 
 use cost_model::plan::sparse::direct_exchanges;
 use sparsify::SparseGrad;
 
-use super::common::{bruck, sum_ordered, tags, Config, Entries, Group};
-use super::scaffold::{self, accessors, constructor, Feedback};
+use super::common::{bruck, sum_ordered, tags, Config, Counting, Entries, Group};
+use super::scaffold::{self, accessors, constructor, counted_step, Feedback};
 use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
 
@@ -80,13 +80,12 @@ fn decode_block(b: &[u8], range: std::ops::Range<usize>) -> Result<(Entries, boo
 
 impl SparseAllreduce for TopkDsa {
     accessors!("topkdsa", |s| s.fb.residual());
+    counted_step!();
+}
 
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        grad: &[f32],
-    ) -> Result<(SparseGrad<f32>, StepStats)> {
-        let cc = self.cfg.begin(comm, grad)?;
+impl TopkDsa {
+    /// One step on the counting adapter `cc` (see [`SparseAllreduce::step`]).
+    fn run(&mut self, cc: &Counting, grad: &[f32]) -> Result<(SparseGrad<f32>, StepStats)> {
         let (p, d, k, rank) = (self.cfg.p, self.cfg.d, self.cfg.k(), self.cfg.rank);
         let local = self.fb.select(grad, k, 0)?;
         let (idx, val) = (&local.idx, &local.val);
@@ -118,15 +117,9 @@ impl SparseAllreduce for TopkDsa {
         let mine = sum_ordered(&refs);
         // All-gather, dense where the block filled in.
         let g = Group::world(p, rank);
-        let blocks = bruck(
-            &cc,
-            &g,
-            encode_block(&mine, range(rank)),
-            None,
-            tags::DSA_AG,
-        )?;
+        let blocks = bruck(cc, &g, encode_block(&mine, range(rank)), None, tags::DSA_AG)?;
         let mut dense_blocks = 0;
-        let parts = scaffold::decode_blocks(&cc, &blocks, rank, |j, b| {
+        let parts = scaffold::decode_blocks(cc, &blocks, rank, |j, b| {
             let (e, dense) = decode_block(b, range(j))?;
             dense_blocks += dense as usize;
             Ok((e, !dense))

@@ -304,8 +304,9 @@ mod tests {
             assert!(f.p2.is_power_of_two() && f.p2 <= p && 2 * f.p2 > p);
             let mut seen = vec![0; p];
             for v in 0..f.p2 {
-                for r in f.orig_lo(v)..if v + 1 == f.p2 { p } else { f.orig_lo(v + 1) } {
-                    seen[r] += 1;
+                let end = if v + 1 == f.p2 { p } else { f.orig_lo(v + 1) };
+                for c in &mut seen[f.orig_lo(v)..end] {
+                    *c += 1;
                 }
                 assert_eq!(f.virt(f.actor(v)), Some(v));
             }

@@ -1,5 +1,5 @@
 //! `lars`: LARS and LAMB coefficient computation per step with the parallel tensor operator
-//! (paper 001 §4.2, Eq. 11-14: each rank computes its layers, one all-gather) against every
+//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2, Eq. 11-14: each rank computes its layers, one all-gather) against every
 //! rank computing every layer, for the ResNet-50 and BERT-base tensor sizes.
 
 use indicatif::ProgressBar;
@@ -74,7 +74,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         format!(
         "Per-step time of the layer-wise coefficients (norms and trust ratios) on rank 0, with \
          PTO (`pto`: contiguous layer ranges balanced by element count, then one all-gather) \
-         and without (`local`: every rank computes every layer), on `ThreadComm`. Paper 001 \
+         and without (`local`: every rank computes every layer), on `ThreadComm`. MSTopK/HiTopKComm (Shi et al., MLSys 2021) \
          §4.2 reports PTO removing the LARS bottleneck on its cloud cluster; with threads on a \
          small machine the speed-up is bounded by the number of cores.\n\n{}",
         table(&["model", "optimizer", "P", "pto", "local", "speed-up"], &rows)

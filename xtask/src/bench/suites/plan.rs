@@ -1,6 +1,6 @@
-//! `plan`: every merge planner on every zoo model under paper 000's 1 GbE preset at P = 16,
+//! `plan`: every merge planner on every zoo model under OMGS-SGD's 1 GbE preset at P = 16,
 //! with the predicted iteration time (timeline of Eq. 2-9, 17) and the number of groups;
-//! speed-ups of OMGS over TopK-SGD and MGS-SGD beside paper 000 Table VI.
+//! speed-ups of OMGS over TopK-SGD and MGS-SGD beside OMGS-SGD (Shi et al., INFOCOM 2020) Table VI.
 
 use std::time::Instant;
 
@@ -15,7 +15,7 @@ use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
 const SUITE: &str = "plan";
 const P: usize = 16;
 
-/// Paper 000 Table V: groups after threshold merging (MGS) and after OMGS.
+/// OMGS-SGD (Shi et al., INFOCOM 2020) Table V: groups after threshold merging (MGS) and after OMGS.
 const TABLE_V: [(&str, usize, usize); 4] = [
     ("vgg16", 13, 2),
     ("resnet50", 53, 2),
@@ -109,7 +109,7 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         }
     }
     out.findings.push(format!(
-        "plan: under paper 000's 1 GbE preset at P = {P}, the default (exact) planner's predicted \
+        "plan: under OMGS-SGD's 1 GbE preset at P = {P}, the default (exact) planner's predicted \
          iteration time is the lowest of every planner on {default_best_on} of {} zoo models",
         zoo::MODELS.len()
     ));
@@ -117,12 +117,12 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     header.extend(planners.iter().map(|p| p.0));
     header.push("exact vs topk / threshold");
     out.markdown = format!(
-        "Predicted iteration time (paper 000's timeline, Eq. 2-9 and 17: backward, top-k \
+        "Predicted iteration time (OMGS-SGD's timeline, Eq. 2-9 and 17: backward, top-k \
          selection and all-gather of each merged group, overlapped as Algorithm 2 does) of \
          every merge planner, with the authors' fitted costs of their 16-node 1 GbE cluster \
-         (PAPERS.md: top-k `2.189e-10·x·log2 x`, all-gather `(a + b·x·P·4)·2`). `lags` = \
+         (the authors' code: top-k `2.189e-10·x·log2 x`, all-gather `(a + b·x·P·4)·2`). `lags` = \
          layer-wise (LAGS-SGD), `topk` = one group (TopK-SGD), `threshold` = MGS-SGD at 8192 \
-         elements, `omgs` = paper 000 Algorithm 1, `exact` = the optimum of the same timeline \
+         elements, `omgs` = OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1, `exact` = the optimum of the same timeline \
          by dynamic programming (the default). The per-layer backward times are the zoo's \
          FLOP-based estimates, not the paper's GPU profiles, so iteration times differ from \
          Table VI while group counts of threshold merging are comparable with Table V.\n\n{}",

@@ -1,6 +1,6 @@
 //! `simulate`: every dense and sparse algorithm run for real on `SimComm` for the papers'
-//! clusters (16 nodes on 1 GbE, paper 000; 16 nodes × 8 GPUs on 25 GbE with NVLink inside,
-//! paper 001), up to P = 128; the figure is the simulated time of the slowest rank.
+//! clusters (16 nodes on 1 GbE, OMGS-SGD (Shi et al., INFOCOM 2020); 16 nodes × 8 GPUs on 25 GbE with NVLink inside,
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021)), up to P = 128; the figure is the simulated time of the slowest rank.
 
 use collectives::dense::{allreduce, AllreduceAlgo, DenseOptions};
 use collectives::sparse::{build, SparseOptions, NAMES};
@@ -131,8 +131,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             .find(|r| r.0 == cl && r.1 == p && r.2 == case && r.3 == dens)
             .map(|r| r.4)
     };
-    // Headlines: SparDL against its baselines on the 1 GbE cluster (paper 003 §6), and
-    // HiTopKComm against the 2D-torus dense allreduce on the cloud cluster (paper 001 §5.3).
+    // Headlines: SparDL against its baselines on the 1 GbE cluster (SparDL (Zhao et al.) §6), and
+    // HiTopKComm against the 2D-torus dense allreduce on the cloud cluster (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3).
     let sp = get("1gbe", 16, "spardl", 0.01);
     let bases: Vec<(&str, f64)> = ["topka", "gtopk", "topkdsa"]
         .iter()
@@ -225,9 +225,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     out.markdown = format!(
         "Each algorithm runs for real over `SimComm`, which moves the data between rank \
          threads and keeps an α-β clock per rank (intra- and inter-node links). Clusters: \
-         `1gbe`, paper 000's 16-node 1 GbE cluster as physical links (1 Gbit/s, 50 µs per \
+         `1gbe`, OMGS-SGD's 16-node 1 GbE cluster as physical links (1 Gbit/s, 50 µs per \
          message: `cost_model::presets::ethernet_1gbe`); \
-         `cloud25gbe`, 8 GPUs per node on NVLink and 25 GbE between nodes, as in paper 001. \
+         `cloud25gbe`, 8 GPUs per node on NVLink and 25 GbE between nodes, as in MSTopK/HiTopKComm (Shi et al., MLSys 2021). \
          d = 2^{} elements (f32). Simulated communication time of the slowest rank; local \
          compute (selection) is not modelled here.\n\n{}",
         d.trailing_zeros(),

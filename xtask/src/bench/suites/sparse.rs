@@ -84,7 +84,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
          update) at P = {p}, d = 2^{} on `{}`, median over {steps} steps of the slowest rank, \
          with the largest per-rank bytes and rounds, the actual density of the aggregated \
          update, and the gradient mass a step discarded for good (gTopk only, by design). \
-         `dense` is the ring allreduce of the full gradient (its time is measured; its bytes and rounds are the ring's closed form, 2(P−1)/P · 4d bytes and 2(P−1) rounds). ExDyna starts from a threshold taken from its first gradient (`exdyna_warm_start`), since the paper's start value needs hundreds of steps to converge. Paper 003 Table 1 gives SparDL \
+         `dense` is the ring allreduce of the full gradient (its time is measured; its bytes and rounds are the ring's closed form, 2(P−1)/P · 4d bytes and 2(P−1) rounds). ExDyna starts from a threshold taken from its first gradient (`exdyna_warm_start`), since the paper's start value needs hundreds of steps to converge. SparDL (Zhao et al.) Table 1 gives SparDL \
          2⌈log2 P⌉ rounds; TopkA moves (P−1)·k entries per rank.\n\n{}\n![bytes]({plot_name})\n",
         d.trailing_zeros(),
         ctx.backend(),
