@@ -241,7 +241,10 @@ fn run_mpi(args: &Args, bar: &ProgressBar) -> CliResult {
     if comm.size() < 2 {
         return Err("calibration needs at least 2 MPI ranks (mpirun -n P, P ≥ 2)".into());
     }
-    run_on(&comm, args, bar)?;
+    if let Err(e) = run_on(&comm, args, bar) {
+        // Returning would finalise MPI, which waits for peers that may have stalled.
+        comm.abort_on_fatal(&e, 1);
+    }
     Ok(())
 }
 

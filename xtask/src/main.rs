@@ -47,6 +47,22 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // Under an MPI launcher only the subcommands that join the MPI world may run; the
+    // others would run once per rank, each writing the same outputs.
+    if let Some(launcher) = bench::mpi_launcher() {
+        let joins = match &cli.command {
+            Command::Bench(_) => true,
+            Command::Calibrate(a) => a.mpi,
+            _ => false,
+        };
+        if !joins {
+            eprintln!(
+                "error: {}",
+                bench::refuse_under_launcher("this xtask subcommand", launcher)
+            );
+            std::process::exit(2);
+        }
+    }
     let result = match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
@@ -56,6 +72,10 @@ fn main() {
         Command::Ci(a) => ci::run(a),
     };
     if let Err(e) = result {
+        // A subcommand that failed while MPI still runs ends the whole job: exiting this
+        // rank alone would leave the others waiting for it.
+        #[cfg(feature = "mpi")]
+        collectives::comm::mpi::abort_if_running(&e, 1);
         eprintln!("error: {e}");
         std::process::exit(1);
     }
