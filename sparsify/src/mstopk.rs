@@ -24,7 +24,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::{check_dense_len, finish, zero_selected};
+use crate::exact::{check_dense_len, finish, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
 use crate::{Result, SelectInfo, Selector, SparseGrad};
 
@@ -188,7 +188,7 @@ impl MsTopK {
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         out.check()?;
         let d = acc.len();
-        let mean = kernel::combine_lanes(&out.lanes) / d as f64;
+        let mean = out.abs_sum / d as f64;
         let u = f64::from(f32::from_bits(out.max_bits as u32));
         if out.overflow || self.cand.len() <= k {
             // The sample misjudged: re-filter the accumulated vector with a safer
@@ -233,14 +233,14 @@ impl Selector for MsTopK {
         if k == 0 || k == d {
             let t = if k == 0 { INF_BITS } else { 0 };
             kernel::scan_pass::<false>(x, 0, t, usize::MAX, &mut self.cand).check()?;
-            let c = std::mem::take(&mut self.cand);
-            return Ok(finish(c.idx, c.val, d));
+            let (idx, val) = self.cand.take();
+            return Ok(finish(idx, val, d));
         }
         let (t, cap) = match Self::plan(d, k) {
             Some((n, cap)) => {
                 kernel::sample_x(x, n, &mut self.sample);
                 (
-                    kernel::threshold_from_sample(&mut self.sample, d, k, 4.0),
+                    kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
                     cap,
                 )
             }
@@ -266,14 +266,13 @@ impl Selector for MsTopK {
             let t = if k == 0 { INF_BITS } else { 0 };
             kernel::fused_pass::<false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
                 .check()?;
-            let c = std::mem::take(&mut self.cand);
-            (c.idx, c.val)
+            self.cand.take()
         } else {
             let (t, cap) = match Self::plan(d, k) {
                 Some((n, cap)) => {
                     kernel::sample_acc(residual, grad, n, &mut self.sample);
                     (
-                        kernel::threshold_from_sample(&mut self.sample, d, k, 4.0),
+                        kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
                         cap,
                     )
                 }
@@ -300,7 +299,7 @@ pub fn reference_mstopk(x: &[f32], k: usize, rounds: usize, rng: &mut ChaCha8Rng
         return (0..d as u32).collect();
     }
     let a: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-    let mean = kernel::combine_lanes(&kernel::abs_lanes(x)) / d as f64;
+    let mean = kernel::abs_sum(x) / d as f64;
     let u = f64::from(a.iter().copied().fold(0.0f32, f32::max));
     let (mut l, mut r) = (0.0f64, 1.0f64);
     let (mut k1, mut k2) = (0usize, d);
