@@ -211,7 +211,10 @@ impl DiskCache {
     /// limit, so a stray huge file costs no unbounded allocation (it then fails its checks).
     fn read_bounded(&self, path: &Path) -> Option<Vec<u8>> {
         let f = File::open(path).ok()?;
-        let cap = f.metadata().map_or(0, |m| m.len()).min(self.max_bytes + 1);
+        let cap = f
+            .metadata()
+            .map_or(0, |m| m.len())
+            .min(self.max_bytes.saturating_add(1));
         let mut bytes = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
         f.take(self.max_bytes.saturating_add(1))
             .read_to_end(&mut bytes)
@@ -420,6 +423,41 @@ mod tests {
         d.put(3, b"abc");
         assert!(!d.is_enabled());
         assert_eq!(d.get(3), Lookup::Miss);
+    }
+
+    #[test]
+    fn stray_old_and_misplaced_files_are_never_served() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskCache::open(t.path(), "ns", 4096).unwrap();
+        let p = d.entry_path(1);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        // A file far larger than the limit: read no further than the limit, then rejected.
+        std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // An entry of the earlier 24-byte `DCE1` format.
+        let mut old = b"DCE1".to_vec();
+        old.extend_from_slice(&crc32fast::hash(b"abc").to_le_bytes());
+        old.extend_from_slice(&3u64.to_le_bytes());
+        old.extend_from_slice(&1u64.to_le_bytes());
+        old.extend_from_slice(b"abc");
+        std::fs::write(&p, old).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // A valid entry of another data set under this one's name.
+        let other = DiskCache::open(t.path(), "other", 4096).unwrap();
+        other.put(1, b"xyz");
+        std::fs::copy(other.entry_path(1), &p).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        assert_eq!(other.get(1), Lookup::Hit(b"xyz".to_vec()));
+    }
+
+    #[test]
+    fn no_sync_mode_writes_the_same_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let stats = Arc::new(Stats::default());
+        let d = DiskCache::open_with(t.path(), "ns", 1 << 20, Durability::NoSync, stats).unwrap();
+        d.put(2, b"fast");
+        let synced = DiskCache::open(t.path(), "ns", 1 << 20).unwrap();
+        assert_eq!(synced.get(2), Lookup::Hit(b"fast".to_vec()));
     }
 
     #[test]
