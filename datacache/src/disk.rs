@@ -44,6 +44,9 @@ const LOW_WATERMARK: f64 = 0.9;
 const RESCAN_FRACTION: u64 = 20;
 /// Temporary files older than this are leftovers of a crashed writer and are removed.
 const STALE_TMP: Duration = Duration::from_secs(600);
+/// A hit refreshes an entry's modification time only when it is older than this: the LRU
+/// order needs no finer clock, and most hits then cost no extra system calls.
+const LRU_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// Whether an entry is flushed to stable storage before it is renamed into place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -191,14 +194,21 @@ impl DiskCache {
             return Lookup::Miss;
         }
         let path = self.entry_path(index);
-        let Some(bytes) = self.read_bounded(&path) else {
+        let Some((bytes, mtime)) = self.read_bounded(&path) else {
             return Lookup::Miss;
         };
         match entry::decode_for(&bytes, self.key(index)) {
             Ok(payload) => {
-                // Refresh the shared LRU clock; failure only makes eviction less precise.
-                if let Ok(f) = File::options().write(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
+                // Refresh the shared LRU clock, at most once per `LRU_RESOLUTION` per entry
+                // (re-opening for write costs more than the read on a hot entry); failure only
+                // makes eviction less precise.
+                let stale = mtime
+                    .and_then(|m| m.elapsed().ok())
+                    .is_none_or(|age| age > LRU_RESOLUTION);
+                if stale {
+                    if let Ok(f) = File::options().write(true).open(&path) {
+                        let _ = f.set_modified(SystemTime::now());
+                    }
                 }
                 Lookup::Hit(payload.to_vec())
             }
@@ -209,14 +219,19 @@ impl DiskCache {
     /// The bytes of `path`, or `None` when it does not exist (or vanished). A file larger than
     /// the cache limit cannot be an entry this cache wrote; it is read no further than the
     /// limit, so a stray huge file costs no unbounded allocation (it then fails its checks).
-    fn read_bounded(&self, path: &Path) -> Option<Vec<u8>> {
+    /// Also returns the file's modification time.
+    fn read_bounded(&self, path: &Path) -> Option<(Vec<u8>, Option<SystemTime>)> {
         let f = File::open(path).ok()?;
-        let cap = f.metadata().map_or(0, |m| m.len()).min(self.max_bytes + 1);
+        let meta = f.metadata().ok();
+        let mtime = meta.as_ref().and_then(|m| m.modified().ok());
+        let cap = meta
+            .map_or(0, |m| m.len())
+            .min(self.max_bytes.saturating_add(1));
         let mut bytes = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
         f.take(self.max_bytes.saturating_add(1))
             .read_to_end(&mut bytes)
             .ok()?;
-        Some(bytes)
+        Some((bytes, mtime))
     }
 
     fn discard(&self, index: usize, path: &Path, why: &str) -> Lookup {
@@ -420,6 +435,41 @@ mod tests {
         d.put(3, b"abc");
         assert!(!d.is_enabled());
         assert_eq!(d.get(3), Lookup::Miss);
+    }
+
+    #[test]
+    fn stray_old_and_misplaced_files_are_never_served() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskCache::open(t.path(), "ns", 4096).unwrap();
+        let p = d.entry_path(1);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        // A file far larger than the limit: read no further than the limit, then rejected.
+        std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // An entry of the earlier 24-byte `DCE1` format.
+        let mut old = b"DCE1".to_vec();
+        old.extend_from_slice(&crc32fast::hash(b"abc").to_le_bytes());
+        old.extend_from_slice(&3u64.to_le_bytes());
+        old.extend_from_slice(&1u64.to_le_bytes());
+        old.extend_from_slice(b"abc");
+        std::fs::write(&p, old).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // A valid entry of another data set under this one's name.
+        let other = DiskCache::open(t.path(), "other", 4096).unwrap();
+        other.put(1, b"xyz");
+        std::fs::copy(other.entry_path(1), &p).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        assert_eq!(other.get(1), Lookup::Hit(b"xyz".to_vec()));
+    }
+
+    #[test]
+    fn no_sync_mode_writes_the_same_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let stats = Arc::new(Stats::default());
+        let d = DiskCache::open_with(t.path(), "ns", 1 << 20, Durability::NoSync, stats).unwrap();
+        d.put(2, b"fast");
+        let synced = DiskCache::open(t.path(), "ns", 1 << 20).unwrap();
+        assert_eq!(synced.get(2), Lookup::Hit(b"fast".to_vec()));
     }
 
     #[test]
