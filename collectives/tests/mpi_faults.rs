@@ -15,6 +15,7 @@
 //! where the survivors must find the loss on their own. (Open MPI 4.1's `mpirun` then exits
 //! 0 even after `MPI_Abort`, so in that mode only the survivors' reports are checked.)
 
+#[allow(dead_code)] // each fault test uses a part of it
 mod fault_inject;
 
 use std::io::{BufRead, BufReader, Read, Write};
