@@ -15,6 +15,7 @@
 //! where the survivors must find the loss on their own. (Open MPI 4.1's `mpirun` then exits
 //! 0 even after `MPI_Abort`, so in that mode only the survivors' reports are checked.)
 
+#[allow(dead_code)] // each fault test uses a part of it
 mod fault_inject;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -295,28 +296,44 @@ impl Scenario {
         ))
     }
 
-    /// What every survivor said. Survivors must report a typed timeout, except where the
-    /// launcher ended the job first (exit or SIGKILL without recovery): there no survivor
-    /// may have reported anything else.
+    /// What every survivor said. Each must report a typed timeout, except that a survivor
+    /// can be ended by another survivor's `MPI_Abort` before its own timeout runs out (then
+    /// Open MPI names the aborting rank), and that the launcher ends the whole job at once
+    /// for an exit or SIGKILL without recovery. At least one survivor must report whenever
+    /// the launcher did not end the job itself.
     fn check_survivors(&self, stdout: &str, stderr: &str) -> Result<String, String> {
         let mut timed_out = Vec::new();
+        let mut cut_off = Vec::new();
+        let aborted_by_survivor = (0..self.p)
+            .filter(|&r| r != FAULTY_RANK)
+            .any(|r| stderr.contains(&format!("MPI_ABORT was invoked on rank {r} in")));
         for r in (0..self.p).filter(|&r| r != FAULTY_RANK) {
             let prefix = format!("{REPORT} rank={r} ");
             let line = stdout.lines().find(|l| l.starts_with(&prefix));
-            // A survivor whose send beside the failed receive never completed is ended by
-            // the transport itself, which prints the same typed error.
+            // A survivor whose send beside a failed receive never completed, or whose send
+            // a stalled peer never took, is ended by the transport itself, which prints the
+            // same typed error.
             let lib = format!("rank {r}/{}: fatal: rank {r} waited", self.p);
             match line {
                 Some(l) if l.contains("error=Timeout {") => timed_out.push(r),
                 Some(l) => return Err(format!("rank {r} reported the wrong outcome: {l}")),
                 None if stderr.contains(&lib) => timed_out.push(r),
                 None if self.launcher_ends_job() => {}
+                None if aborted_by_survivor => cut_off.push(r),
                 None => return Err(format!("survivor rank {r} reported nothing")),
             }
         }
+        if timed_out.is_empty() && !self.launcher_ends_job() {
+            return Err("no survivor reported a typed timeout".into());
+        }
         Ok(format!(
-            "survivors with a typed timeout: {timed_out:?} of {}",
-            self.p - 1
+            "survivors with a typed timeout: {timed_out:?} of {}{}",
+            self.p - 1,
+            if cut_off.is_empty() {
+                String::new()
+            } else {
+                format!(", ended by a peer's MPI_Abort first: {cut_off:?}")
+            }
         ))
     }
 

@@ -3,6 +3,7 @@
 //! P = 4. Every survivor must end with a typed error (a timeout, or the news that a peer
 //! failed) within its receive timeout, and the whole world must come back.
 
+#[allow(dead_code)] // each fault test uses a part of it
 mod fault_inject;
 
 use std::sync::Mutex;

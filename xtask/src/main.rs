@@ -6,12 +6,14 @@
 //! - `simulate`: every planner side by side for a profile, with Gantt charts.
 //! - `train`: data-parallel training of a built-in model with a chosen scheme.
 //! - `ci`: formatting, lints, tests, and the MPI tests under `mpirun`.
+//! - `fuzz`: run the decoders' fuzz targets for a while each.
 
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod calibrate;
 mod ci;
+mod fuzz;
 mod plan;
 mod simulate;
 mod train;
@@ -43,6 +45,8 @@ enum Command {
     Train(train::Args),
     /// Format check, clippy, tests, and MPI tests under mpirun.
     Ci(ci::Args),
+    /// Run the fuzz targets of the wire decoders and JSON readers for a while each.
+    Fuzz(fuzz::Args),
 }
 
 fn main() {
@@ -70,6 +74,7 @@ fn main() {
         Command::Simulate(a) => simulate::run(a),
         Command::Train(a) => train::run(a),
         Command::Ci(a) => ci::run(a),
+        Command::Fuzz(a) => fuzz::run(a),
     };
     if let Err(e) = result {
         // A subcommand that failed while MPI still runs ends the whole job: exiting this

@@ -251,10 +251,11 @@ impl MpiComm {
 
     /// Runs `receive` while `data` goes to `dest` from the caller's buffer, then waits for
     /// the send. MPI cannot withdraw a send that reads a buffer the caller is about to get
-    /// back, so a send that does not complete ends the job (never a hang): within the
-    /// timeout after it started when the receive succeeded (a stalled peer that never
-    /// takes a rendezvous-sized message), or within [`SEND_GRACE`] after a failed receive,
-    /// whose typed error is then what the job reports.
+    /// back, so a send that does not complete ends the job (never a hang): the timeout
+    /// plus [`SEND_GRACE`] after it started when the receive succeeded (a stalled peer that
+    /// never takes a rendezvous-sized message; the grace lets peers blocked in receives
+    /// report their own timeouts first), or [`SEND_GRACE`] after a failed receive, whose
+    /// typed error is then what the job reports.
     fn with_send<R>(
         &self,
         dest: usize,
@@ -284,15 +285,16 @@ impl MpiComm {
                                     ),
                                     STUCK_SEND_EXIT,
                                 ),
-                            Ok(_) if started.elapsed() > self.timeout => self.abort_on_fatal(
-                                &format_args!(
-                                    "rank {} waited {:?} for rank {dest} to take a message \
+                            Ok(_) if started.elapsed() > self.timeout + SEND_GRACE => self
+                                .abort_on_fatal(
+                                    &format_args!(
+                                        "rank {} waited {:?} for rank {dest} to take a message \
                                      with tag {tag}",
-                                    self.rank,
-                                    started.elapsed()
+                                        self.rank,
+                                        started.elapsed()
+                                    ),
+                                    STUCK_SEND_EXIT,
                                 ),
-                                STUCK_SEND_EXIT,
-                            ),
                             _ => {}
                         }
                         request = Some(r);
