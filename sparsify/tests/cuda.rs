@@ -266,8 +266,14 @@ fn non_finite_input_keeps_the_residual() {
     ex.set_auto_scale(false);
     let cases: Vec<(Box<dyn Selector>, GpuSelection)> = vec![
         (Box::new(ExactTopK::new()), GpuSelection::Exact),
-        (Box::new(MsTopK::new(30, 3)), GpuSelection::MsTopK { rounds: 30 }),
-        (Box::new(HardThreshold::new(0.5).unwrap()), GpuSelection::Threshold(0.5)),
+        (
+            Box::new(MsTopK::new(30, 3)),
+            GpuSelection::MsTopK { rounds: 30 },
+        ),
+        (
+            Box::new(HardThreshold::new(0.5).unwrap()),
+            GpuSelection::Threshold(0.5),
+        ),
         (
             Box::new(ex),
             GpuSelection::ExDyna {
@@ -281,7 +287,10 @@ fn non_finite_input_keeps_the_residual() {
         for k in [0, 1, 50, 5_000, d] {
             let mut ef = ErrorFeedback::from_residual(r0.clone());
             match ef.step(sel.as_mut(), &g, k) {
-                Err(Error::NonFinite { index: 31_337, value }) => assert!(value.is_nan()),
+                Err(Error::NonFinite {
+                    index: 31_337,
+                    value,
+                }) => assert!(value.is_nan()),
                 other => panic!("CPU {how:?} k {k}: {other:?}"),
             }
             assert_eq!(bits(ef.residual()), bits(&acc), "CPU {how:?} k {k}");
@@ -289,10 +298,17 @@ fn non_finite_input_keeps_the_residual() {
                 let mut r = gpu.upload(&r0).unwrap();
                 let gd = gpu.upload(&g).unwrap();
                 match gpu.select_fused::<f32, _, _>(&how, &mut r, &gd, k) {
-                    Err(Error::NonFinite { index: 31_337, value }) => assert!(value.is_nan()),
+                    Err(Error::NonFinite {
+                        index: 31_337,
+                        value,
+                    }) => assert!(value.is_nan()),
                     other => panic!("GPU {how:?} k {k}: {other:?}"),
                 }
-                assert_eq!(bits(&gpu.download(&r).unwrap()), bits(&acc), "GPU {how:?} k {k}");
+                assert_eq!(
+                    bits(&gpu.download(&r).unwrap()),
+                    bits(&acc),
+                    "GPU {how:?} k {k}"
+                );
                 // The next call on the same sparsifier is clean (no state left dirty).
                 let mut r = gpu.upload(&r0).unwrap();
                 let clean = gpu.upload(&gen_vec(2, d, 0)).unwrap();
@@ -345,7 +361,10 @@ fn large_inputs_match_the_cpu() {
     let d = (1 << 22) + 12_345;
     let vectors: Vec<(&str, Vec<f32>)> = vec![
         ("cubed", gen_vec(3, d, 0)),
-        ("uniform", (0..d).map(|_| rng.gen_range(-1.0f32..1.0)).collect()),
+        (
+            "uniform",
+            (0..d).map(|_| rng.gen_range(-1.0f32..1.0)).collect(),
+        ),
         ("ties", vec![0.25; d]),
         ("sparse", gen_vec(4, d, 3)),
     ];
@@ -370,7 +389,10 @@ fn large_inputs_match_the_cpu() {
 #[test]
 fn kernels_compile_with_nvrtc() {
     let Some((major, minor)) = cuda::nvrtc_version() else {
-        assert!(!CudaSparsifier::available(), "a GPU is present but libnvrtc is not");
+        assert!(
+            !CudaSparsifier::available(),
+            "a GPU is present but libnvrtc is not"
+        );
         eprintln!("skipped: libnvrtc not found");
         return;
     };
@@ -420,14 +442,21 @@ fn state_layout_matches_the_kernel() {
         // Not vacuous: a kernel struct with one field widened disagrees.
         let widened = cuda::KERNELS.replacen("u32 t_low;", "u64 t_low;", 1);
         assert_ne!(widened, cuda::KERNELS);
-        let dev = cuda::nvrtc_state_layout(&widened, cuda::HOPPER_ARCH)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let dev =
+            cuda::nvrtc_state_layout(&widened, cuda::HOPPER_ARCH).unwrap_or_else(|e| panic!("{e}"));
         assert_ne!(dev, want);
     } else {
-        assert!(!CudaSparsifier::available(), "a GPU is present but libnvrtc is not");
+        assert!(
+            !CudaSparsifier::available(),
+            "a GPU is present but libnvrtc is not"
+        );
         eprintln!("NVRTC half skipped: libnvrtc not found");
     }
     if let Some(gpu) = gpu() {
-        assert_eq!(gpu.device_state_layout().unwrap(), want, "device layout vs host");
+        assert_eq!(
+            gpu.device_state_layout().unwrap(),
+            want,
+            "device layout vs host"
+        );
     }
 }

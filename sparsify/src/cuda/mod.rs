@@ -75,7 +75,10 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
 
 /// Compiles `source` (the kernels, possibly with checks appended) to PTX with NVRTC for
 /// the virtual architecture `arch` (e.g. `"compute_90"`).
-pub fn compile_kernels_source(source: &str, arch: &str) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
+pub fn compile_kernels_source(
+    source: &str,
+    arch: &str,
+) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
     cudarc::nvrtc::compile_ptx_with_opts(
         source,
         cudarc::nvrtc::CompileOptions {
@@ -193,12 +196,19 @@ pub fn nvrtc_state_layout(source: &str, arch: &str) -> std::result::Result<Vec<u
     for item in inner.split(',') {
         let off = match item.trim().split_once('+') {
             None => 0,
-            Some((_, o)) => o.trim().parse::<u64>().map_err(|e| format!("{item}: {e}"))?,
+            Some((_, o)) => o
+                .trim()
+                .parse::<u64>()
+                .map_err(|e| format!("{item}: {e}"))?,
         };
         out.push(off);
     }
     if out.len() != names.len() {
-        return Err(format!("{} field addresses for {} fields", out.len(), names.len()));
+        return Err(format!(
+            "{} field addresses for {} fields",
+            out.len(),
+            names.len()
+        ));
     }
     let size = line("sparsify_layout_size")?;
     let size = size
@@ -454,7 +464,8 @@ impl CudaSparsifier {
 
     /// Blocks for a grid-stride kernel over `n` elements: enough to fill the device.
     fn grid(&self, n: u64) -> u64 {
-        n.div_ceil(u64::from(THREADS)).clamp(1, u64::from(self.sms) * 8)
+        n.div_ceil(u64::from(THREADS))
+            .clamp(1, u64::from(self.sms) * 8)
     }
 
     fn put_state(&mut self, s: &State) -> Result<()> {
@@ -467,9 +478,8 @@ impl CudaSparsifier {
     /// Reads the state back (waits for everything enqueued so far).
     fn get_state(&self) -> Result<State> {
         let v = self.stream.clone_dtoh(&self.state).map_err(cu)?;
-        let words: [u64; STATE_WORDS] = v
-            .try_into()
-            .map_err(|_| Error::Cuda("state size".into()))?;
+        let words: [u64; STATE_WORDS] =
+            v.try_into().map_err(|_| Error::Cuda("state size".into()))?;
         Ok(bytemuck::cast(words))
     }
 
@@ -534,7 +544,12 @@ impl CudaSparsifier {
             dptr(&self.stream, &self.hist),
         );
         let mut b = self.stream.launch_builder(&self.k.radix_hist);
-        b.arg(&xp).arg(&cap).arg(&sp).arg(&hp).arg(&shift).arg(&width);
+        b.arg(&xp)
+            .arg(&cap)
+            .arg(&sp)
+            .arg(&hp)
+            .arg(&shift)
+            .arg(&width);
         // SAFETY: matches `radix_hist`; it reads at most `cap` candidates.
         unsafe { b.launch(Self::cfg(self.grid(cap), THREADS)) }.map_err(cu)?;
         Ok(())
@@ -786,8 +801,13 @@ impl CudaSparsifier {
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(ip, &idx[..], self.stream.cu_stream())
                     .map_err(cu)?;
-                cudarc::driver::result::memcpy_dtod_async(vp, r + 4 * i, 4, self.stream.cu_stream())
-                    .map_err(cu)?;
+                cudarc::driver::result::memcpy_dtod_async(
+                    vp,
+                    r + 4 * i,
+                    4,
+                    self.stream.cu_stream(),
+                )
+                .map_err(cu)?;
             }
             st.count = 1;
             self.put_state(&st)?;
@@ -923,7 +943,10 @@ impl CudaSparsifier {
             _ => None,
         };
         let (st, threshold) = match (how, edge) {
-            (_, Some(t)) => (self.run_threshold(r, g, n, 0..n, t, false, wire)?, Some(0.0)),
+            (_, Some(t)) => (
+                self.run_threshold(r, g, n, 0..n, t, false, wire)?,
+                Some(0.0),
+            ),
             (GpuSelection::Exact, None) => {
                 let k = k.unwrap_or(d) as u64;
                 let st = self.run_exact(r, g, n, k, wire)?;
@@ -939,7 +962,10 @@ impl CudaSparsifier {
             }
             (GpuSelection::ExDyna { threshold, .. }, None) => {
                 let tb = ge_bits(*threshold);
-                (self.run_threshold(r, g, n, part, tb, true, wire)?, Some(*threshold))
+                (
+                    self.run_threshold(r, g, n, part, tb, true, wire)?,
+                    Some(*threshold),
+                )
             }
         };
         let sg = self.collect::<V>(st.count as usize, d)?;

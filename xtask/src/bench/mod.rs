@@ -31,7 +31,7 @@ pub use report::{Headline, Record, SuiteOutput};
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every suite, in report order.
-pub const SUITES: [&str; 9] = [
+pub const SUITES: [&str; 10] = [
     "topk",
     "allreduce",
     "allgather",
@@ -41,6 +41,7 @@ pub const SUITES: [&str; 9] = [
     "train",
     "lars",
     "datacache",
+    "gpu",
 ];
 
 fn known_suites() -> &'static [&'static str] {
@@ -57,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Suites to run (default: all): topk, allreduce, allgather, sparse, simulate, plan,
-    /// train, lars, datacache.
+    /// train, lars, datacache, gpu (needs the `cuda` feature and a device; skipped otherwise).
     #[arg(long = "suite", num_args = 1..)]
     suites: Vec<String>,
     /// Ranks of the communicating suites on the thread transport.
@@ -349,7 +350,13 @@ fn rerun_in_release() -> CliResult {
     eprintln!("building xtask in release mode for meaningful timings ...");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["run", "--release", "-q", "-p", "xtask", "--"])
+            .args(["run", "--release", "-q", "-p", "xtask"])
+            .args(if cfg!(feature = "cuda") {
+                &["--features", "cuda"][..]
+            } else {
+                &[]
+            })
+            .arg("--")
             .args(std::env::args_os().skip(1))
             .current_dir(&root)
             .status()?;
