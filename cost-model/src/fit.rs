@@ -19,7 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::models::{x_log2_x, LinearModel, ReductionModel, TopkModel};
+use crate::models::{
+    x_log2_x, LinearModel, ReductionModel, TopkModel, TopkRegime, TOPK_MAX_REGIMES,
+};
 use crate::{Error, Result};
 
 /// One measurement: a size (bytes or elements, as the caller decides) and a time in seconds.
@@ -251,6 +253,37 @@ pub fn fit_topk_linear(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
         model,
         quality: lin.quality,
     })
+}
+
+/// Fits a piecewise top-k model ([`TopkModel::Piecewise`]): [`fit_piecewise`] with up to
+/// three regimes over sizes in elements. Each regime keeps its own fixed cost per call,
+/// which dominates small tensors (the ones layer-wise and merged sparsification select
+/// from), and its own cost per element (the cache level, one thread or several).
+pub fn fit_topk_piecewise(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
+    let pw = fit_piecewise(samples, TOPK_MAX_REGIMES)?;
+    let mut regimes = [TopkRegime::default(); TOPK_MAX_REGIMES];
+    for (r, s) in regimes.iter_mut().zip(&pw.model.segments) {
+        *r = TopkRegime {
+            start: s.start,
+            a_s: s.model.alpha_s,
+            b_s: s.model.beta_s,
+        };
+    }
+    let model = TopkModel::Piecewise {
+        regimes,
+        count: pw.model.segments.len(),
+    };
+    Ok(Fitted {
+        model,
+        quality: quality(samples, |d| model.time(d as usize)),
+    })
+}
+
+/// Fits the reduction cost `t = α_i + (β + γ_i)·n` per size regime ([`fit_piecewise`]
+/// over bytes): summing `f32` runs at the bandwidth of the cache level the buffers fit in,
+/// so one γ misses by tens of percent at either end of a 1 KiB … 16 MiB sweep.
+pub fn fit_reduction_piecewise(samples: &[Sample]) -> Result<Fitted<PiecewiseLinear>> {
+    fit_piecewise(samples, 3)
 }
 
 /// One size regime of a [`PiecewiseLinear`] model.
