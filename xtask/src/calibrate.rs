@@ -286,7 +286,7 @@ fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidat
     println!();
     let misses: Vec<String> = worst
         .iter()
-        .filter(|w| !(w.1 <= MAX_REL_GOAL))
+        .filter(|w| w.1.is_nan() || w.1 > MAX_REL_GOAL)
         .map(|w| format!("{} {:.1}%", w.0, w.1 * 100.0))
         .collect();
     let top = worst.iter().map(|w| w.1).fold(0.0, f64::max);
