@@ -538,6 +538,35 @@ mod tests {
     }
 
     #[test]
+    fn piecewise_topk_and_reduction_predict_within_15pct() {
+        // A selector with a 3 µs fixed cost and 6 ns/element in cache, 0.4 ns/element
+        // (several threads) beyond 128K elements: one line misses the small sizes by far
+        // more than 15 %, OMGS's γρ·d·log d too; the piecewise fit does not.
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let t = |d: f64| {
+            if d < 131072.0 {
+                3e-6 + 6e-9 * d
+            } else {
+                2e-4 + 0.4e-9 * d
+            }
+        };
+        let s: Vec<Sample> = (10..=22)
+            .map(|e| (1u64 << e) as f64)
+            .flat_map(|d| [d, d])
+            .map(|d| Sample::new(d, noisy(&mut rng, t(d))))
+            .collect();
+        let pw = fit_topk_piecewise(&s).unwrap();
+        assert!(pw.quality.max_rel_residual < 0.15, "{pw:?}");
+        assert!(matches!(pw.model, TopkModel::Piecewise { count: 2.., .. }));
+        assert!((pw.model.time(1 << 10) / t(1024.0) - 1.0).abs() < 0.1);
+        assert!(fit_topk_linear(&s).unwrap().quality.max_rel_residual > 0.15);
+        assert!(fit_topk_omgs(&s).unwrap().quality.max_rel_residual > 0.15);
+        let red = fit_reduction_piecewise(&s).unwrap();
+        assert!(red.quality.max_rel_residual < 0.15);
+        assert!(fit_topk_piecewise(&s[..1]).is_err());
+    }
+
+    #[test]
     fn reduction_and_topk_fits_recover_gamma() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let (alpha, beta, gamma) = (20e-6, 1e-9, 4e-10);
