@@ -73,8 +73,9 @@ impl ExactTopK {
             (0, usize::MAX)
         } else if let Some(n) = kernel::sample_size(d, k) {
             kernel::sample_acc(residual, grad, n, &mut self.sample);
+            let cap = kernel::candidate_cap(d, k, self.sample.len(), SAMPLE_Z);
             let t = kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z);
-            (t, k.saturating_mul(3).max(k + 4096))
+            (t, cap)
         } else {
             (0, usize::MAX)
         };

@@ -136,10 +136,172 @@ fn emit(a: f32, ab: i32, i: usize, cap: usize, cand: &mut Cand, out: &mut PassOu
     }
 }
 
+/// Makes room for a whole block at the end of both lists, growing geometrically.
+#[inline(always)]
+fn reserve_block(cand: &mut Cand, len: usize) {
+    if cand.idx.capacity() - len < BLOCK || cand.val.capacity() - len < BLOCK {
+        cand.idx.reserve(BLOCK.max(len));
+        cand.val.reserve(BLOCK.max(len));
+    }
+}
+
+/// The STATS-free passes written with AVX-512 intrinsics: the hit test is one mask
+/// compare and a block with hits is written out by two `vpcompress` stores, which keeps
+/// the cost of a candidate at a few cycles. Same candidates, order, cap handling and
+/// non-finite reporting as [`fused_body`] / [`scan_body`] (blocks that hold a non-finite
+/// value or would cross `cap` go through [`emit_block`]).
+#[cfg(target_arch = "x86_64")]
+mod avx512_emit {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// One block: `a` holds its values. Appends its candidates to `cand`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block(
+        a: __m512,
+        off: usize,
+        tv: __m512i,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+        out: &mut PassOut,
+    ) {
+        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl; the stores
+        // write 16 lanes at `len`, inside the capacity reserved just before them.
+        unsafe {
+            let bits = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fff_ffff));
+            let m = _mm512_cmpge_epi32_mask(bits, tv);
+            if m == 0 {
+                return;
+            }
+            let len = cand.idx.len();
+            let nonfinite = _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
+            if nonfinite != 0 || len + BLOCK > cap {
+                let mut v = [0.0f32; BLOCK];
+                let mut b = [0i32; BLOCK];
+                _mm512_storeu_ps(v.as_mut_ptr(), a);
+                _mm512_storeu_si512(b.as_mut_ptr().cast(), bits);
+                return emit_block(&v, &b, off, t, cap, cand, out);
+            }
+            reserve_block(cand, len);
+            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
+            _mm512_storeu_si512(
+                cand.idx.as_mut_ptr().add(len).cast(),
+                _mm512_maskz_compress_epi32(m, idx),
+            );
+            _mm512_storeu_ps(
+                cand.val.as_mut_ptr().add(len),
+                _mm512_maskz_compress_ps(m, a),
+            );
+            let end = len + m.count_ones() as usize;
+            cand.idx.set_len(end);
+            cand.val.set_len(end);
+        }
+    }
+
+    /// [`fused_body`] without statistics.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) fn fused(
+        r: &mut [f32],
+        g: &[f32],
+        base: usize,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+    ) -> PassOut {
+        let n = r.len().min(g.len());
+        let whole = n / BLOCK * BLOCK;
+        let mut out = PassOut::new();
+        let tv = _mm512_set1_epi32(t);
+        for i in (0..whole).step_by(BLOCK) {
+            // SAFETY: `i + 16 <= whole <= n`, within both slices.
+            unsafe {
+                let a = _mm512_add_ps(
+                    _mm512_loadu_ps(r.as_ptr().add(i)),
+                    _mm512_loadu_ps(g.as_ptr().add(i)),
+                );
+                _mm512_storeu_ps(r.as_mut_ptr().add(i), a);
+                block(a, base + i, tv, t, cap, cand, &mut out);
+            }
+        }
+        let tail = fused_body::<false>(&mut r[whole..n], &g[whole..n], base + whole, t, cap, cand);
+        out.merge(&tail);
+        out
+    }
+
+    /// [`scan_body`] without statistics.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) fn scan(x: &[f32], base: usize, t: i32, cap: usize, cand: &mut Cand) -> PassOut {
+        let n = x.len();
+        let whole = n / BLOCK * BLOCK;
+        let mut out = PassOut::new();
+        let tv = _mm512_set1_epi32(t);
+        for i in (0..whole).step_by(BLOCK) {
+            // SAFETY: `i + 16 <= whole <= n`, within the slice.
+            unsafe {
+                let a = _mm512_loadu_ps(x.as_ptr().add(i));
+                block(a, base + i, tv, t, cap, cand, &mut out);
+            }
+        }
+        let tail = scan_body::<false>(&x[whole..], base + whole, t, cap, cand);
+        out.merge(&tail);
+        out
+    }
+}
+
+/// Emits the entries of one block whose magnitude bits reach `t`, in index order. The
+/// common case (all finite, room for a whole block under `cap`) is branch-free: every
+/// entry is written at the end of the lists and the length advances by the comparison's
+/// outcome, so a block with hits costs no mispredicted branch per candidate.
+#[inline(never)]
+fn emit_block(
+    vals: &[f32; BLOCK],
+    bits: &[i32; BLOCK],
+    off: usize,
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+    out: &mut PassOut,
+) {
+    let len = cand.idx.len();
+    let mx = bits.iter().copied().fold(0, i32::max);
+    if mx >= INF_BITS || len + BLOCK > cap {
+        for j in 0..BLOCK {
+            if bits[j] >= t {
+                emit(vals[j], bits[j], off + j, cap, cand, out);
+            }
+        }
+        return;
+    }
+    reserve_block(cand, len);
+    let pi = cand.idx.as_mut_ptr();
+    let pv = cand.val.as_mut_ptr();
+    let mut m = len;
+    for j in 0..BLOCK {
+        // SAFETY: `m < len + BLOCK <= capacity` of both vectors (ensured just above), so
+        // the writes stay inside their allocations.
+        unsafe {
+            pi.add(m).write((off + j) as u32);
+            pv.add(m).write(vals[j]);
+        }
+        m += usize::from(bits[j] >= t);
+    }
+    // SAFETY: positions `len..m` of both vectors were initialised just above (each
+    // iteration writes position `m` before `m` can advance past it), within capacity.
+    unsafe {
+        cand.idx.set_len(m);
+        cand.val.set_len(m);
+    }
+}
+
 /// The fused error-feedback pass over `r` and `g` (same length, checked by the caller):
 /// `r[i] += g[i]`, and every `i` with `|r[i]| >= t` is appended to `cand` with index
 /// `base + i` (at most `cap` entries in `cand` in all). With `STATS`, also sums `|r[i]|`
-/// and tracks the largest magnitude. One read of `r` and `g`, one write of `r`.
+/// (in the order of [`abs_sum`]) and tracks the largest magnitude. One read of `r` and
+/// `g`, one write of `r`. The hit test of a block is an OR of comparisons (a mask test),
+/// not a horizontal max, which would bound the loop on the shuffle port for cached data.
 #[inline(always)]
 fn fused_body<const STATS: bool>(
     r: &mut [f32],
@@ -159,24 +321,22 @@ fn fused_body<const STATS: bool>(
     let mut gc = g.chunks_exact(BLOCK);
     let mut off = base;
     for (rb, gb) in (&mut rc).zip(&mut gc) {
+        let rb: &mut [f32; BLOCK] = rb.try_into().expect("block");
+        let gb: &[f32; BLOCK] = gb.try_into().expect("block");
         let mut bits = [0i32; BLOCK];
-        let mut hit = false;
+        let mut hit = 0u32;
         for j in 0..BLOCK {
             let a = rb[j] + gb[j];
             rb[j] = a;
             let ab = abs_bits(a);
             bits[j] = ab;
-            hit |= ab >= t;
+            hit |= u32::from(ab >= t);
         }
         if STATS {
             block_stats(&bits, &mut sum, &mut mxv);
         }
-        if hit {
-            for j in 0..BLOCK {
-                if bits[j] >= t {
-                    emit(rb[j], bits[j], off + j, cap, cand, &mut out);
-                }
-            }
+        if hit != 0 {
+            emit_block(rb, &bits, off, t, cap, cand, &mut out);
         }
         off += BLOCK;
     }
@@ -218,22 +378,19 @@ fn scan_body<const STATS: bool>(
     let mut xc = x.chunks_exact(BLOCK);
     let mut off = base;
     for xb in &mut xc {
+        let xb: &[f32; BLOCK] = xb.try_into().expect("block");
         let mut bits = [0i32; BLOCK];
-        let mut hit = false;
+        let mut hit = 0u32;
         for j in 0..BLOCK {
             let ab = abs_bits(xb[j]);
             bits[j] = ab;
-            hit |= ab >= t;
+            hit |= u32::from(ab >= t);
         }
         if STATS {
             block_stats(&bits, &mut sum, &mut mxv);
         }
-        if hit {
-            for j in 0..BLOCK {
-                if bits[j] >= t {
-                    emit(xb[j], bits[j], off + j, cap, cand, &mut out);
-                }
-            }
+        if hit != 0 {
+            emit_block(xb, &bits, off, t, cap, cand, &mut out);
         }
         off += BLOCK;
     }
@@ -252,40 +409,101 @@ fn scan_body<const STATS: bool>(
     out
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::*;
-
-    #[target_feature(enable = "avx2")]
-    pub(super) fn fused<const STATS: bool>(
-        r: &mut [f32],
-        g: &[f32],
-        base: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-    ) -> PassOut {
-        fused_body::<STATS>(r, g, base, t, cap, cand)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(super) fn scan<const STATS: bool>(
-        x: &[f32],
-        base: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-    ) -> PassOut {
-        scan_body::<STATS>(x, base, t, cap, cand)
+/// `r[i] += g[i]`: the streaming floor of a fused pass.
+#[inline(always)]
+fn add_body(r: &mut [f32], g: &[f32]) {
+    for (a, b) in r.iter_mut().zip(g) {
+        *a += *b;
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
-    std::is_x86_feature_detected!("avx2")
+/// The hot loops compiled for one instruction set (the bodies are `inline(always)`, so
+/// each build vectorises for its own registers).
+macro_rules! isa_build {
+    ($m:ident, $feat:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $m {
+            use super::*;
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn fused<const STATS: bool>(
+                r: &mut [f32],
+                g: &[f32],
+                base: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+            ) -> PassOut {
+                fused_body::<STATS>(r, g, base, t, cap, cand)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn scan<const STATS: bool>(
+                x: &[f32],
+                base: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+            ) -> PassOut {
+                scan_body::<STATS>(x, base, t, cap, cand)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn add(r: &mut [f32], g: &[f32]) {
+                add_body(r, g)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn moments(x: &[f32]) -> (f64, f64, i32) {
+                moments_body(x)
+            }
+        }
+    };
+}
+isa_build!(avx2, "avx2");
+isa_build!(avx512, "avx512f,avx512bw,avx512vl");
+
+/// The widest instruction set this CPU has among those the hot loops are built for.
+#[derive(Clone, Copy, PartialEq)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Base,
 }
 
-/// [`fused_body`] on one range, dispatched to an AVX2 build when the CPU has it.
+#[inline]
+fn isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
+            return Isa::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Base
+}
+
+/// Calls `$f` from the widest build this CPU supports.
+macro_rules! dispatch {
+    ($f:ident $(::<$c:ident>)? ($($a:expr),*), $body:expr) => {{
+        match isa() {
+            // SAFETY: `isa()` checked at run time that the CPU has these features.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::$f$(::<$c>)?($($a),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::$f$(::<$c>)?($($a),*) },
+            _ => $body,
+        }
+    }};
+}
+
+/// [`fused_body`] on one range, from the widest build.
 #[inline]
 fn fused_one<const STATS: bool>(
     r: &mut [f32],
@@ -296,14 +514,17 @@ fn fused_one<const STATS: bool>(
     cand: &mut Cand,
 ) -> PassOut {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { avx2::fused::<STATS>(r, g, base, t, cap, cand) };
+    if !STATS && isa() == Isa::Avx512 {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
+        return unsafe { avx512_emit::fused(r, g, base, t, cap, cand) };
     }
-    fused_body::<STATS>(r, g, base, t, cap, cand)
+    dispatch!(
+        fused::<STATS>(r, g, base, t, cap, cand),
+        fused_body::<STATS>(r, g, base, t, cap, cand)
+    )
 }
 
-/// [`scan_body`] on one range, dispatched like [`fused_one`].
+/// [`scan_body`] on one range, from the widest build.
 #[inline]
 fn scan_one<const STATS: bool>(
     x: &[f32],
@@ -313,11 +534,26 @@ fn scan_one<const STATS: bool>(
     cand: &mut Cand,
 ) -> PassOut {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { avx2::scan::<STATS>(x, base, t, cap, cand) };
+    if !STATS && isa() == Isa::Avx512 {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
+        return unsafe { avx512_emit::scan(x, base, t, cap, cand) };
     }
-    scan_body::<STATS>(x, base, t, cap, cand)
+    dispatch!(
+        scan::<STATS>(x, base, t, cap, cand),
+        scan_body::<STATS>(x, base, t, cap, cand)
+    )
+}
+
+/// [`add_body`] from the widest build.
+#[inline]
+pub(crate) fn add_one(r: &mut [f32], g: &[f32]) {
+    dispatch!(add(r, g), add_body(r, g))
+}
+
+/// [`moments_body`] from the widest build.
+#[inline]
+fn moments_chunk(x: &[f32]) -> (f64, f64, i32) {
+    dispatch!(moments(x), moments_body(x))
 }
 
 /// Elements per statistics chunk: a statistics pass sums `|x|` per chunk and adds the
@@ -327,7 +563,7 @@ pub(crate) const CHUNK: usize = 1 << 12;
 
 /// Passes over fewer elements run on the calling thread: below this, waking a second
 /// thread costs about as much as it saves.
-pub(crate) const PAR_MIN: usize = 1 << 16;
+pub(crate) const PAR_MIN: usize = 1 << 17;
 
 /// Number of parallel pieces for a pass over `n` elements: 1 (serial) below [`PAR_MIN`] or
 /// on a one-thread pool, else two per thread (so work stealing evens out a busy core), each
@@ -528,13 +764,13 @@ const RUN: usize = 16;
 /// A sample of `n` puts about `z·sqrt(k·d/n) + d/n` more candidates than `k` above its
 /// threshold (see [`threshold_from_sample`]). Each sample element costs a gather and a
 /// selection step, each surplus candidate an emit and a selection step; the total is
-/// smallest near `n ≈ 2·(k·d)^(1/3)`, far below a fixed hit count (`n ∝ d/k`), which made
+/// smallest near `n ≈ c·(k·d)^(1/3)` (`c = 4` measured best here), far below a fixed hit count (`n ∝ d/k`), which made
 /// the sample the largest cost of a call at low densities.
 pub(crate) fn sample_size(d: usize, k: usize) -> Option<usize> {
     if d < 1 << 12 || k == 0 {
         return None;
     }
-    let n = 2.0 * (k as f64 * d as f64).cbrt();
+    let n = 4.0 * (k as f64 * d as f64).cbrt();
     Some((n as usize).clamp(RUN * 16, d / 8) / RUN * RUN)
 }
 
@@ -582,6 +818,19 @@ pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f
     let pos = n - m;
     let (_, v, _) = sample.select_nth_unstable(pos);
     (*v).min(INF_BITS)
+}
+
+/// Cap on the candidates of a pass whose threshold came from [`threshold_from_sample`]
+/// with a sample of `n` and margin `z`: four times the expected count (so only a badly
+/// misjudged sample overflows), and never below `3k` or `k + 4096`.
+pub(crate) fn candidate_cap(d: usize, k: usize, n: usize, z: f64) -> usize {
+    let hits = k as f64 * n as f64 / d as f64;
+    let m = (hits + z * hits.sqrt() + 1.0).ceil();
+    let expect = (d as f64 * m / n.max(1) as f64) as usize;
+    expect
+        .saturating_mul(4)
+        .max(k.saturating_mul(3))
+        .max(k + 4096)
 }
 
 /// The exactly `k` best candidates (largest magnitude, the lower index on ties), kept in
@@ -632,10 +881,12 @@ pub(crate) fn exact_readonly(
     let mut attempts: Vec<(i32, usize)> = Vec::with_capacity(2);
     if k > 0 {
         if let Some(n) = sample_size(d, k) {
+            // A larger sample and a wider margin than the fused pass's first try.
+            let n = (4 * n).min(d / 2);
             sample_x(x, n, sample);
             let t = threshold_from_sample(sample, d, k, 6.0);
             if t > 0 {
-                attempts.push((t, k.saturating_mul(4).max(k + 4096)));
+                attempts.push((t, candidate_cap(d, k, sample.len(), 6.0)));
             }
         }
     }
@@ -657,8 +908,8 @@ pub(crate) fn exact_readonly(
 
 /// Sum, sum of squares (f64, 8 lanes combined by [`combine_lanes`]) and largest magnitude
 /// bits of one chunk.
-#[inline]
-fn moments_chunk(x: &[f32]) -> (f64, f64, i32) {
+#[inline(always)]
+fn moments_body(x: &[f32]) -> (f64, f64, i32) {
     let (mut s, mut q) = ([0.0f64; 8], [0.0f64; 8]);
     let mut mx = 0i32;
     let mut ch = x.chunks_exact(8);
@@ -714,9 +965,7 @@ pub(crate) fn fused_moments(r: &mut [f32], g: &[f32]) -> Result<(f64, f64)> {
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let acc = |rc: &mut [f32], gc: &[f32]| {
-        for (a, b) in rc.iter_mut().zip(gc) {
-            *a += *b;
-        }
+        add_one(rc, gc);
         moments_chunk(rc)
     };
     if pieces(n) == 1 {

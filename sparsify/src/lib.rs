@@ -30,12 +30,18 @@ mod value;
 
 pub use error::{Error, Result};
 pub use exact::ExactTopK;
-pub use feedback::ErrorFeedback;
+pub use feedback::{accumulate, ErrorFeedback};
 pub use mstopk::MsTopK;
 pub use selector::{SelectInfo, Selector};
 pub use sparse::SparseGrad;
 pub use threshold::{DgcSampling, ExDyna, GaussianK, HardThreshold};
 pub use value::Value;
+
+/// Threads the CPU selectors split a large pass over: those of the current rayon pool
+/// (the global one unless the caller installed another).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
 
 /// Checks that a residual and a gradient have the same length.
 pub(crate) fn check_same_len(residual: usize, grad: usize) -> Result<()> {
@@ -192,7 +198,11 @@ mod tests {
             let g = gen_vec(40 + u64::from(kind), d, kind);
             for k in [1, 97, d / 1000, d / 100, d / 3] {
                 let (sg, _) = on_pool(4, || ExactTopK::new().select(&g, k).unwrap());
-                assert_eq!(sg.indices(), &exact::reference_topk(&g, k)[..], "{kind} {k}");
+                assert_eq!(
+                    sg.indices(),
+                    &exact::reference_topk(&g, k)[..],
+                    "{kind} {k}"
+                );
             }
         }
     }
@@ -208,10 +218,16 @@ mod tests {
             for name in SELECTOR_NAMES {
                 let mut sel = selector_by_name(name, 1).unwrap();
                 let e = sel.select(&x, d / 100);
-                assert!(matches!(e, Err(Error::NonFinite { index, .. }) if index == first), "{name}");
+                assert!(
+                    matches!(e, Err(Error::NonFinite { index, .. }) if index == first),
+                    "{name}"
+                );
                 let mut ef = ErrorFeedback::new(d);
                 let e = ef.step(sel.as_mut(), &x, d / 100);
-                assert!(matches!(e, Err(Error::NonFinite { index, .. }) if index == first), "{name}");
+                assert!(
+                    matches!(e, Err(Error::NonFinite { index, .. }) if index == first),
+                    "{name}"
+                );
             }
         });
     }

@@ -172,9 +172,9 @@ impl MsTopK {
         (idx, val)
     }
 
-    /// Candidate threshold from a sample and the cap on candidates, for `0 < k < d`.
+    /// Sample size and the cap on candidates, for `0 < k < d`.
     fn plan(d: usize, k: usize) -> Option<(usize, usize)> {
-        kernel::sample_size(d, k).map(|n| (n, k.saturating_mul(3).max(k + 4096)))
+        kernel::sample_size(d, k).map(|n| (n, kernel::candidate_cap(d, k, n, SAMPLE_Z)))
     }
 
     /// Selection from an accumulated `acc` whose stats are known and whose candidates in
@@ -195,10 +195,12 @@ impl MsTopK {
             // threshold, and as a last resort keep everything.
             let mut tries = Vec::new();
             if let Some(n) = kernel::sample_size(d, k) {
+                let n = (4 * n).min(d / 2);
                 kernel::sample_x(acc, n, &mut self.sample);
+                let cap = kernel::candidate_cap(d, k, self.sample.len(), 8.0);
                 let t = kernel::threshold_from_sample(&mut self.sample, d, k, 8.0);
                 if t > 0 && t < t_low {
-                    tries.push((t, k.saturating_mul(8).max(k + 8192)));
+                    tries.push((t, cap));
                 }
             }
             tries.push((0, usize::MAX));

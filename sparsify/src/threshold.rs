@@ -444,18 +444,29 @@ impl GaussianK {
             norm_ppf(1.0 - rho / 2.0)
         };
         let mut right = (mean + z * std) as f32;
+        // Each correction pass stops emitting past 4k/3 + 1 candidates: that many already
+        // decides "too many", so a low threshold costs a count, not a long list. Only when
+        // the last pass ran over does a final uncapped pass rebuild its list.
+        let cap = 4 * k / 3 + 1;
+        let mut last = (0, false);
         for _ in 0..3 {
             // Strict `>`: the next representable magnitude up.
             let t = if right >= 0.0 { abs_bits(right) + 1 } else { 0 };
-            pass(x, None, 0, usize::MAX, t, &mut self.cand)?;
+            self.cand.clear();
+            let out = kernel::scan_pass::<false>(x, 0, t.min(INF_BITS), cap, &mut self.cand);
+            out.check()?;
+            last = (t, out.overflow);
             let n = self.cand.len() as f64;
             if n < 2.0 * k as f64 / 3.0 {
                 right *= 0.5;
-            } else if n > 4.0 * k as f64 / 3.0 {
+            } else if out.overflow || n > 4.0 * k as f64 / 3.0 {
                 right *= 1.5;
             } else {
                 break;
             }
+        }
+        if last.1 {
+            pass(x, None, 0, usize::MAX, last.0, &mut self.cand)?;
         }
         let (idx, val) = self.cand.take();
         Ok((idx, val, right))
