@@ -515,7 +515,7 @@ pub fn store_for_url(url: &str, cfg: &RemoteConfig) -> Result<(Arc<dyn ObjectSto
 }
 
 /// An HTTP(S) store rooted at `base` (`scheme://host:port`), with `cfg`'s deadline as the
-/// client's timeout and the retries left to [`with_retries`] (one policy, one count).
+/// client's timeout and the retries left to this crate's own loop (one policy, one count).
 #[cfg(feature = "http")]
 pub fn http_store(base: &str, cfg: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
     use object_store::{ClientOptions, RetryConfig};
