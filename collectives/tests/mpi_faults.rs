@@ -1,5 +1,5 @@
-//! Faults under MPI: one rank exits, is killed with SIGKILL or stops itself with SIGSTOP in
-//! the middle of a dense or a sparse allreduce. Every survivor must end with a typed
+//! Faults under MPI: one rank exits, is killed with SIGKILL, stops itself with SIGSTOP or
+//! panics in the middle of a dense or a sparse allreduce. Every survivor must end with a typed
 //! timeout within its receive timeout, print it and end the whole job with `MPI_Abort`, so
 //! that the job ends within the timeout plus 10 s instead of hanging on the stopped rank.
 //!
@@ -45,16 +45,20 @@ enum Fault {
     Kill,
     /// SIGSTOP to itself: alive but silent until the job ends.
     Stop,
+    /// A panic: unwinding drops the communicator, which ends the job with `MPI_Abort`
+    /// instead of finalising.
+    Panic,
 }
 
 impl Fault {
-    const ALL: [Fault; 3] = [Fault::Exit, Fault::Kill, Fault::Stop];
+    const ALL: [Fault; 4] = [Fault::Exit, Fault::Kill, Fault::Stop, Fault::Panic];
 
     fn name(self) -> &'static str {
         match self {
             Fault::Exit => "exit",
             Fault::Kill => "kill",
             Fault::Stop => "stop",
+            Fault::Panic => "panic",
         }
     }
 
@@ -68,6 +72,7 @@ impl Fault {
             Fault::Exit => std::process::exit(3),
             Fault::Kill => "-KILL",
             Fault::Stop => "-STOP",
+            Fault::Panic => panic!("rank {FAULTY_RANK}: injected panic"),
         };
         let pid = std::process::id().to_string();
         let _ = std::io::stdout().flush();
@@ -105,7 +110,7 @@ fn worker(args: &[String]) -> ! {
         args.get(1).and_then(|s| Fault::parse(s)),
         args.get(2).and_then(|s| Collective::parse(s)),
     ) else {
-        eprintln!("usage under mpirun: mpi_faults worker exit|kill|stop dense|sparse");
+        eprintln!("usage under mpirun: mpi_faults worker exit|kill|stop|panic dense|sparse");
         std::process::exit(2);
     };
     let comm = match MpiComm::world() {
@@ -183,8 +188,8 @@ fn driver(args: &[String]) -> Result<(), String> {
                 // Exit and SIGKILL: Open MPI's default (the launcher ends the job) and
                 // recovery mode (the survivors must notice by themselves).
                 let modes: &[bool] = match fault {
-                    Fault::Stop => &[false],
-                    _ => &[false, true],
+                    Fault::Stop | Fault::Panic => &[false],
+                    Fault::Exit | Fault::Kill => &[false, true],
                 };
                 for &recovery in modes {
                     let s = Scenario {
@@ -337,8 +342,14 @@ impl Scenario {
         ))
     }
 
+    /// Whether the job ends before any survivor's timeout: the launcher ends it when a rank
+    /// exits or is killed (without recovery); a panicking rank aborts it itself.
     fn launcher_ends_job(&self) -> bool {
-        self.fault != Fault::Stop && !self.recovery
+        match self.fault {
+            Fault::Exit | Fault::Kill => !self.recovery,
+            Fault::Panic => true,
+            Fault::Stop => false,
+        }
     }
 }
 

@@ -157,11 +157,13 @@ pub fn run(mut args: Args) -> CliResult {
     }
     if let Some(launcher) = mpi_launcher() {
         if !cfg!(feature = "mpi") {
+            let (var, value) = launcher;
             return Err(format!(
-                "{} This xtask was built without the `mpi` feature, so it cannot join the \
-                 MPI world: run `cargo xtask bench --mpi -n P`, which builds it with MPI and \
-                 starts mpirun itself.",
-                refuse_under_launcher("xtask bench", launcher)
+                "`xtask bench` was started by an MPI launcher ({var}={value}), but this xtask \
+                 was built without the `mpi` feature: it cannot join the MPI world, and every \
+                 rank would run its own thread bench and write the same report. Run \
+                 `cargo xtask bench --mpi -n P`, which builds xtask with MPI and starts \
+                 mpirun itself."
             )
             .into());
         }
