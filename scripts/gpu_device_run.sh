@@ -16,8 +16,9 @@
 # `libnccl.so` -> libnccl.so.2 found on that machine, puts it first on LD_LIBRARY_PATH, then
 # runs every test binary and `xtask bench --suite gpu`. The kernels are compiled by NVRTC
 # at run time for the device's architecture (compute_90 on an H100/H200). Logs, the bench
-# report and an environment summary go to OUT (at most 8 files). Exits non-zero when any
-# test or the bench fails.
+# report and an environment summary go to OUT (at most 8 files). Each test binary runs
+# under `timeout $GPU_TEST_TIMEOUT` (300 s) and the bench under `$GPU_BENCH_TIMEOUT` (420 s),
+# so a hung kernel still leaves its log. Exits non-zero when any test or the bench fails.
 set -uo pipefail
 
 mode=${1:-}
@@ -97,12 +98,14 @@ run() {
   cat "$out/env.txt"
   for t in "$b"/tests/*; do
     echo "== $(basename "$t")"
-    "$t" 2>&1 | tee "$out/test-$(basename "$t").log" || status=1
+    # A hung kernel must not eat the whole lease: each binary gets its own time limit.
+    timeout "${GPU_TEST_TIMEOUT:-300}" "$t" 2>&1 | tee "$out/test-$(basename "$t").log" || status=1
   done
   echo "== xtask bench --suite gpu"
   local rep
   rep=$(mktemp -d)
-  "$b/xtask" bench --suite gpu --out "$rep" 2>&1 | tee "$out/bench.log" || status=1
+  timeout "${GPU_BENCH_TIMEOUT:-420}" "$b/xtask" bench --suite gpu --out "$rep" 2>&1 |
+    tee "$out/bench.log" || status=1
   cp "$rep/report.md" "$rep/report.json" "$out/" 2>/dev/null || status=1
   echo "status $status (logs in $out)"
   return $status
