@@ -1,10 +1,11 @@
-//! Calibration on a live communicator: a ping-pong sweep for the link's α and β, sweeps of
-//! the collectives (time against bytes, fitted by `cost_model::fit` as one line and as a
-//! piecewise α-β model with one line per size regime), a local reduction
-//! sweep for γ (one line and one per size regime) and a top-k timing sweep fitted per size
-//! regime (`a_i + b_i·d`: the fixed cost per call dominates small tensors, which OMGS-SGD's
-//! `γρ·d·log d` (Shi et al., INFOCOM 2020, §V-B: d ∈ [1K, 1M], ρ = 0.001) has no term for). The result is a [`cost_model::Calibration`] that the planner and the dense
-//! chooser read; [`Calibration`] implements [`Predictor`](crate::dense::Predictor) here.
+//! Calibration on a live communicator: a ping-pong sweep for the link's α and β, sweeps of the
+//! collectives (time against bytes, fitted by `cost_model::fit` as one line and as a piecewise α-β
+//! model with one line per size regime), a local reduction sweep for γ (one line and one per size
+//! regime) and a top-k timing sweep fitted per size regime (`a_i + b_i·d`: the fixed cost per call
+//! dominates small tensors, which OMGS-SGD's `γρ·d·log d`
+//! (Shi et al., INFOCOM 2020, §V-B: d ∈ [1K, 1M], ρ = 0.001) has no term for). The result is a
+//! [`cost_model::Calibration`] that the planner and the dense chooser read; [`Calibration`]
+//! implements [`Predictor`](crate::dense::Predictor) here.
 //!
 //! Timing: every measurement is `barrier; start; op; barrier; stop` on every rank and the
 //! sample is rank 0's median over the repeats, so one slow repeat on a shared machine does
@@ -45,7 +46,7 @@ pub struct CalibrateOptions {
 impl Default for CalibrateOptions {
     /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, ring all-reduce and ring all-gather, top-k
     /// over 1K … 1M elements in ×2 steps at ρ = 0.001 (the range and density of OMGS-SGD
-    /// §V-B; ×2 steps so that each size regime has several sizes).
+    /// (Shi et al., INFOCOM 2020) §V-B; ×2 steps so that each size regime has several sizes).
     fn default() -> Self {
         CalibrateOptions {
             sizes: (0..8).map(|i| 1024usize << (2 * i)).collect(),
@@ -169,7 +170,7 @@ fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(median(t).max(1e-9))
 }
 
-/// Local `f32` summation time against bytes (γ of paper 004 Table 1).
+/// Local `f32` summation time against bytes (γ of Linear Pipelining (Wang et al.), Table 1).
 pub fn reduction_sweep(sizes: &[usize], reps: usize) -> Vec<Sample> {
     sizes
         .iter()

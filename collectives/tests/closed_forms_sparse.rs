@@ -361,8 +361,8 @@ fn hierarchical_topologies() {
     }
 }
 
-/// SparDL (Zhao et al.) Table 1 against SimComm directly, where the inputs hit its assumptions: TopkA
-/// for any P, gTopk on powers of two, SparDL with `k = P·k_b` (d = 64·P, ρ = 1/8).
+/// SparDL (Zhao et al.) Table 1 against SimComm directly, where the inputs hit its assumptions:
+/// TopkA for any P, gTopk on powers of two, SparDL with `k = P·k_b` (d = 64·P, ρ = 1/8).
 #[test]
 fn table_1_equals_simcomm_where_it_applies() {
     for p in [2usize, 3, 4, 5, 8] {

@@ -1,7 +1,7 @@
-//! Under SimComm, the measured rounds and bytes per rank (and, on a flat α-β network, the
-//! simulated time) of the dense algorithms equal their closed forms: Thakur, Rabenseifner
-//! & Gropp (2005) for ring, recursive doubling, Rabenseifner and Bruck; Linear Pipelining (Wang et al.) Table 1
-//! for LP, MST and BE.
+//! Under SimComm, the measured rounds and bytes per rank (and, on a flat α-β network, the simulated
+//! time) of the dense algorithms equal their closed forms: Thakur, Rabenseifner & Gropp (2005) for
+//! ring, recursive doubling, Rabenseifner and Bruck; Linear Pipelining (Wang et al.) Table 1 for
+//! LP, MST and BE.
 
 use collectives::dense::{
     allgather, allreduce, broadcast, AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions,
@@ -153,7 +153,8 @@ fn binomial_allreduce_matches_table1_mst_row() {
     }
 }
 
-/// Linear Pipelining (Wang et al.) Table 1, LP allreduce with γ = 0: 2(p − 1 + n/b)α + (bp − b + n)·2β.
+/// Linear Pipelining (Wang et al.) Table 1, LP allreduce with γ = 0: 2(p − 1 + n/b)α + (bp − b +
+/// n)·2β.
 fn table1_lp_allreduce(p: usize, n_bytes: f64, b: f64) -> f64 {
     let pf = p as f64;
     2.0 * (pf - 1.0 + n_bytes / b) * ALPHA + (b * pf - b + n_bytes) * 2.0 * BETA
@@ -176,10 +177,10 @@ fn linear_pipeline_matches_table1_lp_row() {
             };
             assert_eq!((s.rounds, s.bytes_sent), (rounds, sent), "p={p} r={r}");
         }
-        // A rank sends one block at a time. On P = 2 the two directions use different
-        // senders: n/b + 1 steps of α + βb. For P ≥ 3 the middle ranks send both ways:
-        // 2·n/b + 2P − 5 steps, which is the 9 steps Linear Pipelining (Wang et al.) Fig. 2c shows for 4 blocks
-        // on 3 GPUs; Table 1's 2(p − 1 + n/b) rounds the fill up and is an upper bound.
+        // A rank sends one block at a time. On P = 2 the two directions use different senders: n/b
+        // + 1 steps of α + βb. For P ≥ 3 the middle ranks send both ways: 2·n/b + 2P − 5 steps,
+        // which is the 9 steps Linear Pipelining (Wang et al.) Fig. 2c shows for 4 blocks on 3
+        // GPUs; Table 1's 2(p − 1 + n/b) rounds the fill up and is an upper bound.
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
         let step = ALPHA + BETA * b as f64;
         let steps = if p == 2 {
@@ -214,8 +215,8 @@ fn lp_broadcast_matches_table1() {
             )
         });
         let worst = stats.iter().map(|s| s.clock_s).fold(0.0, f64::max);
-        // Linear Pipelining (Wang et al.) Table 1: (p − 1 + n/b)α + (b(p − 1) + n)β; the exact schedule is one
-        // step shorter (p − 2 + n/b steps of α + βb).
+        // Linear Pipelining (Wang et al.) Table 1: (p − 1 + n/b)α + (b(p − 1) + n)β; the exact
+        // schedule is one step shorter (p − 2 + n/b steps of α + βb).
         let t1 = (p as f64 - 1.0 + nblocks as f64) * ALPHA
             + (b as f64 * (p as f64 - 1.0) + n as f64) * BETA;
         let exact = (p + nblocks - 2) as f64 * (ALPHA + BETA * b as f64);

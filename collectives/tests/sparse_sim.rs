@@ -1,5 +1,6 @@
-//! Under `SimComm`, SparDL, TopkA and gTopk move exactly the rounds and bytes of SparDL (Zhao et al.)
-//! Table 1 for every P in 2..=17, and the algorithms' own counters agree with SimComm's.
+//! Under `SimComm`, SparDL, TopkA and gTopk move exactly the rounds and bytes of SparDL
+//! (Zhao et al.) Table 1 for every P in 2..=17, and the algorithms' own counters agree with
+//! SimComm's.
 
 use collectives::sparse::{build, SparseOptions, StepStats};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};

@@ -45,7 +45,8 @@ pub enum Algorithm {
     SpardlRsag,
     /// Sparse: SparDL with the B-SAG all-gather (SparDL (Zhao et al.) Alg. 2).
     SpardlBsag,
-    /// Sparse: hierarchical top-k communication (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Alg. 2, Eq. 7-10).
+    /// Sparse: hierarchical top-k communication (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Alg. 2,
+    /// Eq. 7-10).
     Hitopk,
     /// Sparse: ExDyna (Yoon & Oh, CCGrid 2024).
     Exdyna,

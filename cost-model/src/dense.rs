@@ -216,9 +216,9 @@ pub fn predict_dense(case: &DenseCase, topo: &Topology) -> Result<Prediction> {
 /// | broadcast binomial | `log2 P·(α + β·n)` | P power of two |
 /// | broadcast / reduce LP | `(P−2+n/b)·(α + β·b)` (+γ·b per step for reduce) | `b ∣ n`, P ≥ 2 |
 ///
-/// Linear Pipelining (Wang et al.) Table 1 writes the LP terms with `P − 1 + n/b` steps; the implementation's
-/// schedule needs one step less (the first block leaves the root at time 0), which the unit
-/// tests check. LP all-reduce has no closed form here: each middle rank alternates a send
+/// Linear Pipelining (Wang et al.) Table 1 writes the LP terms with `P − 1 + n/b` steps; the
+/// implementation's schedule needs one step less (the first block leaves the root at time 0), which
+/// the unit tests check. LP all-reduce has no closed form here: each middle rank alternates a send
 /// up and a send down, and the schedule (never slower than the table's
 /// `2(P − 1 + n/b)·α + (bP − b + n)·2β`, as tested) is the prediction.
 pub fn closed_form(case: &DenseCase, p: usize, link: Link, gamma: f64) -> Option<f64> {
@@ -324,9 +324,9 @@ mod tests {
 
     #[test]
     fn lp_against_paper_004_table_1() {
-        // Linear Pipelining (Wang et al.) Table 1: LP broadcast (p − 1 + n/b)·α + (b(p − 1) + n)·β, LP allreduce
-        // 2(p − 1 + n/b)·α + (bp − b + n)·(2β + γ). Our exact schedules take one step less
-        // for broadcast (the table counts the first block's injection as a step), and for
+        // Linear Pipelining (Wang et al.) Table 1: LP broadcast (p − 1 + n/b)·α + (b(p − 1) + n)·β,
+        // LP allreduce 2(p − 1 + n/b)·α + (bp − b + n)·(2β + γ). Our exact schedules take one step
+        // less for broadcast (the table counts the first block's injection as a step), and for
         // all-reduce overlap the two chains.
         let link = Link {
             alpha_s: 2e-5,

@@ -177,7 +177,7 @@ fn singular() -> Error {
     Error::Fit("the samples do not determine the parameters (singular system)".into())
 }
 
-/// Fits `t = α + β·n` (paper 000 Eq. 11) by relative least squares. Sizes are in whatever
+/// Fits `t = α + β·n` (OMGS-SGD Eq. 11) by relative least squares. Sizes are in whatever
 /// unit β should be in. Needs two distinct sizes and finite positive times.
 pub fn fit_linear(samples: &[Sample]) -> Result<Fitted<LinearModel>> {
     check_samples(samples)?;
@@ -193,7 +193,7 @@ pub fn fit_linear(samples: &[Sample]) -> Result<Fitted<LinearModel>> {
     })
 }
 
-/// Fits `t = α + β·n + γ·n` (paper 004 Table 1) for a reduction whose per-unit transfer
+/// Fits `t = α + β·n + γ·n` (Linear Pipelining, Table 1) for a reduction whose per-unit transfer
 /// cost β is already known (from a ping-pong or all-gather fit): β and γ multiply the same
 /// `n` and cannot be told apart from one sweep. γ = fitted slope − β, clamped at 0.
 pub fn fit_reduction(samples: &[Sample], beta_s: f64) -> Result<Fitted<ReductionModel>> {
@@ -216,7 +216,7 @@ pub fn fit_reduction(samples: &[Sample], beta_s: f64) -> Result<Fitted<Reduction
     })
 }
 
-/// Fits OMGS's `t = γρ·d·log2 d` (paper 000 Eq. 10, §V-B: the authors fit it over
+/// Fits OMGS's `t = γρ·d·log2 d` (OMGS-SGD Eq. 10, §V-B: the authors fit it over
 /// d ∈ [1K, 1M] at ρ = 0.001) by relative least squares through the origin; sizes are
 /// element counts.
 pub fn fit_topk_omgs(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
@@ -367,12 +367,12 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 /// Fits a piecewise α-β model with at most `max_segments` (1 to 3) size regimes by relative
 /// least squares.
 ///
-/// Every split between distinct measured sizes that leaves each segment at least two
-/// distinct sizes is tried and the one with the smallest total `Σ ((pred − t)/t)²` is
-/// kept (splits with a segment of negative β are skipped); a split is only accepted when it
-/// divides that sum by at least [`PIECEWISE_MIN_GAIN`] over the best fit with fewer
-/// segments, so data with one regime stays one line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and
-/// continuity: see [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
+/// Every split between distinct measured sizes that leaves each segment at least two distinct sizes
+/// is tried and the one with the smallest total `Σ ((pred − t)/t)²` is kept (splits with a segment
+/// of negative β are skipped); a split is only accepted when it divides that sum by at least
+/// [`PIECEWISE_MIN_GAIN`] over the best fit with fewer segments, so data with one regime stays one
+/// line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and continuity: see
+/// [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
 ///
 /// ```
 /// use cost_model::fit::{fit_piecewise, Sample};

@@ -3,10 +3,11 @@
 //! Predicts what communication and sparsification cost on a cluster, so that planners can
 //! choose layer merges and algorithms without running them: the α-β(-γ) models of the
 //! collectives, fitted by least squares from measurements; the top-k cost model
-//! `t = γ·ρ·d·log d` of OMGS-SGD (OMGS-SGD (Shi et al., INFOCOM 2020), Eq. 10-11, §V-B); predicted time, rounds and
-//! bytes of every algorithm (exact schedules of the dense ones and, given the step's
-//! data-dependent entry counts, of the sparse ones; SparDL (Zhao et al.) Table 1, paper
-//! 004 Table 1, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 for hierarchical clusters); presets with the
+//! `t = γ·ρ·d·log d` of OMGS-SGD (Shi et al., INFOCOM 2020), Eq. 10-11 and §V-B;
+//! predicted time, rounds and bytes of every algorithm (exact schedules of the dense ones
+//! and, given the step's data-dependent entry counts, of the sparse ones: SparDL
+//! (Zhao et al.) Table 1, Linear Pipelining (Wang et al.) Table 1, and MSTopK/HiTopKComm
+//! (Shi et al., MLSys 2021) Eq. 3 and 7-10 for hierarchical clusters); presets with the
 //! papers' published constants; the calibration JSON and an algorithm ranking.
 //!
 //! This crate depends on nothing else of the workspace.

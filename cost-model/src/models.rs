@@ -1,12 +1,13 @@
-//! The analytic cost models: Hockney `α + β·n`, its reduction variant `α + β·n + γ·n`, and
-//! the top-k selection models (OMGS `γ·ρ·d·log2 d`, OMGS-SGD (Shi et al., INFOCOM 2020)
-//! Eq. 10, a linear `a + b·d`, and a piecewise `a_i + b_i·d` with one line per size regime
-//! for calibrated CPU selectors, whose fixed cost per call and per-element cost both
-//! change with the cache level and the switch to several threads). Each is a plain serde struct so calibrations can be saved and read back.
+//! The analytic cost models: Hockney `α + β·n`, its reduction variant `α + β·n + γ·n`, and the
+//! top-k selection models (OMGS `γ·ρ·d·log2 d`, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10, a
+//! linear `a + b·d`, and a piecewise `a_i + b_i·d` with one line per size regime for calibrated CPU
+//! selectors, whose fixed cost per call and per-element cost both change with the cache level and
+//! the switch to several threads). Each is a plain serde struct so calibrations can be saved and
+//! read back.
 
 use serde::{Deserialize, Serialize};
 
-/// The Hockney model `t(n) = α + β·n` (paper 000 Eq. 11): a start-up cost plus a cost per
+/// The Hockney model `t(n) = α + β·n` (OMGS-SGD Eq. 11): a start-up cost plus a cost per
 /// unit. The unit (bytes or elements) is whatever the model was fitted or published in;
 /// each constructor and preset says which.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -34,7 +35,7 @@ impl LinearModel {
     }
 }
 
-/// The reduction model `t(n) = α + β·n + γ·n` (paper 004 Table 1): a transfer plus a
+/// The reduction model `t(n) = α + β·n + γ·n` (Linear Pipelining, Table 1): a transfer plus a
 /// per-unit arithmetic cost γ of summing what arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ReductionModel {
@@ -57,7 +58,7 @@ impl ReductionModel {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TopkModel {
-    /// OMGS-SGD's model `t_s = γ·ρ·d·log2 d` (paper 000 Eq. 10, Algorithm 1 line 16), with
+    /// OMGS-SGD's model `t_s = γ·ρ·d·log2 d` (Eq. 10, Algorithm 1 line 16), with
     /// γ·ρ folded into one coefficient as in the authors' code: the model is valid at the
     /// density ρ it was measured at. Build it from separate γ and ρ with
     /// [`TopkModel::omgs`].
@@ -98,7 +99,7 @@ pub struct TopkRegime {
 }
 
 impl TopkModel {
-    /// The OMGS model from γ and the density ρ (paper 000 Eq. 10).
+    /// The OMGS model from γ and the density ρ (OMGS-SGD Eq. 10).
     pub fn omgs(gamma: f64, density: f64) -> Self {
         TopkModel::Omgs {
             gamma_rho: gamma * density,
@@ -121,7 +122,7 @@ impl TopkModel {
     }
 }
 
-/// OMGS-SGD's all-gather model for a merged group of sparse gradients (paper 000 Eq. 11 as
+/// OMGS-SGD's all-gather model for a merged group of sparse gradients (Eq. 11 as
 /// the authors' code applies it): `t(x) = (a + b·x·P·4)·2` seconds for a group of `x`
 /// selected elements on `P` workers. Every worker receives `x·P` values of 4 bytes; the
 /// ×2 is values plus indices (two all-gathers).

@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 use crate::models::{LinearModel, SparseAllgatherModel, TopkModel};
 use crate::{Error, Link, Result, Topology};
 
-/// Top-k coefficient of the OMGS cluster: `t_s(x) = 2.18896957e-10 · x · log2 x` seconds
-/// for `x` elements (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10 and §V-B, γ·ρ folded for ρ = 0.001; constant from
-/// the authors' code; the paper rounds it to γ = 2.2·10⁻¹⁰, P102-100 GPU).
+/// Top-k coefficient of the OMGS cluster: `t_s(x) = 2.18896957e-10 · x · log2 x` seconds for `x`
+/// elements (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10 and §V-B, γ·ρ folded for ρ = 0.001;
+/// constant from the authors' code; the paper rounds it to γ = 2.2·10⁻¹⁰, P102-100 GPU).
 pub const OMGS_TOPK_GAMMA_RHO: f64 = 2.18896957e-10;
 
-/// Density the OMGS constants were measured at (OMGS-SGD (Shi et al., INFOCOM 2020) §V-B: ρ = 0.001).
+/// Density the OMGS constants were measured at (OMGS-SGD (Shi et al., INFOCOM 2020) §V-B:
+/// ρ = 0.001).
 pub const OMGS_DENSITY: f64 = 0.001;
 
 /// Dense all-reduce α of MG-WFBP as the OMGS authors' code carries it, seconds.
@@ -21,8 +22,9 @@ pub const MGWFBP_ALPHA_S: f64 = 9.618801111215886e-08;
 /// seconds per byte.
 pub const MGWFBP_BETA_S: f64 = 3.89407453e-13;
 
-/// Sparse all-gather `(P, a, b)` of the OMGS 1 GbE cluster: `t(x) = (a + b·x·P·4)·2`
-/// (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11 and Fig. 2(b); constants from the authors' code, the authors' code).
+/// Sparse all-gather `(P, a, b)` of the OMGS 1 GbE cluster: `t(x) = (a + b·x·P·4)·2` (OMGS-SGD
+/// (Shi et al., INFOCOM 2020) Eq. 11 and Fig. 2(b); constants from the authors'
+/// code).
 pub const OMGS_ALLGATHER: [(usize, f64, f64); 4] = [
     (2, 1.6e-3, 1.0e-8),
     (4, 2.7e-3, 1.3e-8),
@@ -36,9 +38,11 @@ pub const OMGS_ALLGATHER: [(usize, f64, f64); 4] = [
 pub struct OmgsPreset {
     /// Number of workers P (2, 4, 8 or 16: the sizes the authors measured).
     pub ranks: usize,
-    /// Top-k selection time `2.18896957e-10 · x · log2 x` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10).
+    /// Top-k selection time `2.18896957e-10 · x · log2 x` (OMGS-SGD (Shi et al., INFOCOM 2020)
+    /// Eq. 10).
     pub topk: TopkModel,
-    /// All-gather of a sparse group, `(a + b·x·P·4)·2` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11).
+    /// All-gather of a sparse group, `(a + b·x·P·4)·2` (OMGS-SGD (Shi et al., INFOCOM 2020)
+    /// Eq. 11).
     pub sparse_allgather: SparseAllgatherModel,
     /// Dense all-reduce `α + β·n` with MG-WFBP's α, β as the authors' code carries them
     /// (`n` in bytes). These constants imply far more bandwidth than 1 GbE, so they are
@@ -49,8 +53,8 @@ pub struct OmgsPreset {
     pub density: f64,
 }
 
-/// The OMGS 1 GbE cluster for `p ∈ {2, 4, 8, 16}` workers (OMGS-SGD (Shi et al., INFOCOM 2020)). Other
-/// worker counts were not measured by the authors and are an [`Error::InvalidArgument`]
+/// The OMGS 1 GbE cluster for `p ∈ {2, 4, 8, 16}` workers (OMGS-SGD (Shi et al., INFOCOM 2020)).
+/// Other worker counts were not measured by the authors and are an [`Error::InvalidArgument`]
 /// rather than a guess.
 pub fn omgs_1gbe(p: usize) -> Result<OmgsPreset> {
     let &(_, a, b) = OMGS_ALLGATHER
@@ -107,7 +111,8 @@ pub fn ethernet_1gbe(nodes: usize) -> Result<Topology> {
 }
 
 /// Intra-node latency for V100 GPUs joined by NVLink, seconds. Chosen, not published:
-/// MSTopK/HiTopKComm (Shi et al., MLSys 2021) gives no α; 5 µs is NCCL's typical intra-node small-message latency.
+/// MSTopK/HiTopKComm (Shi et al., MLSys 2021) gives no α; 5 µs is NCCL's typical intra-node
+/// small-message latency.
 pub const NVLINK_ALPHA_S: f64 = 5e-6;
 
 /// Intra-node NVLink bandwidth, Gbit/s. Chosen: 2 NVLink-2 links of 25 GB/s between a pair
@@ -118,23 +123,24 @@ pub const NVLINK_GBIT: f64 = 400.0;
 /// typical TCP round-trip half on a virtual private connection.
 pub const CLOUD_25GBE_ALPHA_S: f64 = 50e-6;
 
-/// Inter-node bandwidth, Gbit/s (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5: 16 nodes on 25 Gbps Ethernet).
+/// Inter-node bandwidth, Gbit/s (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5: 16 nodes on 25 Gbps
+/// Ethernet).
 pub const CLOUD_25GBE_GBIT: f64 = 25.0;
 
 /// Reduction cost γ of a V100 summing f32 (seconds per byte): ~900 GB/s HBM2 read twice
 /// and written once, so about 3 bytes of traffic per byte reduced. Chosen, not published.
 pub const V100_GAMMA_S_PER_BYTE: f64 = 3.0 / 900e9;
 
-/// MSTopK/HiTopKComm's cluster: 16 nodes × 8 V100 GPUs with NVLink inside a node and 25 GbE
-/// between nodes (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §2.2 and §5, Table 1). The paper publishes no α or β; the
-/// link constants are the documented choices [`NVLINK_ALPHA_S`], [`NVLINK_GBIT`],
+/// MSTopK/HiTopKComm's cluster: 16 nodes × 8 V100 GPUs with NVLink inside a node and 25 GbE between
+/// nodes (Shi et al., MLSys 2021, §2.2 and §5, Table 1). The paper publishes no
+/// α or β; the link constants are the documented choices [`NVLINK_ALPHA_S`], [`NVLINK_GBIT`],
 /// [`CLOUD_25GBE_ALPHA_S`], [`CLOUD_25GBE_GBIT`] and [`V100_GAMMA_S_PER_BYTE`].
 pub fn cloud_16x8_25gbe() -> Topology {
     cloud_25gbe(16, 8)
 }
 
-/// MSTopK/HiTopKComm (Shi et al., MLSys 2021)-style cluster of `nodes × gpus_per_node` with the same link constants as
-/// [`cloud_16x8_25gbe`] (for scaling studies at other sizes).
+/// A cluster like MSTopK/HiTopKComm's at another size, `nodes × gpus_per_node`, with the link
+/// constants of [`cloud_16x8_25gbe`] (for scaling studies).
 pub fn cloud_25gbe(nodes: usize, gpus_per_node: usize) -> Topology {
     Topology {
         nodes,

@@ -1,13 +1,13 @@
-//! Communication cost of the sparse all-reduce algorithms, from the papers' closed forms:
-//! SparDL (Zhao et al.) Table 1 (TopkA, TopkDSA, gTopk, SparDL without SAG, with R-SAG and B-SAG),
-//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 (TopkA on a cluster, HiTopKComm), and compositions of the dense
-//! forms for CLT-k and ExDyna (Yoon & Oh, CCGrid 2024, §IV).
+//! Communication cost of the sparse all-reduce algorithms, from the papers' closed forms: SparDL
+//! (Zhao et al.) Table 1 (TopkA, TopkDSA, gTopk, SparDL without SAG, with R-SAG and B-SAG),
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 (TopkA on a cluster, HiTopKComm), and
+//! compositions of the dense forms for CLT-k and ExDyna (Yoon & Oh, CCGrid 2024, §IV).
 //!
 //! Units. `d` is the dense length, `k = ⌈ρ·d⌉` the entries each rank selects. SparDL (Zhao et al.)
-//! counts `k` sparse gradients and `n` dense ones in 4-byte words (a sparse entry is two
-//! words, index and value, hence its `2k`); here β is per byte, so a word costs `4β`.
-//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3, 9 and 10 count 4 bytes per selected element (values; the indices are
-//! not in its formula) and we follow the paper.
+//! counts `k` sparse gradients and `n` dense ones in 4-byte words (a sparse entry is two words,
+//! index and value, hence its `2k`); here β is per byte, so a word costs `4β`. MSTopK/HiTopKComm
+//! (Shi et al., MLSys 2021) Eq. 3, 9 and 10 count 4 bytes per selected element (values; the indices
+//! are not in its formula) and we follow the paper.
 //!
 //! Worst case. Sparse bytes depend on the data (how many indices coincide when merged).
 //! Where Table 1 gives an interval `[best, worst]`, [`predict_sparse`] returns the worst
@@ -129,10 +129,10 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
             let u = (pf * k).min(d);
             flat(4.0 * l, (pf - 1.0) * (k + 1.0) + 2.0 * (pf - 1.0) / pf * u)
         }
-        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 7-10 with n GPUs per node and m nodes: intra reduce-scatter
-        // (n − 1)α_intra + 4(n − 1)d/n β_intra; inter all-gather α_inter log m +
-        // 4(m − 1)ρd/n β_inter; intra all-gather α_intra log n + 4(n − 1)ρdm/n β_intra.
-        // The MSTopK compute of Eq. 8 is priced by a TopkModel, not here.
+        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 7-10 with n GPUs per node and m nodes:
+        // intra reduce-scatter (n − 1)α_intra + 4(n − 1)d/n β_intra; inter all-gather α_inter log m
+        // + 4(m − 1)ρd/n β_inter; intra all-gather α_intra log n + 4(n − 1)ρdm/n β_intra. The
+        // MSTopK compute of Eq. 8 is priced by a TopkModel, not here.
         Algorithm::Hitopk => {
             let n = topo.ranks_per_node as f64;
             let m = topo.nodes as f64;

@@ -2,12 +2,11 @@
 //! replaying its message schedule through the clock model ([`crate::schedule`]), so the
 //! prediction equals what `SimComm` measures for any P, d, density and topology.
 //!
-//! Sparse traffic depends on the data: how many entries survive a selection or a merge.
-//! The replay takes those counts as input ([`Observed`]); the algorithms' own stats or
-//! accessors report them (`StepStats::selected`, the update's support,
-//! `SparDl::h`/`last_gathered`), or a deterministic input fixes them. Without them
-//! ([`Observed::Worst`]) each count takes its worst case, which is where SparDL (Zhao et al.) Table 1
-//! and the other closed forms of [`crate::sparse`] apply.
+//! Sparse traffic depends on the data: how many entries survive a selection or a merge. The replay
+//! takes those counts as input ([`Observed`]); the algorithms' own stats or accessors report them
+//! (`StepStats::selected`, the update's support, `SparDl::h`/`last_gathered`), or a deterministic
+//! input fixes them. Without them ([`Observed::Worst`]) each count takes its worst case, which is
+//! where SparDL (Zhao et al.) Table 1 and the other closed forms of [`crate::sparse`] apply.
 //!
 //! The rounds come from [`crate::plan`], which `collectives::sparse` executes: an entry is
 //! [`ENTRY_BYTES`] (u32 index, f32 value); a Bruck all-gather whose block sizes the
@@ -613,9 +612,9 @@ mod tests {
 
     #[test]
     fn hitopk_worst_case_is_paper_001_with_indices_and_frames() {
-        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 9-10 count 4 bytes per selected value; the implementation sends 8
-        // (index and value) and a 4-byte length per block. With n | d, n·m | ρ·d and
-        // disjoint selections across nodes, the replay is Eq. 7-10 with those bytes.
+        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 9-10 count 4 bytes per selected value; the
+        // implementation sends 8 (index and value) and a 4-byte length per block. With n | d, n·m |
+        // ρ·d and disjoint selections across nodes, the replay is Eq. 7-10 with those bytes.
         let intra = Link {
             alpha_s: 3e-6,
             beta_s_per_byte: 2e-11,

@@ -1,5 +1,6 @@
-//! The cluster a cost is predicted for: `nodes × ranks_per_node` ranks, with one α-β link
-//! model inside a node and one between nodes (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 distinguish the two).
+//! The cluster a cost is predicted for: `nodes × ranks_per_node` ranks, with one α-β link model
+//! inside a node and one between nodes (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10
+//! distinguish the two).
 //!
 //! Rank `r` lives on node `r / ranks_per_node` (block placement, as `mpirun --map-by core`
 //! and one process per GPU give).

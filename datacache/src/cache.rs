@@ -1,6 +1,6 @@
-//! The two cache levels of Fig. 5 (MSTopK/HiTopKComm, Shi et al., MLSys 2021, §4.1) in front of a source: decoded samples in
-//! a byte-bounded in-memory key-value store keyed by sample index (moka), raw bytes on local
-//! disk ([`DiskCache`]), and the slow source behind both.
+//! The two cache levels of Fig. 5 (MSTopK/HiTopKComm, Shi et al., MLSys 2021, §4.1) in front of a
+//! source: decoded samples in a byte-bounded in-memory key-value store keyed by sample index
+//! (moka), raw bytes on local disk ([`DiskCache`]), and the slow source behind both.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
-//! Which samples each rank owns. Paper 001 §4.1: "the full data set is split into multiple
-//! parts that are separately stored on multiple nodes", so each rank caches only its part.
-//! The plan is fixed across epochs (a rank always reads the same samples, so its caches stay
-//! warm); only the order inside a shard changes per epoch (see [`crate::order`]).
+//! Which samples each rank owns. DataCache of Shi et al. (MLSys 2021), §4.1: "the full data set is
+//! split into multiple parts that are separately stored on multiple nodes", so each rank caches
+//! only its part. The plan is fixed across epochs (a rank always reads the same samples, so its
+//! caches stay warm); only the order inside a shard changes per epoch (see [`crate::order`]).
 
 use serde::{Deserialize, Serialize};
 

@@ -136,11 +136,11 @@ pub fn assert_close(got: &[f32], want: &[f64], rtol: f64, atol: f64, what: &str)
     }
 }
 
-/// An independent single-process TopkA (OMGS-SGD (Shi et al., INFOCOM 2020) §II-F; SparCML's all-gather of local
-/// top-k): every rank keeps its own error feedback, selects its exact top-`k` of
-/// `grad + residual` with `sparsify`, and the update is the sum of all selections divided
-/// by P, accumulated in `f64`. `grads[r][s]` is rank r's gradient of step s; returns the
-/// update of every step.
+/// An independent single-process TopkA (OMGS-SGD (Shi et al., INFOCOM 2020) §II-F; SparCML's
+/// all-gather of local top-k): every rank keeps its own error feedback, selects its exact top-`k`
+/// of `grad + residual` with `sparsify`, and the update is the sum of all selections divided by P,
+/// accumulated in `f64`. `grads[r][s]` is rank r's gradient of step s; returns the update of every
+/// step.
 pub fn topka_reference(grads: &[Vec<Vec<f32>>], k: usize) -> Vec<Vec<f64>> {
     let p = grads.len();
     let steps = grads.first().map_or(0, Vec::len);

@@ -1,7 +1,7 @@
-//! The pipeline runtime (`pipeline::Reducer`, paper 000 Algorithm 2) driven layer by layer
-//! from a fake backward pass, with a merge plan from a planner on a small profile, over
-//! `ThreadComm`, for the dense ring all-reduce, the built-in TopK all-gather scheme and a
-//! `collectives::sparse` algorithm (SparDL) as the group exchange.
+//! The pipeline runtime (`pipeline::Reducer`, OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 2)
+//! driven layer by layer from a fake backward pass, with a merge plan from a planner on a small
+//! profile, over `ThreadComm`, for the dense ring all-reduce, the built-in TopK all-gather scheme
+//! and a `collectives::sparse` algorithm (SparDL) as the group exchange.
 //!
 //! Checked: the averaged gradients are bit-identical on every rank; dense (and every
 //! scheme at density 1) equals the dense average; the TopK all-gather scheme at density

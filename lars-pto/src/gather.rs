@@ -1,6 +1,6 @@
 //! The all-gather with variable counts that the parallel tensor operator ends with
-//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 14). Every rank knows every count in advance (they follow from the agreed
-//! layer list), so no count exchange is needed.
+//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 14). Every rank knows every count in advance
+//! (they follow from the agreed layer list), so no count exchange is needed.
 //!
 //! [`crate::Exchange::Direct`]: a one-round point-to-point exchange over the
 //! [`Communicator`] (every rank sends its part to every other rank, then receives theirs;

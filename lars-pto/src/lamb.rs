@@ -1,6 +1,6 @@
-//! LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2), with
-//! the per-layer trust ratios computed by the parallel tensor operator (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2:
-//! "it would be similar to handle the case of LAMB using PTO").
+//! LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2), with the
+//! per-layer trust ratios computed by the parallel tensor operator (MSTopK/HiTopKComm
+//! (Shi et al., MLSys 2021) §4.2: "it would be similar to handle the case of LAMB using PTO").
 //!
 //! For a layer at step t (1-based), Algorithm 2 of You et al. 2020:
 //!

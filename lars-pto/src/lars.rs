@@ -1,8 +1,10 @@
-//! LARS, layer-wise adaptive rate scaling (You, Gitman & Ginsburg 2017, Algorithm 1; paper
-//! 001 Eq. 11), with the per-layer coefficients computed by the parallel tensor operator.
+//! LARS, layer-wise adaptive rate scaling (You, Gitman & Ginsburg 2017, Algorithm 1;
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021), Eq. 11), with the per-layer coefficients computed by
+//! the parallel tensor operator.
 //!
-//! For a layer with weights `w` and aggregated gradient `g` (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11, You et al.
-//! Eq. 6 with the trust coefficient η and weight decay β folded into the denominator):
+//! For a layer with weights `w` and aggregated gradient `g` (MSTopK/HiTopKComm
+//! (Shi et al., MLSys 2021) Eq. 11, You et al. Eq. 6 with the trust coefficient η and weight decay
+//! β folded into the denominator):
 //!
 //! ```text
 //! trust = η·‖w‖ / (‖g‖ + β·‖w‖ + ε)        if ‖w‖ > 0 and ‖g‖ > 0, else 1
@@ -109,7 +111,8 @@ pub fn lars_coeff(
     let (trust, scale) = if excluded || wn == 0.0 || gn == 0.0 {
         (1.0, 1.0)
     } else {
-        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11 (γ = η, ε = weight decay there) with an extra ε as in LARC.
+        // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11 (γ = η, ε = weight decay there) with an
+        // extra ε as in LARC.
         let trust = cfg.trust_coefficient * wn / (gn + cfg.weight_decay * wn + cfg.epsilon);
         finite(layer, Quantity::TrustRatio, trust)?;
         // apex LARC clip: adaptive_lr = min(adaptive_lr / lr, 1).

@@ -1,8 +1,8 @@
 //! # lars-pto
 //!
 //! LARS and LAMB layer-wise adaptive optimizers, and the parallel tensor operator (PTO) of
-//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2 (Shi et al., MLSys 2021, Eq. 11-14) that splits their per-layer work across
-//! ranks and all-gathers the small results.
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2, Eq. 11-14, that splits
+//! their per-layer work across ranks and all-gathers the small results.
 //!
 //! After gradient aggregation every rank holds the same gradients and weights, so a
 //! per-layer computation whose inputs are identical everywhere (norms, trust ratios) can be

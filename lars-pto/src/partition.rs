@@ -1,7 +1,7 @@
-//! Assignment of layers to ranks for the parallel tensor operator: contiguous ranges
-//! balanced by element count, not by layer count (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2 splits by layer; a layer's
-//! cost is proportional to its elements, so ResNet-50's 2.4M-element 3×3 convolutions and its
-//! 64-element batch-norm biases must not weigh the same).
+//! Assignment of layers to ranks for the parallel tensor operator: contiguous ranges balanced by
+//! element count, not by layer count (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2 splits by
+//! layer; a layer's cost is proportional to its elements, so ResNet-50's 2.4M-element 3×3
+//! convolutions and its 64-element batch-norm biases must not weigh the same).
 
 use std::ops::Range;
 

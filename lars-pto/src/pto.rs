@@ -1,4 +1,5 @@
-//! The parallel tensor operator (PTO) of MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2, Eq. 12-14.
+//! The parallel tensor operator (PTO) of MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2,
+//! Eq. 12-14.
 //!
 //! After gradient aggregation every rank holds the same gradients and weights, so a
 //! per-layer operation `r = OP(g)` (Eq. 12) whose inputs are identical everywhere can be
@@ -31,7 +32,8 @@ use crate::{Error, Result};
 /// Default message tag of [`Exchange::Direct`].
 pub const DEFAULT_TAG: Tag = 0x4C50;
 
-/// How the parts are all-gathered (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 14). Must be the same on every rank.
+/// How the parts are all-gathered (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 14). Must be the
+/// same on every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Exchange {
     /// `collectives`' variable-count all-gather with known counts (no count exchange).
@@ -66,7 +68,8 @@ impl Exchange {
 /// How the per-layer work is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
-    /// Each rank computes its range of layers, then all-gather (MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 13-14).
+    /// Each rank computes its range of layers, then all-gather (MSTopK/HiTopKComm
+    /// (Shi et al., MLSys 2021) Eq. 13-14).
     #[default]
     Parallel,
     /// Every rank computes every layer and nothing is exchanged: the traditional scheme the

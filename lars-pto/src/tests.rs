@@ -188,8 +188,8 @@ fn rel_close(got: f64, want: f64, tol: f64) -> bool {
     (got - want).abs() <= tol * want.abs().max(f64::MIN_POSITIVE)
 }
 
-/// LARS as published (You et al. 2017 Algorithm 1, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 11, apex LARC clip), in
-/// f64. Returns (scale per layer, new weights, new momentum).
+/// LARS as published (You et al. 2017 Algorithm 1, MSTopK/HiTopKComm (Shi et al., MLSys 2021)
+/// Eq. 11, apex LARC clip), in f64. Returns (scale per layer, new weights, new momentum).
 fn lars_reference(
     c: &LarsConfig,
     excluded: &[bool],

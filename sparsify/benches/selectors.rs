@@ -1,7 +1,7 @@
 //! Every selector with error feedback fused, against the memory floor (`stream`:
-//! `sparsify::accumulate`, `r[i] += g[i]` on the same threads as the selectors) and a naive exact top-k (`naive`: accumulate, `select_nth_unstable_by`
-//! on a copy of `|x|`, gather, zero). The residual is reset (untimed) before every
-//! iteration so each one sees the same input.
+//! `sparsify::accumulate`, `r[i] += g[i]` on the same threads as the selectors) and a naive exact
+//! top-k (`naive`: accumulate, `select_nth_unstable_by` on a copy of `|x|`, gather, zero). The
+//! residual is reset (untimed) before every iteration so each one sees the same input.
 //!
 //! `CARGO_TARGET_DIR=/work/tgt/sparsify cargo bench -p sparsify --bench selectors -- '2\^26.*0.001'`
 

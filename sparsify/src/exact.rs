@@ -6,7 +6,7 @@
 //! few candidates above it, then select exactly among the candidates. When the sample
 //! misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
 //! over the accumulated vector with a safer threshold. The cost model of top-k selection
-//! this speeds up is paper 000 §II-E (Eq. 10).
+//! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
 use crate::kernel::{self, Cand, INF_BITS};
 use crate::{Result, SelectInfo, Selector, SparseGrad};

@@ -761,11 +761,11 @@ const RUN: usize = 16;
 /// Number of sample elements to read for a top-`k` estimate over `d`, or `None` when the
 /// input is too small for sampling to pay (then filter with threshold 0).
 ///
-/// A sample of `n` puts about `z·sqrt(k·d/n) + d/n` more candidates than `k` above its
-/// threshold (see [`threshold_from_sample`]). Each sample element costs a gather and a
-/// selection step, each surplus candidate an emit and a selection step; the total is
-/// smallest near `n ≈ c·(k·d)^(1/3)` (`c = 4` measured best here), far below a fixed hit count (`n ∝ d/k`), which made
-/// the sample the largest cost of a call at low densities.
+/// A sample of `n` puts about `z·sqrt(k·d/n) + d/n` more candidates than `k` above its threshold
+/// (see [`threshold_from_sample`]). Each sample element costs a gather and a selection step, each
+/// surplus candidate an emit and a selection step; the total is smallest near `n ≈ c·(k·d)^(1/3)`
+/// (`c = 4` measured best here), far below a fixed hit count (`n ∝ d/k`), which made the sample the
+/// largest cost of a call at low densities.
 pub(crate) fn sample_size(d: usize, k: usize) -> Option<usize> {
     if d < 1 << 12 || k == 0 {
         return None;

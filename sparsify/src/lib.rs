@@ -1,11 +1,12 @@
 //! # sparsify
 //!
 //! Top-k gradient sparsification for data-parallel training: selectors that pick the `k`
-//! entries of largest magnitude (exact, MSTopK of paper 001 §3.1 Algorithm 1, DGC sampling,
-//! hard threshold, ExDyna's scaled threshold of paper 002 §IV-C/D, Gaussian-k), fused with
+//! entries of largest magnitude (exact; MSTopK, MSTopK/HiTopKComm (Shi et al., MLSys 2021) §3.1,
+//! Algorithm 1; DGC sampling; hard threshold; the scaled threshold of ExDyna (Yoon & Oh,
+//! CCGrid 2024) §IV-C/D; Gaussian-k), fused with
 //! error feedback (residual memory) so the hot path makes one pass over memory, and
 //! [`SparseGrad`], the coordinate-form sparse gradient every sparse collective exchanges.
-//! The cost of top-k selection is what paper 000 §II-E models.
+//! The cost of top-k selection is what OMGS-SGD (Shi et al., INFOCOM 2020) §II-E models.
 //!
 //! ```
 //! use sparsify::SparseGrad;

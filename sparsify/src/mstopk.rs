@@ -1,4 +1,5 @@
-//! [`MsTopK`]: the approximate top-k operator of paper 001 §3.1, Algorithm 1, computed
+//! [`MsTopK`]: the approximate top-k operator of MSTopK/HiTopKComm (Shi et al., MLSys
+//! 2021) §3.1, Algorithm 1, computed
 //! with few passes over memory.
 //!
 //! Algorithm 1 runs `N` binary-search rounds on `ratio ∈ [0, 1]` with
@@ -28,7 +29,7 @@ use crate::exact::{check_dense_len, finish, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
 use crate::{Result, SelectInfo, Selector, SparseGrad};
 
-/// Default number of binary-search rounds (paper 001 §3.1 benchmarks N = 30).
+/// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
 
 /// MSTopK selector (exactly `min(k, d)` entries).
@@ -288,7 +289,7 @@ impl Selector for MsTopK {
     }
 }
 
-/// Literal Algorithm 1 of paper 001 (N full counting passes), the reference the fast
+/// Literal Algorithm 1 of MSTopK (N full counting passes), the reference the fast
 /// path is tested against. Draws the offset from `rng` exactly like [`MsTopK`].
 /// Returns the selected indices in increasing order. Non-finite input is not checked.
 pub fn reference_mstopk(x: &[f32], k: usize, rounds: usize, rng: &mut ChaCha8Rng) -> Vec<u32> {

@@ -2,11 +2,11 @@
 //! and report how many that was, instead of returning exactly `k`.
 //!
 //! - [`HardThreshold`]: a fixed threshold (calibrated once from a sample when not given).
-//! - [`DgcSampling`]: DGC's sampled threshold with up to 10 adjustments (PAPERS.md, "DGC
-//!   sampling": sample ≥ 1 % with a stride that is a multiple of 32, ×1.3 / ×0.8 bounds,
+//! - [`DgcSampling`]: DGC's sampled threshold with up to 10 adjustments (DGC's released
+//!   code: sample ≥ 1 % with a stride that is a multiple of 32, ×1.3 / ×0.8 bounds,
 //!   exact top-k on the candidates above 1.3·k), returning at most `k` entries.
-//! - [`ExDyna`]: paper 002 Algorithm 4 (select `|g| ≥ δ_t` inside a contiguous partition)
-//!   with Algorithm 5's online threshold scaling.
+//! - [`ExDyna`]: ExDyna (Yoon & Oh, CCGrid 2024), Algorithm 4 (select `|g| ≥ δ_t` inside a
+//!   contiguous partition) with Algorithm 5's online threshold scaling.
 //! - [`GaussianK`]: threshold from the mean and standard deviation assuming a normal
 //!   distribution, with up to three ×0.5 / ×1.5 corrections (Shi et al., "Understanding
 //!   Top-k Sparsification in Distributed Deep Learning", 2019, and its authors' code).
@@ -190,7 +190,7 @@ impl HardThreshold {
 selector_impl!(HardThreshold, "threshold");
 
 /// DGC's sampling selector (Lin et al., "Deep Gradient Compression", ICLR 2018, and its
-/// released code; constants in PAPERS.md). Returns at most `k` entries.
+/// released code, whose constants these are). Returns at most `k` entries.
 #[derive(Debug, Clone)]
 pub struct DgcSampling {
     sample_ratio: f64,
@@ -289,7 +289,7 @@ impl DgcSampling {
 }
 selector_impl!(DgcSampling, "dgc");
 
-/// ExDyna (paper 002): Algorithm 4 selects `|g| ≥ δ_t` inside the contiguous partition
+/// ExDyna (Yoon & Oh, CCGrid 2024): Algorithm 4 selects `|g| ≥ δ_t` inside the contiguous partition
 /// assigned to this worker, Algorithm 5 scales δ for the next step.
 #[derive(Debug, Clone)]
 pub struct ExDyna {
@@ -305,14 +305,14 @@ impl Default for ExDyna {
     }
 }
 
-/// Algorithm 5's β (paper 002 §IV-D; authors' code: 1.1).
+/// Algorithm 5's β (ExDyna §IV-D; authors' code: 1.1).
 pub const EXDYNA_BETA: f64 = 1.1;
-/// Algorithm 5's γ (paper 002 §IV-D; authors' code: 0.005).
+/// Algorithm 5's γ (ExDyna §IV-D; authors' code: 0.005).
 pub const EXDYNA_GAMMA: f64 = 0.005;
 
 impl ExDyna {
     /// ExDyna over the whole vector, threshold initialised to `1 / (2·sqrt(k))` on the
-    /// first call (authors' code, PAPERS.md), scaled after every call from the local count.
+    /// first call (as the authors' code does), scaled after every call from the local count.
     pub fn new() -> Self {
         ExDyna {
             threshold: None,
@@ -354,7 +354,7 @@ impl ExDyna {
         self.threshold = Some(t);
     }
 
-    /// Algorithm 5 of paper 002: `exam = k'/k`; `> β` → ×(1+γ); `> 1/β` → ×(1+γ/4);
+    /// ExDyna's Algorithm 5: `exam = k'/k`; `> β` → ×(1+γ); `> 1/β` → ×(1+γ/4);
     /// else ×(1−γ).
     pub fn scale(&mut self, k_user: usize, k_actual: usize) {
         let Some(t) = self.threshold else { return };
@@ -382,7 +382,7 @@ impl ExDyna {
                 "partition end {hi} beyond dense length {d}"
             )));
         }
-        // Initial threshold 1/(2·sqrt(k)) (PAPERS.md, ExDyna authors' code).
+        // Initial threshold 1/(2·sqrt(k)) (ExDyna authors' code).
         let t = *self
             .threshold
             .get_or_insert_with(|| (0.5 / (k.max(1) as f64).sqrt()) as f32);

@@ -1,4 +1,5 @@
-//! `cargo xtask plan`: the merge plan of a layer profile as JSON (OMGS-SGD (Shi et al., INFOCOM 2020) §IV).
+//! `cargo xtask plan`: the merge plan of a layer profile as JSON (OMGS-SGD
+//! (Shi et al., INFOCOM 2020) §IV).
 
 use std::time::Instant;
 
@@ -21,7 +22,8 @@ pub struct Args {
     /// Planner: lags, topk, threshold[:N], omgs, exact (default), mgwfbp, exhaustive.
     #[arg(long, default_value = "exact")]
     pub planner: String,
-    /// Cost preset: omgs-1gbe (sparse, OMGS-SGD (Shi et al., INFOCOM 2020)) or omgs-1gbe-dense (MG-WFBP constants).
+    /// Cost preset: omgs-1gbe (sparse, OMGS-SGD (Shi et al., INFOCOM 2020)) or omgs-1gbe-dense
+    /// (MG-WFBP constants).
     #[arg(long, default_value = "omgs-1gbe", conflicts_with = "calibration")]
     pub preset: String,
     /// A calibration JSON from `cargo xtask calibrate` instead of a preset.

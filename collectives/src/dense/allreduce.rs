@@ -21,21 +21,21 @@ pub enum AllreduceAlgo {
     RecursiveDoubling,
     /// Recursive-halving reduce-scatter + recursive-doubling all-gather (Rabenseifner).
     Rabenseifner,
-    /// Bidirectional exchange (Linear Pipelining (Wang et al.) Table 1 "BE", after Chan et al. 2007): the same
-    /// reduce-scatter + all-gather costs as Rabenseifner, with partner distance doubling
-    /// in the reduce-scatter (nearest partners move the largest halves).
+    /// Bidirectional exchange (Linear Pipelining (Wang et al.) Table 1 "BE", after Chan et al.
+    /// 2007): the same reduce-scatter + all-gather costs as Rabenseifner, with partner distance
+    /// doubling in the reduce-scatter (nearest partners move the largest halves).
     BidirectionalExchange,
     /// Binomial-tree reduce to rank 0 + binomial broadcast (Linear Pipelining's MST).
     Binomial,
-    /// Linear pipeline (Linear Pipelining (Wang et al.) Fig. 2c): chain reduce towards rank P − 1, pipelined
-    /// broadcast back, in blocks of `block_bytes` wire bytes.
+    /// Linear pipeline (Linear Pipelining (Wang et al.) Fig. 2c): chain reduce towards rank P − 1,
+    /// pipelined broadcast back, in blocks of `block_bytes` wire bytes.
     LinearPipeline {
         /// Pipeline block size b in bytes on the wire (≥ one element).
         block_bytes: usize,
     },
-    /// 2D torus / hierarchical (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): intra-node reduce-scatter, inter-node
-    /// ring all-reduce of each slice, intra-node all-gather; rank r is on node
-    /// r / ranks_per_node.
+    /// 2D torus / hierarchical (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): intra-node
+    /// reduce-scatter, inter-node ring all-reduce of each slice, intra-node all-gather; rank r is
+    /// on node r / ranks_per_node.
     Torus2d {
         /// Ranks per node; must divide P.
         ranks_per_node: usize,
@@ -209,9 +209,10 @@ impl HierComm {
     }
 }
 
-/// 2D-torus all-reduce over split communicators (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): ring reduce-scatter in
-/// the node, ring all-reduce of this rank's slice across nodes, ring all-gather in the
-/// node. Options are checked on the node communicator and then the cross-node one.
+/// 2D-torus all-reduce over split communicators (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3):
+/// ring reduce-scatter in the node, ring all-reduce of this rank's slice across nodes, ring
+/// all-gather in the node. Options are checked on the node communicator and then the cross-node
+/// one.
 pub fn allreduce_hier(hier: &HierComm, buf: &mut [f32], opts: &DenseOptions) -> Result<()> {
     if opts.check {
         let words = [

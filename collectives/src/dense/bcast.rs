@@ -1,7 +1,7 @@
-//! Broadcast (binomial tree, scatter + all-gather, linear pipeline) and reduce (binomial
-//! tree, linear pipeline). The tree is Linear Pipelining's MST; the pipeline is Linear Pipelining (Wang et al.) §3
-//! (Fig. 2a, 2b); scatter + all-gather is van de Geijn's long-message broadcast (Thakur,
-//! Rabenseifner & Gropp 2005, §3.2).
+//! Broadcast (binomial tree, scatter + all-gather, linear pipeline) and reduce (binomial tree,
+//! linear pipeline). The tree is Linear Pipelining's MST; the pipeline is Linear Pipelining
+//! (Wang et al.) §3 (Fig. 2a, 2b); scatter + all-gather is van de Geijn's long-message broadcast
+//! (Thakur, Rabenseifner & Gropp 2005, §3.2).
 
 use bytemuck::Pod;
 use half::{bf16, f16};
@@ -21,7 +21,8 @@ pub enum BroadcastAlgo {
     Binomial,
     /// Binomial scatter of P blocks, then a ring all-gather (van de Geijn).
     ScatterAllgather,
-    /// Chain from the root in blocks of `block_bytes` bytes (Linear Pipelining (Wang et al.) Fig. 2a).
+    /// Chain from the root in blocks of `block_bytes` bytes (Linear Pipelining (Wang et al.)
+    /// Fig. 2a).
     LinearPipeline {
         /// Pipeline block size b in bytes (> 0).
         block_bytes: usize,
@@ -52,7 +53,8 @@ impl BroadcastAlgo {
 pub enum ReduceAlgo {
     /// Binomial tree (MST).
     Binomial,
-    /// Chain ending at the root in blocks of `block_bytes` wire bytes (Linear Pipelining (Wang et al.) Fig. 2b).
+    /// Chain ending at the root in blocks of `block_bytes` wire bytes (Linear Pipelining
+    /// (Wang et al.) Fig. 2b).
     LinearPipeline {
         /// Pipeline block size b in bytes on the wire (≥ one element).
         block_bytes: usize,

@@ -13,7 +13,8 @@ pub trait Predictor {
     fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64>;
 }
 
-/// Below this many bytes latency dominates (the rule of `cost_model::plan::sparse::default_allreduce`).
+/// Below this many bytes latency dominates (the rule of
+/// `cost_model::plan::sparse::default_allreduce`).
 const SMALL: usize = cost_model::plan::sparse::SMALL_ALLREDUCE_BYTES;
 
 /// The all-reduce algorithm for `p` ranks and `bytes` bytes. With a predictor, the

@@ -1,11 +1,11 @@
 //! Dense collectives: all-reduce, all-gather (equal and variable counts), reduce-scatter,
 //! broadcast and reduce, each with a choice of algorithm.
 //!
-//! Algorithms follow Thakur, Rabenseifner & Gropp, "Optimization of Collective
-//! Communication Operations in MPICH" (2005) for ring, recursive doubling / halving,
-//! Rabenseifner and Bruck; Chan et al. (2007) as cited by Linear Pipelining (Wang et al.) for bidirectional
-//! exchange (BE); Linear Pipelining (Wang et al.) §3 for the linear pipeline (LP) and the minimum
-//! spanning tree (MST, binomial); MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 for the 2D-torus / hierarchical
+//! Algorithms follow Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication
+//! Operations in MPICH" (2005) for ring, recursive doubling / halving, Rabenseifner and Bruck; Chan
+//! et al. (2007) as cited by Linear Pipelining (Wang et al.) for bidirectional exchange (BE);
+//! Linear Pipelining (Wang et al.) §3 for the linear pipeline (LP) and the minimum spanning tree
+//! (MST, binomial); MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 for the 2D-torus / hierarchical
 //! all-reduce.
 //!
 //! Guarantees:
@@ -56,8 +56,8 @@ pub use wire::WireType;
 pub struct DenseOptions {
     /// Element type on the wire for the reducing collectives (sums stay in `f32`).
     pub wire: WireType,
-    /// Compare length, algorithm, parameters and wire type across ranks first (a Bruck
-    /// all-gather of 48 bytes per rank, ⌈log2 P⌉ rounds). On by default; turn off on a hot path whose
+    /// Compare length, algorithm, parameters and wire type across ranks first (a Bruck all-gather
+    /// of 48 bytes per rank, ⌈log2 P⌉ rounds). On by default; turn off on a hot path whose
     /// arguments are known to agree.
     pub check: bool,
 }

@@ -1,5 +1,6 @@
 //! Wire element types: what travels between ranks. Sums are always accumulated in `f32`;
-//! `f16`/`bf16` halve the bytes on the wire (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4 uses FP16 communication).
+//! `f16`/`bf16` halve the bytes on the wire (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4 uses
+//! FP16 communication).
 
 use bytemuck::Pod;
 use half::{bf16, f16};

@@ -1,8 +1,8 @@
-//! CLT-k, cyclic local top-k (ExDyna (Yoon & Oh, CCGrid 2024) §III, ref. [16]): at step `t` the leader
-//! `t mod P` selects the top-k indices of its own accumulated gradient, broadcasts them,
-//! and every rank contributes its accumulated values at exactly those indices to a dense
-//! all-reduce of `k` numbers. No gradient build-up (one index set) and no mass lost:
-//! every rank zeroes its residual exactly where it contributed.
+//! CLT-k, cyclic local top-k (ExDyna (Yoon & Oh, CCGrid 2024) §III, ref. [16]): at step `t` the
+//! leader `t mod P` selects the top-k indices of its own accumulated gradient, broadcasts them, and
+//! every rank contributes its accumulated values at exactly those indices to a dense all-reduce of
+//! `k` numbers. No gradient build-up (one index set) and no mass lost: every rank zeroes its
+//! residual exactly where it contributed.
 
 use sparsify::SparseGrad;
 

@@ -1,7 +1,7 @@
-//! ExDyna (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5): block-based partitioning of the gradient vector,
-//! dynamic partition allocation with a cyclic assignment, partition-wise threshold
-//! selection and online threshold scaling; then an all-gather of the counts and of the
-//! (padded) indices and an all-reduce of every rank's accumulated values at their union.
+//! ExDyna (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5): block-based partitioning of the gradient
+//! vector, dynamic partition allocation with a cyclic assignment, partition-wise threshold
+//! selection and online threshold scaling; then an all-gather of the counts and of the (padded)
+//! indices and an all-reduce of every rank's accumulated values at their union.
 //!
 //! Constants (from the authors' code): `num_blk = 1024`, `sz_blk = a − a % 32`
 //! with `a = d / 1024`, the remainder to the last partition, `min_blk = num_blk / (4P)`;

@@ -2,12 +2,12 @@
 //! feedback, a binomial-tree reduction to rank 0 that keeps only the top-k of each
 //! pairwise sum, and a binomial-tree broadcast of the global top-k.
 //!
-//! SparDL (Zhao et al.) Table 1: `2 log P` rounds and `4k log P` numbers on the critical path (rank 0
-//! receives and sends `log P` messages of `k` indices and `k` values). The tree is
-//! binomial, so any P works with `⌈log2 P⌉` levels. As in gTopk, a rank puts back into its
-//! residual the entries it selected locally that are not in the global top-k; the
-//! contributions a merge discards at indices that *are* in the global top-k are lost by
-//! design and reported as [`StepStats::mass_dropped`] by the rank that discarded them.
+//! SparDL (Zhao et al.) Table 1: `2 log P` rounds and `4k log P` numbers on the critical path (rank
+//! 0 receives and sends `log P` messages of `k` indices and `k` values). The tree is binomial, so
+//! any P works with `⌈log2 P⌉` levels. As in gTopk, a rank puts back into its residual the entries
+//! it selected locally that are not in the global top-k; the contributions a merge discards at
+//! indices that *are* in the global top-k are lost by design and reported as
+//! [`StepStats::mass_dropped`] by the rank that discarded them.
 
 use sparsify::SparseGrad;
 

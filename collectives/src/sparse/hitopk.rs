@@ -1,16 +1,18 @@
 //! HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) with error feedback on the reduced slice:
 //! 1. intra-node dense reduce-scatter, so local rank `j` holds slice `j` of its node's sum;
-//! 2. top-`k/n` of `residual + slice` (MSTopK by default, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Algorithm 1);
+//! 2. top-`k/n` of `residual + slice` (MSTopK by default, MSTopK/HiTopKComm
+//!    (Shi et al., MLSys 2021) Algorithm 1);
 //! 3. for each local index `j`, an all-gather among the `m` ranks with local index `j`
 //!    (one per node), summed in node order;
 //! 4. an intra-node all-gather of the summed slices.
 //!
 //! Ranks are placed in blocks: rank `r` is on node `r / n` with local index `r mod n`
 //! (`n = ranks_per_node`, which must divide P). The sub-communicators are split once, at
-//! construction. With `f16_wire` the values travel as IEEE half (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3): the
-//! reduce-scatter sums through `f16`, and the selected values are rounded to `f16` with
-//! the rounding error kept in the residual. Conserves mass (with the `f32` wire): what a
-//! slice owner does not select stays in its residual, which is zero outside its slice.
+//! construction. With `f16_wire` the values travel as IEEE half (MSTopK/HiTopKComm
+//! (Shi et al., MLSys 2021) §5.3): the reduce-scatter sums through `f16`, and the selected values
+//! are rounded to `f16` with the rounding error kept in the residual. Conserves mass (with the
+//! `f32` wire): what a slice owner does not select stays in its residual, which is zero outside its
+//! slice.
 
 use half::f16;
 use sparsify::SparseGrad;

@@ -1,7 +1,8 @@
-//! Sparse allreduce of top-k gradients: one trait, [`SparseAllreduce`], for TopkA, TopkDSA,
-//! gTopk, CLT-k (baselines of SparDL (Zhao et al.) §4 and ExDyna (Yoon & Oh, CCGrid 2024) §III), SparDL with its
-//! Spar-Reduce-Scatter, global residual collection, R-SAG and B-SAG (SparDL (Zhao et al.) §3),
-//! HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) and ExDyna (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5).
+//! Sparse allreduce of top-k gradients: one trait, [`SparseAllreduce`], for TopkA, TopkDSA, gTopk,
+//! CLT-k (baselines of SparDL (Zhao et al.) §4 and ExDyna (Yoon & Oh, CCGrid 2024) §III), SparDL
+//! with its Spar-Reduce-Scatter, global residual collection, R-SAG and B-SAG (SparDL (Zhao et al.)
+//! §3), HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) and ExDyna
+//! (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5).
 //!
 //! Every algorithm is built for a dense length `d`, a density in (0, 1] and its own
 //! [`SparseOptions`], on a communicator: construction is collective and exchanges the
@@ -71,12 +72,14 @@ pub const NAMES: [&str; 9] = [
 /// Which top-k selector an algorithm runs where it selects from a dense vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SelectorKind {
-    /// The algorithm's own default (exact top-k; MSTopK for HiTopKComm, MSTopK/HiTopKComm (Shi et al., MLSys 2021) §3.2).
+    /// The algorithm's own default (exact top-k; MSTopK for HiTopKComm, MSTopK/HiTopKComm
+    /// (Shi et al., MLSys 2021) §3.2).
     #[default]
     Default,
     /// Exact top-k (`sparsify::ExactTopK`).
     Exact,
-    /// MSTopK (`sparsify::MsTopK`, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Algorithm 1, N = 30 rounds).
+    /// MSTopK (`sparsify::MsTopK`, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Algorithm 1, N = 30
+    /// rounds).
     MsTopK,
 }
 
@@ -91,7 +94,8 @@ pub struct SparseOptions {
     pub teams: Option<usize>,
     /// HiTopKComm's GPUs per node `n` (must divide P). `None`: P (one node).
     pub ranks_per_node: Option<usize>,
-    /// HiTopKComm: send values as `f16` (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 uses FP16 on the wire).
+    /// HiTopKComm: send values as `f16` (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 uses FP16
+    /// on the wire).
     pub f16_wire: bool,
     /// ExDyna: on the first step, start from the partitions' exact top-k thresholds
     /// instead of ExDyna's `1/(2√k)` (which can select far more than `k` for hundreds
@@ -118,11 +122,11 @@ pub struct StepStats {
     pub bytes_sent: u64,
     /// Payload bytes this rank received.
     pub bytes_recv: u64,
-    /// Sparse entries (index + value) this rank received, the unit of SparDL (Zhao et al.) Table 1's
-    /// bandwidth terms (`k` counts entries).
+    /// Sparse entries (index + value) this rank received, the unit of SparDL (Zhao et al.)
+    /// Table 1's bandwidth terms (`k` counts entries).
     pub entries_recv: u64,
-    /// Padding overhead `f(t) = P · max_i k_i / Σ_i k_i` of ExDyna (Yoon & Oh, CCGrid 2024) Eq. 5 where the
-    /// all-gather pads to the largest count (ExDyna); `None` where nothing is padded.
+    /// Padding overhead `f(t) = P · max_i k_i / Σ_i k_i` of ExDyna (Yoon & Oh, CCGrid 2024) Eq. 5
+    /// where the all-gather pads to the largest count (ExDyna); `None` where nothing is padded.
     pub padding: Option<f64>,
     /// Gradient mass (sum of values) this rank's merges discarded for good: non-zero only
     /// for gTopk, whose tree merges drop contributions by design (SparDL (Zhao et al.) §5).

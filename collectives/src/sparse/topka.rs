@@ -1,10 +1,10 @@
-//! TopkA (SparCML's all-gather of local top-k, SparDL (Zhao et al.) §4 baseline [36]; OMGS-SGD (Shi et al., INFOCOM 2020)
-//! §II-F): every rank selects its local top-k with error feedback, all ranks all-gather
-//! the (index, value) pairs, and each rank sums them in rank order.
+//! TopkA (SparCML's all-gather of local top-k, SparDL (Zhao et al.) §4 baseline [36]; OMGS-SGD
+//! (Shi et al., INFOCOM 2020) §II-F): every rank selects its local top-k with error feedback, all
+//! ranks all-gather the (index, value) pairs, and each rank sums them in rank order.
 //!
-//! The all-gather is Bruck's, so it takes `⌈log2 P⌉` rounds for any P and every rank
-//! receives `(P − 1)·k` entries: SparDL (Zhao et al.) Table 1's `(log P)α + 2(P − 1)kβ` (indices and
-//! values, `k` of each per rank).
+//! The all-gather is Bruck's, so it takes `⌈log2 P⌉` rounds for any P and every rank receives
+//! `(P − 1)·k` entries: SparDL (Zhao et al.) Table 1's `(log P)α + 2(P − 1)kβ` (indices and values,
+//! `k` of each per rank).
 
 use sparsify::SparseGrad;
 

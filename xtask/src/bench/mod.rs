@@ -1,6 +1,6 @@
-//! `cargo xtask bench`: the main job. Runs the suites, writes `report.json` (DESIGN.md
-//! format), `report.md` (one section per suite, with the papers' numbers beside ours) and
-//! SVG plots into the output directory.
+//! `cargo xtask bench`: the main job. Runs the suites, writes `report.json` (the format of
+//! `docs/ARCHITECTURE.md`), `report.md` (one section per suite, with the papers' numbers beside
+//! ours) and SVG plots into the output directory.
 //!
 //! On one machine the communicating suites run on `ThreadComm` with `--ranks P` ranks;
 //! `--mpi -n P [--hostfile F]` rebuilds this tool with the `mpi` feature and relaunches it

@@ -1,4 +1,4 @@
-//! The report: `report.json` (DESIGN.md format, schema 1) and `report.md`.
+//! The report: `report.json` (schema 1, described in `docs/ARCHITECTURE.md`) and `report.md`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -54,7 +54,7 @@ pub struct Report {
 /// A paper's headline claim next to what this run measured.
 #[derive(Debug, Clone)]
 pub struct Headline {
-    /// Which paper and where (`000 Table VI`).
+    /// Which paper and where (`OMGS-SGD (Shi et al., INFOCOM 2020) Table VI`).
     pub source: String,
     /// The claim in words.
     pub claim: String,

@@ -1,6 +1,7 @@
 //! `lars`: LARS and LAMB coefficient computation per step with the parallel tensor operator
-//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2, Eq. 11-14: each rank computes its layers, one all-gather) against every
-//! rank computing every layer, for the ResNet-50 and BERT-base tensor sizes.
+//! (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4.2, Eq. 11-14: each rank computes its layers, one
+//! all-gather) against every rank computing every layer, for the ResNet-50 and BERT-base tensor
+//! sizes.
 
 use indicatif::ProgressBar;
 use std::sync::Arc;

@@ -15,7 +15,8 @@ use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
 const SUITE: &str = "plan";
 const P: usize = 16;
 
-/// OMGS-SGD (Shi et al., INFOCOM 2020) Table V: groups after threshold merging (MGS) and after OMGS.
+/// OMGS-SGD (Shi et al., INFOCOM 2020) Table V: groups after threshold merging (MGS) and after
+/// OMGS.
 const TABLE_V: [(&str, usize, usize); 4] = [
     ("vgg16", 13, 2),
     ("resnet50", 53, 2),
@@ -75,7 +76,7 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                 .plan(&profile, &costs)?
                 .num_groups();
             out.headlines.push(Headline {
-                source: "000 (OMGS) Table V".into(),
+                source: "OMGS-SGD (Shi et al., INFOCOM 2020) Table V".into(),
                 claim: format!("{model}: threshold merging (8192) gives {mgs} groups"),
                 ours: format!(
                     "{ours_mgs} groups (the paper's OMGS gives {omgs}; ours gives {}, from \
@@ -87,7 +88,7 @@ pub fn run(_ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         }
         if model == "resnet50" {
             out.headlines.push(Headline {
-                source: "000 (OMGS) Table VI".into(),
+                source: "OMGS-SGD (Shi et al., INFOCOM 2020) Table VI".into(),
                 claim: "ResNet-50 at P = 16: OMGS-SGD 1.3× faster than TopK-SGD, 2.4× than MGS-SGD (measured iterations)".into(),
                 ours: format!(
                     "predicted with the authors' constants: {:.2}× over TopK-SGD, {:.2}× over MGS-SGD \

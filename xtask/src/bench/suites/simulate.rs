@@ -1,6 +1,7 @@
-//! `simulate`: every dense and sparse algorithm run for real on `SimComm` for the papers'
-//! clusters (16 nodes on 1 GbE, OMGS-SGD (Shi et al., INFOCOM 2020); 16 nodes × 8 GPUs on 25 GbE with NVLink inside,
-//! MSTopK/HiTopKComm (Shi et al., MLSys 2021)), up to P = 128; the figure is the simulated time of the slowest rank.
+//! `simulate`: every dense and sparse algorithm run for real on `SimComm` for the papers' clusters
+//! (16 nodes on 1 GbE, OMGS-SGD (Shi et al., INFOCOM 2020); 16 nodes × 8 GPUs on 25 GbE with NVLink
+//! inside, MSTopK/HiTopKComm (Shi et al., MLSys 2021)), up to P = 128; the figure is the simulated
+//! time of the slowest rank.
 
 use collectives::dense::{allreduce, AllreduceAlgo, DenseOptions};
 use collectives::sparse::{build, SparseOptions, NAMES};
@@ -132,7 +133,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             .map(|r| r.4)
     };
     // Headlines: SparDL against its baselines on the 1 GbE cluster (SparDL (Zhao et al.) §6), and
-    // HiTopKComm against the 2D-torus dense allreduce on the cloud cluster (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3).
+    // HiTopKComm against the 2D-torus dense allreduce on the cloud cluster (MSTopK/HiTopKComm
+    // (Shi et al., MLSys 2021) §5.3).
     let sp = get("1gbe", 16, "spardl", 0.01);
     let bases: Vec<(&str, f64)> = ["topka", "gtopk", "topkdsa"]
         .iter()
@@ -141,7 +143,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     if let Some(sp) = sp {
         let beats = bases.iter().all(|(_, t)| sp <= *t);
         out.headlines.push(Headline {
-            source: "003 (SparDL) §6".into(),
+            source: "SparDL (Zhao et al.) §6".into(),
             claim: "SparDL communicates faster than TopkA, gTopk and TopkDSA".into(),
             ours: format!(
                 "simulated 1 GbE, P = 16, density 0.01: SparDL {} vs {}",
@@ -160,7 +162,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         get("cloud25gbe", 128, "torus2d", 1.0),
     ) {
         out.headlines.push(Headline {
-            source: "001 (HiTopKComm) §5.3".into(),
+            source: "MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3".into(),
             claim:
                 "HiTopKComm is much faster than the dense 2D-torus allreduce on a 16×8 25 GbE cloud"
                     .into(),
