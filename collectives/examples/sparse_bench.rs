@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use collectives::dense::{allreduce, AllreduceAlgo, DenseOptions};
-use collectives::sparse::{build, SparseOptions, NAMES};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::{Communicator, Result, ThreadComm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -29,7 +29,7 @@ struct Args {
     log2d: Vec<u32>,
     density: Vec<f64>,
     steps: usize,
-    algos: Vec<String>,
+    algos: Vec<SparseAlgo>,
     exdyna_cold: bool,
 }
 
@@ -39,7 +39,7 @@ fn parse() -> Args {
         log2d: vec![22, 24],
         density: vec![0.01, 0.001],
         steps: 3,
-        algos: NAMES.iter().map(|s| s.to_string()).collect(),
+        algos: SparseAlgo::ALL.to_vec(),
         exdyna_cold: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -56,7 +56,13 @@ fn parse() -> Args {
             "--log2d" => a.log2d = v.split(',').filter_map(|x| x.parse().ok()).collect(),
             "--density" => a.density = v.split(',').filter_map(|x| x.parse().ok()).collect(),
             "--steps" => a.steps = v.parse().unwrap_or(a.steps).max(1),
-            "--algos" => a.algos = v.split(',').map(str::to_string).collect(),
+            "--algos" => match v.split(',').map(str::parse).collect() {
+                Ok(algos) => a.algos = algos,
+                Err(e) => {
+                    eprintln!("{e}");
+                    std::process::exit(2);
+                }
+            },
             other => {
                 eprintln!("unknown argument {other}");
                 std::process::exit(2);
@@ -120,13 +126,22 @@ fn bench(comm: &dyn Communicator, args: &Args) -> Result<()> {
             );
         }
         for &density in &args.density {
-            for name in &args.algos {
-                let mut opts = SparseOptions::default();
-                if name == "hitopk" && p % 2 == 0 && p > 2 {
-                    opts.ranks_per_node = Some(p / 2);
-                }
-                opts.exdyna_warm_start = !args.exdyna_cold;
-                let mut alg = build(name, comm, d, density, &opts)?;
+            for &algo in &args.algos {
+                let name = algo.name();
+                let algo = match algo {
+                    SparseAlgo::HiTopK {
+                        f16_wire, selector, ..
+                    } if p % 2 == 0 && p > 2 => SparseAlgo::HiTopK {
+                        ranks_per_node: Some(p / 2),
+                        f16_wire,
+                        selector,
+                    },
+                    SparseAlgo::ExDyna { .. } => SparseAlgo::ExDyna {
+                        warm_start: !args.exdyna_cold,
+                    },
+                    a => a,
+                };
+                let mut alg = build(algo, comm, d, density)?;
                 alg.step(comm, &grad)?;
                 comm.barrier()?;
                 let t = Instant::now();

@@ -31,6 +31,7 @@ mod error;
 pub mod sparse;
 
 pub use comm::sim::{ClockMode, SimComm, SimStats, Traced};
+pub use comm::tap::{Counts, Meter, Metered, Tap, Tapped};
 pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
 pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};
 pub use dense::{
@@ -38,7 +39,7 @@ pub use dense::{
     AllreduceAlgo, BroadcastAlgo, DenseOptions, Gathered, ReduceAlgo, ReduceScatterAlgo, WireType,
 };
 pub use error::{Error, Result};
-pub use sparse::{SparseAllreduce, SparseOptions, StepStats};
+pub use sparse::{SparseAlgo, SparseAllreduce, StepStats};
 
 #[cfg(feature = "mpi")]
 pub use comm::mpi::MpiComm;

@@ -16,7 +16,7 @@
 #[path = "support/trace.rs"]
 mod trace;
 
-use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAllreduce, SparseOptions};
+use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAlgo, SparseAllreduce};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
 use cost_model::dense::block_start;
 use cost_model::sparse_replay::sparse_schedule;
@@ -42,17 +42,17 @@ fn intra() -> Link {
     }
 }
 
-fn algo_of(name: &str) -> Algorithm {
-    match name {
-        "topka" => Algorithm::Topka,
-        "topkdsa" => Algorithm::Topkdsa,
-        "gtopk" => Algorithm::Gtopk,
-        "cltk" => Algorithm::Cltk,
-        "spardl" => Algorithm::Spardl,
-        "spardl_rsag" => Algorithm::SpardlRsag,
-        "spardl_bsag" => Algorithm::SpardlBsag,
-        "hitopk" => Algorithm::Hitopk,
-        _ => Algorithm::Exdyna,
+/// The algorithm called `name` with default options.
+fn a(name: &str) -> SparseAlgo {
+    name.parse().unwrap()
+}
+
+/// HiTopKComm with `n` ranks per node.
+fn hitopk(n: usize) -> SparseAlgo {
+    SparseAlgo::HiTopK {
+        ranks_per_node: Some(n),
+        f16_wire: false,
+        selector: None,
     }
 }
 
@@ -84,22 +84,20 @@ enum Alg {
 
 /// Runs `STEPS` steps of `name` over SimComm<ThreadComm>, resetting SimComm's counters and
 /// clocks (after a barrier) before each step. Returns `[rank][step]`.
-fn measure(
-    topo: &Topology,
-    name: &'static str,
-    d: usize,
-    density: f64,
-    opts: SparseOptions,
-) -> Vec<Vec<Seen>> {
+fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec<Seen>> {
+    let name = algo.name();
     let p = topo.ranks();
     let topo = *topo;
     ThreadComm::run(p, move |c| -> collectives::Result<Vec<Seen>> {
         let sim = SimComm::new(c, topo, ClockMode::Logical)?;
         let r = sim.rank();
-        let mut alg = if name == "spardl_bsag" {
-            Alg::Bsag(SparDl::new(&sim, d, density, Sag::Bruck, &opts)?)
-        } else {
-            Alg::Any(build(name, &sim, d, density, &opts)?)
+        let mut alg = match algo {
+            SparseAlgo::SparDl {
+                sag: Sag::Bruck,
+                teams,
+                selector,
+            } => Alg::Bsag(SparDl::new(&sim, d, density, Sag::Bruck, teams, selector)?),
+            _ => Alg::Any(build(algo, &sim, d, density)?),
         };
         // TopkDSA's selections, recomputed as the algorithm makes them.
         let k = ((density * d as f64).ceil() as usize).clamp(1, d);
@@ -211,37 +209,27 @@ fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
 }
 
 /// Runs `name` on `topo` and checks the replay of every step; returns the steps checked.
-fn check(
-    topo: &Topology,
-    name: &'static str,
-    d: usize,
-    density: f64,
-    opts: SparseOptions,
-) -> usize {
+fn check(topo: &Topology, sparse: SparseAlgo, d: usize, density: f64) -> usize {
     let p = topo.ranks();
-    let algo = algo_of(name);
-    let n = opts.ranks_per_node.unwrap_or(p);
-    let seen = measure(topo, name, d, density, opts);
+    let name = sparse.name();
+    let algo = sparse.cost_algorithm();
+    let n = sparse.ranks_per_node().unwrap_or(p);
+    let seen = measure(topo, sparse, d, density);
     // B-SAG team size: P / teams (its default team count is P's smallest prime factor).
-    let teams = opts
-        .teams
+    let teams = sparse
+        .teams()
         .unwrap_or_else(|| (2..=p).find(|f| p % f == 0).unwrap_or(1));
     let m = p / teams;
     for s in 0..STEPS {
         let step = SparseStep {
-            algo,
-            d,
-            density,
-            teams: opts.teams,
             ranks_per_node: Some(n),
-            f16_wire: opts.f16_wire,
-            step: s as u64,
-            exdyna_warm_start: opts.exdyna_warm_start,
-            observed: observed(algo, &seen, s, d, n, m),
+            ..sparse.replay_step(d, density, s as u64, observed(algo, &seen, s, d, n, m))
         };
         let what = format!(
             "{name} P={p} ({}×{}) d={d} ρ={density} n={n} f16={} step {s}",
-            topo.nodes, topo.ranks_per_node, opts.f16_wire
+            topo.nodes,
+            topo.ranks_per_node,
+            sparse.f16_wire()
         );
         let pred = replay_sparse(&step, topo).unwrap_or_else(|e| panic!("{what}: {e}"));
         let got: Vec<SimStats> = seen.iter().map(|r| r[s].sim).collect();
@@ -278,7 +266,7 @@ fn flat_algorithms_replay_exactly() {
         let topo = Topology::flat(p, inter()).unwrap();
         for (d, density) in [(240usize, 0.1), (1001, 0.05), (1001, 0.3)] {
             for name in FLAT {
-                checked += check(&topo, name, d, density, SparseOptions::default());
+                checked += check(&topo, a(name), d, density);
             }
         }
     }
@@ -289,14 +277,14 @@ fn flat_algorithms_replay_exactly() {
 fn sixteen_ranks_and_large_dense_phases() {
     let topo = Topology::flat(16, inter()).unwrap();
     for name in FLAT {
-        check(&topo, name, 1600, 0.05, SparseOptions::default());
+        check(&topo, a(name), 1600, 0.05);
     }
     // k = 2048: CLT-k's and ExDyna's all-reduces leave recursive doubling (8 KiB and up)
     // for Rabenseifner (P = 4, 8) or the ring (P = 3, 6).
     for p in [3usize, 4, 6, 8] {
         let topo = Topology::flat(p, inter()).unwrap();
-        check(&topo, "cltk", 8192, 0.25, SparseOptions::default());
-        check(&topo, "exdyna", 8192, 0.5, SparseOptions::default());
+        check(&topo, a("cltk"), 8192, 0.25);
+        check(&topo, a("exdyna"), 8192, 0.5);
     }
 }
 
@@ -304,16 +292,17 @@ fn sixteen_ranks_and_large_dense_phases() {
 fn spardl_team_counts() {
     for (p, teams) in [(4usize, 4usize), (8, 2), (8, 4), (6, 2), (6, 3)] {
         let topo = Topology::flat(p, inter()).unwrap();
-        let opts = SparseOptions {
+        let spardl = |sag| SparseAlgo::SparDl {
+            sag,
             teams: Some(teams),
-            ..SparseOptions::default()
+            selector: None,
         };
         if teams.is_power_of_two() {
-            check(&topo, "spardl_rsag", 960, 0.1, opts);
+            check(&topo, spardl(Sag::Recursive), 960, 0.1);
         }
-        check(&topo, "spardl_bsag", 960, 0.1, opts);
+        check(&topo, spardl(Sag::Bruck), 960, 0.1);
         // Full density: B-SAG's h = k_b (the worst case of Table 1).
-        check(&topo, "spardl_bsag", 96, 1.0, opts);
+        check(&topo, spardl(Sag::Bruck), 96, 1.0);
     }
 }
 
@@ -332,30 +321,25 @@ fn hierarchical_topologies() {
         let topo = Topology::new(nodes, rpn, intra(), inter()).unwrap();
         for (d, density) in [(240usize, 0.1), (1001, 0.05)] {
             for f16_wire in [false, true] {
-                for selector in [SelectorKind::Default, SelectorKind::Exact] {
-                    let opts = SparseOptions {
+                for selector in [None, Some(SelectorKind::Exact)] {
+                    let hitopk = SparseAlgo::HiTopK {
                         ranks_per_node: Some(rpn),
                         f16_wire,
                         selector,
-                        ..SparseOptions::default()
                     };
-                    check(&topo, "hitopk", d, density, opts);
+                    check(&topo, hitopk, d, density);
                 }
             }
             // HiTopKComm with another node size than the topology's (n = 1 and n = P).
             let p = topo.ranks();
             for n in [1, p] {
-                let opts = SparseOptions {
-                    ranks_per_node: Some(n),
-                    ..SparseOptions::default()
-                };
-                check(&topo, "hitopk", d, density, opts);
+                check(&topo, hitopk(n), d, density);
             }
         }
         // The flat algorithms see intra- and inter-node links too.
         if nodes * rpn >= 4 {
             for name in FLAT {
-                check(&topo, name, 1001, 0.05, SparseOptions::default());
+                check(&topo, a(name), 1001, 0.05);
             }
         }
     }
@@ -372,9 +356,9 @@ fn table_1_equals_simcomm_where_it_applies() {
             cases.push(("gtopk", 1000, 0.02));
         }
         for (name, d, density) in cases {
-            let seen = measure(&topo, name, d, density, SparseOptions::default());
+            let seen = measure(&topo, a(name), d, density);
             let case = SparseCase {
-                algo: algo_of(name),
+                algo: a(name).cost_algorithm(),
                 d,
                 density,
                 teams: None,
@@ -394,16 +378,12 @@ fn every_sparse_trace_equals_its_plan_for_p_1_to_17() {
     for p in 1usize..=17 {
         let topo = Topology::flat(p, inter()).unwrap();
         for name in FLAT {
-            checked += check(&topo, name, 1003, 0.05, SparseOptions::default());
+            checked += check(&topo, a(name), 1003, 0.05);
         }
         // HiTopKComm on every node size that divides P.
         for n in (1..=p).filter(|n| p % n == 0) {
             let topo = Topology::new(p / n, n, intra(), inter()).unwrap();
-            let opts = SparseOptions {
-                ranks_per_node: Some(n),
-                ..SparseOptions::default()
-            };
-            checked += check(&topo, "hitopk", 1003, 0.05, opts);
+            checked += check(&topo, hitopk(n), 1003, 0.05);
         }
     }
     assert!(checked >= 17 * 9 * STEPS, "{checked}");

@@ -3,6 +3,9 @@
 //! bits; bad input gives a typed error on every rank. Prints `ok: <check>` on rank 0 and
 //! exits non-zero on failure.
 
+#[path = "support/mpi.rs"]
+mod mpi;
+
 use collectives::dense::{
     allgather, allgatherv, allreduce, block_range, broadcast, reduce, reduce_scatter,
     AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo,
@@ -84,13 +87,7 @@ impl Checks<'_> {
 }
 
 fn main() {
-    let comm = match MpiComm::world() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot start MPI: {e}");
-            std::process::exit(2);
-        }
-    };
+    let comm = mpi::world();
     let p = comm.size();
     let r = comm.rank();
     let mut c = Checks {

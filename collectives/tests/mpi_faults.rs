@@ -18,12 +18,15 @@
 #[allow(dead_code)] // each fault test uses a part of it
 mod fault_inject;
 
+#[path = "support/mpi.rs"]
+mod mpi;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use collectives::{Communicator, Error, MpiComm};
-use fault_inject::{run_until_fault, Collective, FaultAt, FAULTY_RANK};
+use collectives::{Communicator, Error};
+use fault_inject::{fault_at, run_until_fault, Collective, FAULTY_RANK};
 
 /// How a survivor's report line starts; the driver looks for it.
 const REPORT: &str = "FAULT-TEST";
@@ -113,15 +116,9 @@ fn worker(args: &[String]) -> ! {
         eprintln!("usage under mpirun: mpi_faults worker exit|kill|stop|panic dense|sparse");
         std::process::exit(2);
     };
-    let comm = match MpiComm::world() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot start MPI: {e}");
-            std::process::exit(2);
-        }
-    };
+    let comm = mpi::world();
     let rank = comm.rank();
-    let comm = FaultAt::new(comm, Box::new(move || fault.strike()));
+    let comm = fault_at(comm, Box::new(move || fault.strike()));
     match run_until_fault(&comm, coll) {
         Ok(()) => {
             println!("{REPORT} rank={rank} completed");

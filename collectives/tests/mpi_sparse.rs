@@ -2,18 +2,14 @@
 //! 3, 4, 6 in `cargo xtask ci`). Rank 0 collects every rank's update and mass balance and
 //! prints one `ok:` line per passed check; a failure exits non-zero.
 
-use collectives::sparse::{build, SparseOptions, NAMES};
+#[path = "support/mpi.rs"]
+mod mpi;
+
+use collectives::sparse::{build, SparseAlgo};
 use collectives::{ClockMode, CommExt, Communicator, Error, MpiComm, Result, SimComm};
 use cost_model::{Link, Topology};
+use mpi::check;
 use sparsify::SparseGrad;
-
-fn check(ok: bool, what: impl std::fmt::Display) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("check failed: {what}")))
-    }
-}
 
 fn grad_for(rank: usize, step: usize, d: usize) -> Vec<f32> {
     (0..d)
@@ -28,19 +24,26 @@ fn grad_for(rank: usize, step: usize, d: usize) -> Vec<f32> {
         .collect()
 }
 
-fn opts_for(name: &str, p: usize) -> SparseOptions {
-    let mut o = SparseOptions::default();
-    if name == "hitopk" && p % 2 == 0 {
-        o.ranks_per_node = Some(p / 2);
+/// `algo` with options that fit P (two nodes for HiTopKComm when P is even).
+fn opts_for(algo: SparseAlgo, p: usize) -> SparseAlgo {
+    match algo {
+        SparseAlgo::HiTopK {
+            f16_wire, selector, ..
+        } if p % 2 == 0 => SparseAlgo::HiTopK {
+            ranks_per_node: Some(p / 2),
+            f16_wire,
+            selector,
+        },
+        a => a,
     }
-    o
 }
 
-/// Three steps of `name`; rank 0 checks identical updates and the mass balance.
-fn identical_and_conserving(c: &dyn Communicator, name: &'static str, density: f64) -> Result<()> {
+/// Three steps of `algo`; rank 0 checks identical updates and the mass balance.
+fn identical_and_conserving(c: &dyn Communicator, algo: SparseAlgo, density: f64) -> Result<()> {
     let p = c.size();
     let d = 97 * p + 13;
-    let mut alg = build(name, c, d, density, &opts_for(name, p))?;
+    let name = algo.name();
+    let mut alg = build(opts_for(algo, p), c, d, density)?;
     for s in 0..3 {
         let grad = grad_for(c.rank(), s, d);
         let before = alg.residual().to_vec();
@@ -114,7 +117,7 @@ fn spardl_table1(c: MpiComm) -> Result<MpiComm> {
     let s = SimComm::new(c, topo, ClockMode::Logical)?;
     let d = 300 * p + 7;
     let density = 0.05;
-    let mut alg = build("spardl", &s, d, density, &SparseOptions::default())?;
+    let mut alg = build("spardl".parse()?, &s, d, density)?;
     let before = s.stats();
     alg.step(&s, &grad_for(s.rank(), 0, d))?;
     let st = s.stats().since(&before);
@@ -138,14 +141,14 @@ fn spardl_table1(c: MpiComm) -> Result<MpiComm> {
 
 fn bad_input(c: &dyn Communicator) -> Result<()> {
     let d = if c.rank() == c.size() - 1 { 101 } else { 100 };
-    let r = build("spardl", c, d, 0.1, &SparseOptions::default());
+    let r = build("spardl".parse()?, c, d, 0.1);
     if c.size() > 1 {
         check(
             matches!(r, Err(Error::Mismatch { .. })),
             "different d is a mismatch on every rank",
         )?;
     }
-    let r = build("exdyna", c, 100, 0.0, &SparseOptions::default());
+    let r = build("exdyna".parse()?, c, 100, 0.0);
     check(
         matches!(r, Err(Error::InvalidArgument(_))),
         "density 0 is rejected",
@@ -154,34 +157,16 @@ fn bad_input(c: &dyn Communicator) -> Result<()> {
 }
 
 fn main() {
-    let comm = match MpiComm::world() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot start MPI: {e}");
-            std::process::exit(2);
-        }
-    };
-    let p = comm.size();
-    let rank = comm.rank();
-    let report = |name: &str, r: Result<()>| match r {
-        Ok(()) => {
-            if rank == 0 {
-                println!("ok: mpi_sparse P={p} {name}");
-            }
-        }
-        Err(e) => {
-            eprintln!("FAILED: mpi_sparse P={p} rank {rank} {name}: {e}");
-            std::process::exit(1);
-        }
-    };
-    for name in NAMES {
+    let comm = mpi::world();
+    let report = mpi::reporter("mpi_sparse", &comm);
+    for algo in SparseAlgo::ALL {
         report(
-            &format!("{name}: identical updates, mass balance"),
-            identical_and_conserving(&comm, name, 0.05),
+            &format!("{algo}: identical updates, mass balance"),
+            identical_and_conserving(&comm, algo, 0.05),
         );
         report(
-            &format!("{name}: density 1 equals the dense average"),
-            identical_and_conserving(&comm, name, 1.0),
+            &format!("{algo}: density 1 equals the dense average"),
+            identical_and_conserving(&comm, algo, 1.0),
         );
     }
     report("typed errors on every rank for bad input", bad_input(&comm));

@@ -2,6 +2,10 @@
 //! `cargo xtask ci`). Every rank checks what it received from every other rank; rank 0 prints
 //! one `ok:` line per passed check. A failure aborts the whole job with a non-zero code.
 
+#[path = "support/mpi.rs"]
+mod mpi;
+
+use mpi::check;
 use std::time::Duration;
 
 use collectives::{ClockMode, CommExt, Communicator, Error, MpiComm, Result, SimComm, SimStats};
@@ -130,35 +134,9 @@ fn timeout(mut c: MpiComm) -> Result<MpiComm> {
     Ok(c)
 }
 
-fn check(ok: bool, what: impl std::fmt::Display) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("check failed: {what}")))
-    }
-}
-
 fn main() {
-    let comm = match MpiComm::world() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot start MPI: {e}");
-            std::process::exit(2);
-        }
-    };
-    let p = comm.size();
-    let rank = comm.rank();
-    let report = |name: &str, r: Result<()>| match r {
-        Ok(()) => {
-            if rank == 0 {
-                println!("ok: mpi_transport P={p} {name}");
-            }
-        }
-        Err(e) => {
-            eprintln!("FAILED: mpi_transport P={p} rank {rank} {name}: {e}");
-            std::process::exit(1);
-        }
-    };
+    let comm = mpi::world();
+    let report = mpi::reporter("mpi_transport", &comm);
     report(
         "all pairs exchange 0, 1, 2^20 bytes",
         all_pairs_bytes(&comm),

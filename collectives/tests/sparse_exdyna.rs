@@ -2,7 +2,7 @@
 //! `k` entries in all instead of most of the vector, every rank keeps the same threshold,
 //! and mass is still conserved; without the option the paper's start is unchanged.
 
-use collectives::sparse::{ExDyna, SparseAllreduce, SparseOptions};
+use collectives::sparse::{ExDyna, SparseAllreduce};
 use collectives::{Communicator, ThreadComm, ThreadConfig};
 
 /// Heavy-tailed gradients like the sparse_bench example's (a small LCG, no dependency).
@@ -33,11 +33,7 @@ struct Rec {
 
 fn run(p: usize, d: usize, density: f64, warm: bool, steps: usize) -> Vec<Vec<Rec>> {
     ThreadComm::run(p, |comm| -> collectives::Result<Vec<Rec>> {
-        let o = SparseOptions {
-            exdyna_warm_start: warm,
-            ..Default::default()
-        };
-        let mut alg = ExDyna::new(&comm, d, density, &o)?;
+        let mut alg = ExDyna::new(&comm, d, density, warm)?;
         let mut sum = vec![0f64; d];
         let mut out = Vec::new();
         for s in 0..steps {
@@ -108,11 +104,7 @@ fn warm_start_selects_about_k_from_the_first_step() {
 fn warm_start_must_agree_across_ranks() {
     let cfg = ThreadConfig::with_timeout(std::time::Duration::from_secs(20));
     let res = ThreadComm::run_all(3, cfg, |comm| {
-        let o = SparseOptions {
-            exdyna_warm_start: comm.rank() == 1,
-            ..Default::default()
-        };
-        ExDyna::new(&comm, 3000, 0.01, &o).map(|_| ())
+        ExDyna::new(&comm, 3000, 0.01, comm.rank() == 1).map(|_| ())
     })
     .unwrap();
     assert!(

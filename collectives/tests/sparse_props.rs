@@ -3,7 +3,7 @@
 //! density 1 equals the dense average, bad input is a typed error on every rank.
 #![allow(clippy::needless_range_loop)]
 
-use collectives::sparse::{build, SparseOptions, StepStats, NAMES};
+use collectives::sparse::{build, Sag, SparseAlgo, StepStats};
 use collectives::{Communicator, Error, ThreadComm, ThreadConfig};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -40,13 +40,13 @@ fn run(
     p: usize,
     d: usize,
     density: f64,
-    opts: SparseOptions,
+    algo: SparseAlgo,
     steps: usize,
     seed: u64,
     zero: bool,
 ) -> Vec<Vec<Rec>> {
     ThreadComm::run(p, |comm| -> collectives::Result<Vec<Rec>> {
-        let mut alg = build(name, &comm, d, density, &opts)?;
+        let mut alg = build(algo, &comm, d, density)?;
         let mut out = Vec::new();
         for s in 0..steps {
             let grad = grad_for(seed, comm.rank(), s, d, zero);
@@ -125,23 +125,33 @@ fn check(name: &str, recs: &[Vec<Rec>], conserving: bool) {
     }
 }
 
-/// Options that fit P for every algorithm (teams dividing P, one node or two).
-fn opts_for(name: &str, p: usize) -> SparseOptions {
-    let mut o = SparseOptions::default();
-    if name == "hitopk" && p % 2 == 0 {
-        o.ranks_per_node = Some(p / 2);
+/// The algorithm `name` with options that fit P (teams dividing P, one node or two).
+fn opts_for(name: &str, p: usize) -> SparseAlgo {
+    let mut a: SparseAlgo = name.parse().unwrap();
+    match &mut a {
+        SparseAlgo::HiTopK { ranks_per_node, .. } if p % 2 == 0 => *ranks_per_node = Some(p / 2),
+        SparseAlgo::SparDl {
+            sag: Sag::Bruck,
+            teams,
+            ..
+        } if p % 3 == 0 && p > 3 => *teams = Some(3),
+        SparseAlgo::SparDl {
+            sag: Sag::Recursive,
+            teams,
+            ..
+        } if p % 4 == 0 => *teams = Some(4),
+        _ => {}
     }
-    if name == "spardl_bsag" && p % 3 == 0 && p > 3 {
-        o.teams = Some(3);
-    }
-    if name == "spardl_rsag" && p % 4 == 0 {
-        o.teams = Some(4);
-    }
-    o
+    a
 }
 
 fn available() -> Vec<&'static str> {
-    NAMES.to_vec()
+    SparseAlgo::ALL.iter().map(|a| a.name()).collect()
+}
+
+/// The algorithm `name` with default options.
+fn algo(name: &str) -> SparseAlgo {
+    name.parse().unwrap()
 }
 
 fn conserving(name: &str) -> bool {
@@ -220,7 +230,7 @@ fn all_zero_gradient_gives_empty_update() {
 #[test]
 fn gtopk_reports_dropped_mass() {
     // Heavily overlapping top-k sets with different magnitudes make merges drop entries.
-    let recs = run("gtopk", 8, 400, 0.05, SparseOptions::default(), 3, 5, false);
+    let recs = run("gtopk", 8, 400, 0.05, algo("gtopk"), 3, 5, false);
     check("gtopk", &recs, false);
     let total: f64 = recs.iter().map(|r| r[0].stats.mass_dropped.abs()).sum();
     assert!(total > 0.0, "expected gTopk to drop some mass");
@@ -244,7 +254,7 @@ fn bad_input_is_an_error_on_every_rank() {
     for name in available() {
         let res = run_all_errors(4, |comm| {
             let d = if comm.rank() == 2 { 101 } else { 100 };
-            build(name, comm, d, 0.1, &SparseOptions::default()).map(|_| ())
+            build(algo(name), comm, d, 0.1).map(|_| ())
         });
         assert!(
             res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
@@ -254,23 +264,20 @@ fn bad_input_is_an_error_on_every_rank() {
     // Different density on one rank.
     let res = run_all_errors(3, |comm| {
         let dens = if comm.rank() == 0 { 0.2 } else { 0.1 };
-        build("spardl", comm, 100, dens, &SparseOptions::default()).map(|_| ())
+        build(algo("spardl"), comm, 100, dens).map(|_| ())
     });
     assert!(
         res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
         "{res:?}"
     );
-    // Density outside (0, 1], d < P, unknown name: the same InvalidArgument everywhere.
+    // Density outside (0, 1], d < P: the same InvalidArgument everywhere.
     for (name, d, dens) in [
         ("topka", 100, 0.0),
         ("exdyna", 100, 1.5),
         ("gtopk", 100, f64::NAN),
         ("spardl", 3, 0.1),
-        ("nope", 100, 0.1),
     ] {
-        let res = run_all_errors(4, |comm| {
-            build(name, comm, d, dens, &SparseOptions::default()).map(|_| ())
-        });
+        let res = run_all_errors(4, |comm| build(algo(name), comm, d, dens).map(|_| ()));
         assert!(
             res.iter()
                 .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
@@ -279,33 +286,25 @@ fn bad_input_is_an_error_on_every_rank() {
     }
     // Teams that do not divide P, R-SAG teams not a power of two, nodes not dividing P.
     let bad = [
-        (
-            "spardl_bsag",
-            SparseOptions {
-                teams: Some(4),
-                ..Default::default()
-            },
-            6,
-        ),
-        (
-            "spardl_rsag",
-            SparseOptions {
-                teams: Some(3),
-                ..Default::default()
-            },
-            6,
-        ),
-        (
-            "hitopk",
-            SparseOptions {
-                ranks_per_node: Some(4),
-                ..Default::default()
-            },
-            6,
-        ),
+        SparseAlgo::SparDl {
+            sag: Sag::Bruck,
+            teams: Some(4),
+            selector: None,
+        },
+        SparseAlgo::SparDl {
+            sag: Sag::Recursive,
+            teams: Some(3),
+            selector: None,
+        },
+        SparseAlgo::HiTopK {
+            ranks_per_node: Some(4),
+            f16_wire: false,
+            selector: None,
+        },
     ];
-    for (name, o, p) in bad {
-        let res = run_all_errors(p, |comm| build(name, comm, 100, 0.1, &o).map(|_| ()));
+    for o in bad {
+        let name = o.name();
+        let res = run_all_errors(6, |comm| build(o, comm, 100, 0.1).map(|_| ()));
         assert!(
             res.iter()
                 .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
@@ -315,7 +314,7 @@ fn bad_input_is_an_error_on_every_rank() {
     // A different algorithm on one rank.
     let res = run_all_errors(3, |comm| {
         let name = if comm.rank() == 1 { "topka" } else { "gtopk" };
-        build(name, comm, 100, 0.1, &SparseOptions::default()).map(|_| ())
+        build(algo(name), comm, 100, 0.1).map(|_| ())
     });
     assert!(
         res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
@@ -325,10 +324,10 @@ fn bad_input_is_an_error_on_every_rank() {
 
 #[test]
 fn hitopk_f16_wire_is_identical_on_every_rank() {
-    let o = SparseOptions {
+    let o = SparseAlgo::HiTopK {
         ranks_per_node: Some(2),
         f16_wire: true,
-        ..Default::default()
+        selector: None,
     };
     let recs = run("hitopk", 6, 600, 0.05, o, 3, 9, false);
     for s in 0..3 {
@@ -341,13 +340,9 @@ fn hitopk_f16_wire_is_identical_on_every_rank() {
 
 #[test]
 fn bsag_adjusts_h_within_its_bounds() {
-    use collectives::sparse::{Sag, SparDl, SparseAllreduce};
+    use collectives::sparse::{SparDl, SparseAllreduce};
     let hs = ThreadComm::run(6, |comm| -> collectives::Result<Vec<(f64, usize, usize)>> {
-        let o = SparseOptions {
-            teams: Some(3),
-            ..Default::default()
-        };
-        let mut alg = SparDl::new(&comm, 1200, 0.05, Sag::Bruck, &o)?;
+        let mut alg = SparDl::new(&comm, 1200, 0.05, Sag::Bruck, Some(3), None)?;
         let mut out = Vec::new();
         for s in 0..12 {
             let g = grad_for(4, comm.rank(), s, 1200, false);
@@ -375,7 +370,7 @@ fn bsag_adjusts_h_within_its_bounds() {
 fn topkdsa_turns_dense_when_blocks_fill_in() {
     use collectives::sparse::{SparseAllreduce, TopkDsa};
     let dense = ThreadComm::run(4, |comm| -> collectives::Result<usize> {
-        let mut alg = TopkDsa::new(&comm, 400, 0.4, &SparseOptions::default())?;
+        let mut alg = TopkDsa::new(&comm, 400, 0.4, None)?;
         let g = grad_for(1, comm.rank(), 0, 400, false);
         alg.step(&comm, &g)?;
         Ok(alg.dense_blocks())

@@ -2,7 +2,7 @@
 //! (Zhao et al.) Table 1 for every P in 2..=17, and the algorithms' own counters agree with
 //! SimComm's.
 
-use collectives::sparse::{build, SparseOptions, StepStats};
+use collectives::sparse::{build, SparseAlgo, StepStats};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm};
 use cost_model::{Link, Topology};
 
@@ -20,7 +20,7 @@ fn second_step(name: &'static str, p: usize, d: usize, density: f64) -> Vec<(Sim
     ThreadComm::run(p, |comm| -> collectives::Result<(SimStats, StepStats)> {
         let topo = Topology::flat(p, Link::from_gbit(1e-5, 10.0))?;
         let sim = SimComm::new(comm, topo, ClockMode::Logical)?;
-        let mut alg = build(name, &sim, d, density, &SparseOptions::default())?;
+        let mut alg = build(name.parse()?, &sim, d, density)?;
         let grad = |s: usize| -> Vec<f32> {
             (0..d)
                 .map(|i| ((i * 7919 + sim.rank() * 104729 + s * 13) % 1000) as f32 / 1000.0 + 0.001)
@@ -105,7 +105,7 @@ fn gtopk_matches_table1() {
 
 #[test]
 fn single_rank_sends_nothing() {
-    for name in collectives::sparse::NAMES {
+    for name in SparseAlgo::ALL.map(|a| a.name()) {
         for (sim, st) in second_step(name, 1, 50, 0.1) {
             assert_eq!(sim.rounds, 0, "{name}");
             assert_eq!(st.bytes_sent, 0, "{name}");

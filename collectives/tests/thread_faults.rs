@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use collectives::{Communicator, Error, RunError, ThreadComm, ThreadConfig};
-use fault_inject::{is_peer_loss, run_until_fault, Collective, FaultAt, FAULTY_RANK};
+use fault_inject::{fault_at, is_peer_loss, run_until_fault, Collective, FAULTY_RANK};
 
 /// Receive timeout of these worlds.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,7 +50,7 @@ fn scenario(p: usize, fault: Fault, coll: Collective) {
     let start = Instant::now();
     let run = ThreadComm::run_with(p, ThreadConfig::with_timeout(TIMEOUT), |c| {
         let rank = c.rank();
-        let c = FaultAt::new(c, Box::new(move || strike(fault)));
+        let c = fault_at(c, Box::new(move || strike(fault)));
         let out = run_until_fault(&c, coll);
         ended.lock().unwrap()[rank] = Some((out.clone(), start.elapsed()));
         match out {

@@ -12,7 +12,7 @@
 // (iteration, layer) index pairs address several parallel arrays at once.
 #![allow(clippy::needless_range_loop)]
 
-use collectives::sparse::SparseOptions;
+use collectives::sparse::{Sag, SparseAlgo};
 use collectives::Communicator;
 use integration_tests::{assert_close, grad, mean_f64, run_ranks, split, AnyResult};
 use pipeline::schemes::CollectiveScheme;
@@ -133,13 +133,19 @@ fn dense_scheme_averages_over_a_planned_merge() {
     }
 }
 
+/// SparDL with its default options.
+const SPARDL: SparseAlgo = SparseAlgo::SparDl {
+    sag: Sag::None,
+    teams: None,
+    selector: None,
+};
+
 #[test]
 fn sparse_schemes_at_density_one_equal_the_dense_average() {
     let plan = plan();
     let spardl = CollectiveScheme {
-        name: "spardl".into(),
+        algo: SPARDL,
         density: 1.0,
-        opts: SparseOptions::default(),
     };
     for p in [3, 4] {
         let outs = drive(p, &plan, &TopkAllgather { density: 1.0 });
@@ -226,13 +232,7 @@ fn spardl_direct(p: usize, plan: &MergePlan, density: f64) -> Vec<Vec<Vec<f32>>>
         let mut algs = Vec::new();
         for g in 0..groups {
             let n: usize = plan.range(g).map(|l| SIZES[l]).sum();
-            algs.push(collectives::sparse::build(
-                "spardl",
-                &comm,
-                n,
-                density,
-                &SparseOptions::default(),
-            )?);
+            algs.push(collectives::sparse::build(SPARDL, &comm, n, density)?);
         }
         let mut out = Vec::new();
         for it in 0..ITERS {
@@ -257,9 +257,8 @@ fn spardl_direct(p: usize, plan: &MergePlan, density: f64) -> Vec<Vec<Vec<f32>>>
 fn spardl_scheme_agrees_across_ranks_and_stays_sparse() {
     let plan = plan();
     let scheme = CollectiveScheme {
-        name: "spardl".into(),
+        algo: SPARDL,
         density: 0.1,
-        opts: SparseOptions::default(),
     };
     for p in [3, 4] {
         let outs = drive(p, &plan, &scheme);

@@ -8,13 +8,13 @@
 //! a barrier and `SimComm::reset`. Several consecutive steps are replayed (SparDL's
 //! traffic does not depend on the data; ExDyna's selected counts come from `StepStats`).
 
-use collectives::sparse::{build, SparseOptions};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::{
     allreduce, AllreduceAlgo, ClockMode, Communicator, DenseOptions, SimComm, SimStats,
 };
 use cost_model::{
     predict_dense, replay_sparse, Algorithm, Collective, DenseCase, Link, Observed, Prediction,
-    SparseStep, Topology,
+    Topology,
 };
 use integration_tests::{grad, mean_f64, run_ranks, AnyResult};
 
@@ -71,18 +71,22 @@ fn assert_matches(seen: &[SimStats], pred: &Prediction, what: &str) {
     assert!(pred.time_s > 0.0, "{what}: nothing was timed");
 }
 
+/// The algorithm called `name` with default options.
+fn a(name: &str) -> SparseAlgo {
+    name.parse().unwrap()
+}
+
 /// Per step, per rank: the simulated stats and `StepStats::selected`.
 fn run_sparse(
     topo: Topology,
-    name: &'static str,
+    algo: SparseAlgo,
     d: usize,
     density: f64,
-    opts: SparseOptions,
 ) -> Vec<Vec<(SimStats, usize)>> {
     let p = topo.ranks();
     run_ranks(p, move |c| -> AnyResult<Vec<(SimStats, usize)>> {
         let sim = SimComm::new(c, topo, ClockMode::Logical)?;
-        let mut alg = build(name, &sim, d, density, &opts)?;
+        let mut alg = build(algo, &sim, d, density)?;
         let mut out = Vec::new();
         for s in 0..STEPS {
             let g = grad(d, sim.rank(), s, 11);
@@ -95,20 +99,21 @@ fn run_sparse(
     })
 }
 
-fn check_sparse(name: &'static str, algo: Algorithm, d: usize, density: f64, opts: SparseOptions) {
+fn check_sparse(sparse: SparseAlgo, d: usize, density: f64) {
+    let name = sparse.name();
     for topo in topologies() {
         let p = topo.ranks();
-        let runs = run_sparse(topo, name, d, density, opts);
+        let runs = run_sparse(topo, sparse, d, density);
         for s in 0..STEPS {
             let seen: Vec<SimStats> = runs.iter().map(|r| r[s].0).collect();
-            let mut step =
-                SparseStep::new(algo, d, density).with_exdyna_warm_start(opts.exdyna_warm_start);
-            step.step = s as u64;
-            if algo == Algorithm::Exdyna {
-                step = step.with_observed(Observed::ExDyna {
+            let observed = if sparse.cost_algorithm() == Algorithm::Exdyna {
+                Observed::ExDyna {
                     selected: runs.iter().map(|r| r[s].1).collect(),
-                });
-            }
+                }
+            } else {
+                Observed::Worst
+            };
+            let step = sparse.replay_step(d, density, s as u64, observed);
             let pred = replay_sparse(&step, &topo).expect("replay");
             assert_matches(
                 &seen,
@@ -124,56 +129,28 @@ fn check_sparse(name: &'static str, algo: Algorithm, d: usize, density: f64, opt
 
 #[test]
 fn spardl_step_time_equals_the_replay() {
-    check_sparse(
-        "spardl",
-        Algorithm::Spardl,
-        1000,
-        0.02,
-        SparseOptions::default(),
-    );
-    check_sparse(
-        "spardl",
-        Algorithm::Spardl,
-        333,
-        0.1,
-        SparseOptions::default(),
-    );
+    check_sparse(a("spardl"), 1000, 0.02);
+    check_sparse(a("spardl"), 333, 0.1);
 }
 
 #[test]
 fn spardl_rsag_step_time_equals_the_replay() {
-    check_sparse(
-        "spardl_rsag",
-        Algorithm::SpardlRsag,
-        1000,
-        0.02,
-        SparseOptions::default(),
-    );
+    check_sparse(a("spardl_rsag"), 1000, 0.02);
 }
 
 #[test]
 fn exdyna_step_time_equals_the_replay() {
     // The paper's cold start: on random gradients of this size it selects far more than
     // k, so the union's all-reduce is large.
-    check_sparse(
-        "exdyna",
-        Algorithm::Exdyna,
-        1000,
-        0.02,
-        SparseOptions::default(),
-    );
+    check_sparse(a("exdyna"), 1000, 0.02);
 }
 
-/// ExDyna with `SparseOptions::exdyna_warm_start`: on the first step each rank's
+/// ExDyna with `SparseAlgo::ExDyna { warm_start: true }`: on the first step each rank's
 /// threshold travels with the count all-gather (4 bytes more per block); the replay must
 /// count it (`SparseStep::with_exdyna_warm_start`).
 #[test]
 fn exdyna_warm_start_step_time_equals_the_replay() {
-    let warm = SparseOptions {
-        exdyna_warm_start: true,
-        ..SparseOptions::default()
-    };
-    check_sparse("exdyna", Algorithm::Exdyna, 1000, 0.02, warm);
+    check_sparse(SparseAlgo::ExDyna { warm_start: true }, 1000, 0.02);
 }
 
 #[test]

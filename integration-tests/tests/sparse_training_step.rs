@@ -15,7 +15,7 @@
 //! - mass conservation end to end (SparDL, TopkA): Σ gradients fed = P·Σ updates applied
 //!   + Σ residuals left, accumulated in `f64` over all steps.
 
-use collectives::sparse::{build, SparseOptions};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::Communicator;
 use integration_tests::{
     abs_sum_f64, assert_close, conservation_update, flatten, grad, run_ranks, snap_noise, split,
@@ -123,11 +123,11 @@ fn gradients(p: usize) -> Vec<Vec<Vec<f32>>> {
         .collect()
 }
 
-fn run_training(p: usize, algo: &str, opts: SparseOptions, which: Opt) -> Vec<RankOut> {
+fn run_training(p: usize, algo: SparseAlgo, which: Opt) -> Vec<RankOut> {
     let grads = gradients(p);
     run_ranks(p, |comm| -> AnyResult<RankOut> {
         let r = comm.rank();
-        let mut alg = build(algo, &comm, d(), DENSITY, &opts)?;
+        let mut alg = build(algo, &comm, d(), DENSITY)?;
         let mut opt = Optimizer::new(&comm, which, Mode::Parallel)?;
         let mut w = initial_weights();
         let mut updates = Vec::new();
@@ -161,9 +161,9 @@ fn single_process_weights(which: Opt, updates: &[Vec<f64>]) -> Vec<f32> {
     out.into_iter().next().unwrap_or_default()
 }
 
-fn check_case(p: usize, algo: &str, opts: SparseOptions, which: Opt) {
-    let what = format!("{algo} {opts:?} P={p} {which:?}");
-    let outs = run_training(p, algo, opts, which);
+fn check_case(p: usize, algo: SparseAlgo, which: Opt) {
+    let what = format!("{algo:?} P={p} {which:?}");
+    let outs = run_training(p, algo, which);
     let grads = gradients(p);
 
     // 1. Replicas stay bit-identical.
@@ -214,7 +214,7 @@ fn check_case(p: usize, algo: &str, opts: SparseOptions, which: Opt) {
     }
 
     // 3. TopkA against an independent re-implementation.
-    if algo == "topka" {
+    if matches!(algo, SparseAlgo::TopkA { .. }) {
         let k = ((DENSITY * d() as f64).ceil() as usize).clamp(1, d());
         let indep = topka_reference(&grads, k);
         for (s, want) in indep.iter().enumerate() {
@@ -252,52 +252,55 @@ fn check_case(p: usize, algo: &str, opts: SparseOptions, which: Opt) {
     );
 }
 
-fn hitopk(ranks_per_node: usize) -> SparseOptions {
-    SparseOptions {
+fn hitopk(ranks_per_node: usize) -> SparseAlgo {
+    SparseAlgo::HiTopK {
         ranks_per_node: Some(ranks_per_node),
-        ..SparseOptions::default()
+        f16_wire: false,
+        selector: None,
     }
+}
+
+/// The algorithm called `name` with default options.
+fn a(name: &str) -> SparseAlgo {
+    name.parse().unwrap()
 }
 
 #[test]
 fn topka_with_lars_and_lamb() {
     for p in [3, 4] {
-        check_case(p, "topka", SparseOptions::default(), Opt::Lars);
-        check_case(p, "topka", SparseOptions::default(), Opt::Lamb);
+        check_case(p, a("topka"), Opt::Lars);
+        check_case(p, a("topka"), Opt::Lamb);
     }
 }
 
 #[test]
 fn spardl_with_lars_and_lamb() {
     for p in [3, 4] {
-        check_case(p, "spardl", SparseOptions::default(), Opt::Lars);
-        check_case(p, "spardl", SparseOptions::default(), Opt::Lamb);
+        check_case(p, a("spardl"), Opt::Lars);
+        check_case(p, a("spardl"), Opt::Lamb);
     }
 }
 
 #[test]
 fn exdyna_with_lars_and_lamb() {
-    let warm = SparseOptions {
-        exdyna_warm_start: true,
-        ..SparseOptions::default()
-    };
+    let warm = SparseAlgo::ExDyna { warm_start: true };
     for p in [3, 4] {
-        check_case(p, "exdyna", warm, Opt::Lars);
-        check_case(p, "exdyna", SparseOptions::default(), Opt::Lamb);
+        check_case(p, warm, Opt::Lars);
+        check_case(p, a("exdyna"), Opt::Lamb);
     }
 }
 
 #[test]
 fn hitopk_across_nodes_with_lars_and_lamb() {
     // P = 4 as 2 nodes of 2; P = 3 as 3 nodes of 1 (inter-node step only).
-    check_case(4, "hitopk", hitopk(2), Opt::Lars);
-    check_case(4, "hitopk", hitopk(2), Opt::Lamb);
-    check_case(3, "hitopk", hitopk(1), Opt::Lamb);
+    check_case(4, hitopk(2), Opt::Lars);
+    check_case(4, hitopk(2), Opt::Lamb);
+    check_case(3, hitopk(1), Opt::Lamb);
 }
 
 /// Σ gradients fed = P·Σ updates applied + Σ residuals left, over all steps, in f64.
 fn check_mass(p: usize, algo: &str) {
-    let outs = run_training(p, algo, SparseOptions::default(), Opt::Lars);
+    let outs = run_training(p, a(algo), Opt::Lars);
     let grads = gradients(p);
     let fed: f64 = grads.iter().flatten().map(|g| sum_f64(g)).sum();
     let scale: f64 = grads.iter().flatten().map(|g| abs_sum_f64(g)).sum();

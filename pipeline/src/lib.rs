@@ -18,7 +18,6 @@
 #![deny(missing_docs)]
 
 pub mod check;
-pub mod counting;
 pub mod data;
 mod error;
 pub mod gantt;

@@ -22,6 +22,7 @@
 //! `collectives::sparse` algorithm by name).
 
 use collectives::dense::{self, AllgatherAlgo, AllreduceAlgo, DenseOptions};
+use collectives::sparse::SparseAlgo;
 use collectives::Communicator;
 use sparsify::{ErrorFeedback, ExactTopK, Selector, SparseGrad};
 
@@ -366,13 +367,12 @@ impl Scheme for TopkAllgather {
     }
 }
 
-/// [`TopkAllgather`] with any selector of `sparsify` by name (one of
-/// [`sparsify::SELECTOR_NAMES`]: `exact`, `mstopk`, `dgc`, `threshold`, `exdyna`,
-/// `gaussiank`). Threshold selectors send about, not exactly, `⌈ρ·n⌉` entries.
+/// [`TopkAllgather`] with any selector of `sparsify`. Threshold selectors send about, not
+/// exactly, `⌈ρ·n⌉` entries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SelectorAllgather {
-    /// Selector name.
-    pub selector: String,
+    /// The selector.
+    pub selector: sparsify::SelectorKind,
     /// Density ρ.
     pub density: f64,
     /// Seed of the selector's random parts (the same on every rank keeps them in step).
@@ -389,7 +389,7 @@ impl Scheme for SelectorAllgather {
         numel: usize,
         _ranks: usize,
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        let selector = sparsify::selector_by_name(&self.selector, self.seed ^ index as u64)?;
+        let selector = self.selector.build(self.seed ^ index as u64);
         selector_allgather(numel, self.density, selector)
     }
 }
@@ -417,9 +417,8 @@ impl Scheme for DenseAllreduce {
 /// passes the dense gradient through and the whole step runs on the communication thread.
 /// The algorithm is built (a collective call) on the first exchange, on that thread.
 pub struct CollectiveSparse {
-    name: String,
+    algo: SparseAlgo,
     density: f64,
-    opts: collectives::sparse::SparseOptions,
     alg: Option<Box<dyn collectives::sparse::SparseAllreduce>>,
 }
 
@@ -437,11 +436,10 @@ impl Exchange for CollectiveSparse {
         let alg = match &mut self.alg {
             Some(a) => a,
             None => self.alg.insert(collectives::sparse::build(
-                &self.name,
+                self.algo,
                 comm,
                 ctx.numel,
                 self.density,
-                &self.opts,
             )?),
         };
         let (update, _stats) = alg.step(comm, &grad)?;
@@ -449,20 +447,18 @@ impl Exchange for CollectiveSparse {
     }
 }
 
-/// A `collectives::sparse` algorithm by name (one of `collectives::sparse::NAMES`).
+/// A `collectives::sparse` algorithm with its options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CollectiveScheme {
-    /// Algorithm name, e.g. `spardl`, `exdyna`, `hitopk`.
-    pub name: String,
+    /// The algorithm, e.g. SparDL, ExDyna, HiTopKComm.
+    pub algo: SparseAlgo,
     /// Density ρ.
     pub density: f64,
-    /// The algorithm's options.
-    pub opts: collectives::sparse::SparseOptions,
 }
 
 impl Scheme for CollectiveScheme {
     fn name(&self) -> String {
-        format!("{}(ρ={})", self.name, self.density)
+        format!("{}(ρ={})", self.algo, self.density)
     }
     fn group(
         &self,
@@ -470,19 +466,11 @@ impl Scheme for CollectiveScheme {
         _numel: usize,
         _ranks: usize,
     ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        if !collectives::sparse::NAMES.contains(&self.name.as_str()) {
-            return Err(Error::InvalidArgument(format!(
-                "unknown sparse allreduce `{}`; known: {}",
-                self.name,
-                collectives::sparse::NAMES.join(", ")
-            )));
-        }
         Ok((
             Box::new(Identity),
             Box::new(CollectiveSparse {
-                name: self.name.clone(),
+                algo: self.algo,
                 density: self.density,
-                opts: self.opts,
                 alg: None,
             }),
         ))
@@ -558,9 +546,8 @@ mod tests {
             }),
             Box::new(DenseExchange::default()),
             Box::new(CollectiveSparse {
-                name: "spardl".into(),
+                algo: SparseAlgo::ALL[4],
                 density: 0.5,
-                opts: Default::default(),
                 alg: None,
             }),
         ]
@@ -623,9 +610,9 @@ mod tests {
     }
 
     #[test]
-    fn selectors_by_name_feed_the_allgather() {
+    fn any_selector_feeds_the_allgather() {
         let scheme = SelectorAllgather {
-            selector: "mstopk".into(),
+            selector: sparsify::SelectorKind::MsTopK,
             density: 0.25,
             seed: 7,
         };
@@ -645,13 +632,6 @@ mod tests {
         .unwrap();
         assert!(out.iter().all(|o| o == &out[0]));
         assert!(out[0].iter().any(|&v| v != 0.0));
-        assert!(SelectorAllgather {
-            selector: "nope".into(),
-            density: 0.1,
-            seed: 0
-        }
-        .group(0, 4, 1)
-        .is_err());
         assert!(TopkAllgather { density: 0.0 }.group(0, 4, 1).is_err());
     }
 }

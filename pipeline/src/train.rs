@@ -6,19 +6,18 @@
 //! Schemes: `dense` (ring all-reduce, MG-WFBP merge), `topk` (TopK-SGD, one group),
 //! `lags` (layer-wise), `mgs` (threshold 8192), `omgs` (the optimal plan), and the
 //! `collectives` sparse all-reduces `spardl`, `exdyna`, `hitopk` (and any other of
-//! `collectives::sparse::NAMES`), one group each.
+//! `collectives::sparse::SparseAlgo`), one group each.
 
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use collectives::sparse::SparseAlgo;
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use crate::counting::CountingComm;
 use crate::data::{synthetic, Dataset};
 use crate::models::{softmax_xent, Mlp, Model, SmallCnn};
 use crate::plan::{MergePlan, Planner};
@@ -41,8 +40,25 @@ pub enum SchemeKind {
     Mgs,
     /// OMGS-SGD: the optimal plan of the timeline model.
     Omgs,
-    /// A `collectives::sparse` algorithm by name (`spardl`, `exdyna`, `hitopk`, ...).
-    Collective(String),
+    /// A `collectives::sparse` algorithm with default options (`spardl`, `exdyna`, `hitopk`,
+    /// ...; by name in JSON).
+    Collective(#[serde(with = "algo_name")] SparseAlgo),
+}
+
+/// A [`SparseAlgo`] in JSON: its name (default options).
+mod algo_name {
+    use collectives::sparse::SparseAlgo;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(a: &SparseAlgo, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(a.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SparseAlgo, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 impl FromStr for SchemeKind {
@@ -54,15 +70,13 @@ impl FromStr for SchemeKind {
             "lags" => SchemeKind::Lags,
             "mgs" => SchemeKind::Mgs,
             "omgs" => SchemeKind::Omgs,
-            other if collectives::sparse::NAMES.contains(&other) => {
-                SchemeKind::Collective(other.into())
-            }
-            other => {
-                return Err(Error::InvalidArgument(format!(
+            other => SchemeKind::Collective(other.parse().map_err(|_| {
+                let known: Vec<&str> = SparseAlgo::ALL.iter().map(|a| a.name()).collect();
+                Error::InvalidArgument(format!(
                     "unknown scheme `{other}`; known: dense, topk, lags, mgs, omgs, {}",
-                    collectives::sparse::NAMES.join(", ")
-                )))
-            }
+                    known.join(", ")
+                ))
+            })?),
         })
     }
 }
@@ -96,10 +110,9 @@ impl SchemeKind {
     pub fn scheme(&self, density: f64) -> Box<dyn Scheme> {
         match self {
             SchemeKind::Dense => Box::new(DenseAllreduce),
-            SchemeKind::Collective(name) => Box::new(CollectiveScheme {
-                name: name.clone(),
+            SchemeKind::Collective(algo) => Box::new(CollectiveScheme {
+                algo: *algo,
                 density,
-                opts: collectives::sparse::SparseOptions::default(),
             }),
             _ => Box::new(TopkAllgather { density }),
         }
@@ -391,7 +404,8 @@ fn run_rank<C: Communicator + 'static>(
 ) -> Result<RankOut> {
     let rank = comm.rank();
     let p = comm.size();
-    let (counting, bytes) = CountingComm::new(comm);
+    let counting = collectives::Metered::metered(comm);
+    let meter = counting.tap().clone();
     let mut model = cfg
         .model
         .build(train.input_dim(), train.classes(), cfg.seed)?;
@@ -476,7 +490,7 @@ fn run_rank<C: Communicator + 'static>(
     Ok(RankOut {
         epochs,
         time_s: train_time,
-        bytes: bytes.load(Ordering::Relaxed),
+        bytes: meter.counts().bytes_sent,
         mean_iter_s: iter_sum / iter_count.max(1) as f64,
     })
 }
@@ -611,7 +625,7 @@ mod tests {
         assert!("sgd".parse::<SchemeKind>().is_err());
         assert_eq!(
             "spardl".parse::<SchemeKind>().unwrap(),
-            SchemeKind::Collective("spardl".into())
+            SchemeKind::Collective("spardl".parse().unwrap())
         );
     }
 }

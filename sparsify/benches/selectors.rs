@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use sparsify::{selector_by_name, ExDyna, ExactTopK, HardThreshold, Selector, SELECTOR_NAMES};
+use sparsify::{ExDyna, ExactTopK, HardThreshold, Selector, SelectorKind};
 
 /// Heavy-tailed test gradient (u³, u uniform in [-1, 1]) from a xorshift stream.
 fn gradient(d: usize) -> Vec<f32> {
@@ -93,15 +93,16 @@ fn bench(c: &mut Criterion) {
                     })
                 })
             });
-            for name in SELECTOR_NAMES {
-                let mut sel: Box<dyn Selector> = match name {
-                    "threshold" => Box::new(HardThreshold::new(kth).expect("finite")),
-                    "exdyna" => {
+            for kind in SelectorKind::ALL {
+                let name = kind.name();
+                let mut sel: Box<dyn Selector> = match kind {
+                    SelectorKind::Threshold => Box::new(HardThreshold::new(kth).expect("finite")),
+                    SelectorKind::ExDyna => {
                         let mut e = ExDyna::new();
                         e.set_threshold(kth);
                         Box::new(e)
                     }
-                    _ => selector_by_name(name, 42).expect("known name"),
+                    _ => kind.build(42),
                 };
                 group.bench_function(name, |b| {
                     b.iter_custom(|n| {

@@ -9,7 +9,7 @@
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
 use crate::kernel::{self, Cand, INF_BITS};
-use crate::{Result, SelectInfo, Selector, SparseGrad};
+use crate::{Result, SelectInfo, Selection, Selector, SparseGrad};
 
 /// Margin of the sampled threshold, in standard deviations of the sample's hit count:
 /// the pass misses the k-th magnitude (and falls back to a second pass) about once in a
@@ -107,21 +107,15 @@ impl Selector for ExactTopK {
         true
     }
 
-    fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)> {
+    fn select(&mut self, x: &[f32], k: usize) -> Selection {
         check_dense_len(x.len())?;
         let (idx, val) =
             kernel::exact_readonly(x, k, &mut self.cand, &mut self.sample, &mut self.scratch)?;
         Ok(finish(idx, val, x.len()))
     }
 
-    fn select_fused(
-        &mut self,
-        residual: &mut [f32],
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
-        crate::check_same_len(residual.len(), grad.len())?;
-        check_dense_len(residual.len())?;
+    fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
+        crate::check_fused(residual, grad)?;
         let (idx, val) = self.fused(residual, grad, k)?;
         Ok(finish(idx, val, residual.len()))
     }

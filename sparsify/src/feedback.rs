@@ -3,7 +3,7 @@
 //! gradient mass is ever dropped. With a reduced-precision output type the rounding error
 //! of every sent value goes back into the residual too.
 
-use crate::{Error, Result, SelectInfo, Selector, SparseGrad, Value};
+use crate::{Error, Result, SelectInfo, Selection, Selector, SparseGrad, Value};
 
 /// Residual memory for one gradient vector of fixed length.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,12 +62,7 @@ impl ErrorFeedback {
     /// A gradient of the wrong length is [`Error::LengthMismatch`] and leaves the residual
     /// untouched. A NaN or infinity is [`Error::NonFinite`] naming its index; the residual
     /// then holds the accumulated (poisoned) values: call [`reset`](Self::reset).
-    pub fn step(
-        &mut self,
-        selector: &mut dyn Selector,
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+    pub fn step(&mut self, selector: &mut dyn Selector, grad: &[f32], k: usize) -> Selection {
         if grad.len() != self.residual.len() {
             return Err(Error::LengthMismatch {
                 what: "gradient",

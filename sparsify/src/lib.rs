@@ -23,6 +23,7 @@ mod error;
 pub mod exact;
 pub mod feedback;
 mod kernel;
+pub mod kind;
 pub mod mstopk;
 pub mod selector;
 pub mod sparse;
@@ -32,8 +33,9 @@ mod value;
 pub use error::{Error, Result};
 pub use exact::ExactTopK;
 pub use feedback::{accumulate, ErrorFeedback};
+pub use kind::SelectorKind;
 pub use mstopk::MsTopK;
-pub use selector::{SelectInfo, Selector};
+pub use selector::{SelectInfo, Selection, Selector};
 pub use sparse::SparseGrad;
 pub use threshold::{DgcSampling, ExDyna, GaussianK, HardThreshold};
 pub use value::Value;
@@ -42,6 +44,13 @@ pub use value::Value;
 /// (the global one unless the caller installed another).
 pub fn threads() -> usize {
     rayon::current_num_threads()
+}
+
+/// The checks of a fused selection: residual and gradient of the same length, within the
+/// `u32` index range.
+pub(crate) fn check_fused(residual: &[f32], grad: &[f32]) -> Result<()> {
+    check_same_len(residual.len(), grad.len())?;
+    exact::check_dense_len(residual.len())
 }
 
 /// Checks that a residual and a gradient have the same length.
@@ -62,30 +71,6 @@ pub(crate) fn check_same_len(residual: usize, grad: usize) -> Result<()> {
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-/// Names accepted by [`selector_by_name`], in report order.
-pub const SELECTOR_NAMES: [&str; 6] =
-    ["exact", "mstopk", "dgc", "threshold", "exdyna", "gaussiank"];
-
-/// A selector by its report name with default settings (`seed` drives the random parts:
-/// MSTopK's tie-filling offset, DGC's sample offset). `"threshold"` calibrates its fixed
-/// threshold from a sample on the first call. Used by benches and `cargo xtask bench`.
-pub fn selector_by_name(name: &str, seed: u64) -> Result<Box<dyn Selector>> {
-    Ok(match name {
-        "exact" => Box::new(ExactTopK::new()),
-        "mstopk" => Box::new(MsTopK::with_seed(seed)),
-        "dgc" => Box::new(DgcSampling::new(seed)),
-        "threshold" => Box::new(HardThreshold::auto()),
-        "exdyna" => Box::new(ExDyna::new()),
-        "gaussiank" => Box::new(GaussianK::new()),
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "unknown selector {other:?}; known: {}",
-                SELECTOR_NAMES.join(", ")
-            )))
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,8 +88,9 @@ mod tests {
         ) {
             let r0 = gen_vec(seed, g.len(), 3);
             let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
-            for name in SELECTOR_NAMES {
-                let mut sel = selector_by_name(name, seed).unwrap();
+            for kind in SelectorKind::ALL {
+                let name = kind.name();
+                let mut sel = kind.build(seed);
                 let (sg, info) = sel.select(&acc, k).unwrap();
                 sparse::validate_indices(sg.indices(), acc.len()).unwrap();
                 prop_assert_eq!(sg.len(), acc.len());
@@ -115,7 +101,7 @@ mod tests {
                 if sel.exact_count() {
                     prop_assert_eq!(sg.nnz(), k.min(acc.len()));
                 }
-                let mut fresh = selector_by_name(name, seed).unwrap();
+                let mut fresh = kind.build(seed);
                 let mut ef = ErrorFeedback::from_residual(r0.clone());
                 let (fs, _) = ef.step(fresh.as_mut(), &g, k).unwrap();
                 prop_assert_eq!(&fs, &sg, "{} fused differs from plain", name);
@@ -148,9 +134,10 @@ mod tests {
                 assert_eq!(kernel::pieces(g.len()), 1);
             }
             let mut out = Vec::new();
-            for name in SELECTOR_NAMES {
+            for kind in SelectorKind::ALL {
+                let name = kind.name();
                 let mut ef = ErrorFeedback::from_residual(r0.to_vec());
-                let mut sel = selector_by_name(name, seed).unwrap();
+                let mut sel = kind.build(seed);
                 let (sg, _) = ef.step(sel.as_mut(), g, k).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
                 out.push((
@@ -159,7 +146,7 @@ mod tests {
                     bits(sg.values()),
                     bits(ef.residual()),
                 ));
-                let (sg, _) = selector_by_name(name, seed).unwrap().select(g, k).unwrap();
+                let (sg, _) = kind.build(seed).select(g, k).unwrap();
                 out.push((name, sg.indices().to_vec(), bits(sg.values()), vec![]));
             }
             out
@@ -216,8 +203,9 @@ mod tests {
         let first = 2 * kernel::PAR_MIN + 7;
         x[first] = f32::NAN;
         on_pool(4, || {
-            for name in SELECTOR_NAMES {
-                let mut sel = selector_by_name(name, 1).unwrap();
+            for kind in SelectorKind::ALL {
+                let name = kind.name();
+                let mut sel = kind.build(1);
                 let e = sel.select(&x, d / 100);
                 assert!(
                     matches!(e, Err(Error::NonFinite { index, .. }) if index == first),
@@ -235,8 +223,9 @@ mod tests {
 
     #[test]
     fn every_selector_handles_bad_input() {
-        for name in SELECTOR_NAMES {
-            let mut sel = selector_by_name(name, 1).unwrap();
+        for kind in SelectorKind::ALL {
+            let name = kind.name();
+            let mut sel = kind.build(1);
             assert_eq!(sel.select(&[], 4).unwrap().0.nnz(), 0, "{name}");
             assert_eq!(sel.select(&[1.0, -2.0], 0).unwrap().0.nnz(), 0, "{name}");
             let mut x = gen_vec(3, 5_000, 0);
@@ -249,7 +238,7 @@ mod tests {
                 "{name}"
             );
             let mut ef = ErrorFeedback::new(5_000);
-            let mut sel = selector_by_name(name, 1).unwrap();
+            let mut sel = kind.build(1);
             assert!(
                 matches!(
                     ef.step(sel.as_mut(), &x, 50),
@@ -262,6 +251,5 @@ mod tests {
                 Err(Error::LengthMismatch { .. })
             ));
         }
-        assert!(selector_by_name("nope", 0).is_err());
     }
 }

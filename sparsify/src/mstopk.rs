@@ -27,7 +27,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::exact::{check_dense_len, finish, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
-use crate::{Result, SelectInfo, Selector, SparseGrad};
+use crate::{Result, Selection, Selector};
 
 /// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
@@ -228,7 +228,7 @@ impl Selector for MsTopK {
         true
     }
 
-    fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)> {
+    fn select(&mut self, x: &[f32], k: usize) -> Selection {
         check_dense_len(x.len())?;
         let d = x.len();
         let k = k.min(d);
@@ -254,14 +254,8 @@ impl Selector for MsTopK {
         Ok(finish(idx, val, d))
     }
 
-    fn select_fused(
-        &mut self,
-        residual: &mut [f32],
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
-        crate::check_same_len(residual.len(), grad.len())?;
-        check_dense_len(residual.len())?;
+    fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
+        crate::check_fused(residual, grad)?;
         let d = residual.len();
         let k = k.min(d);
         self.cand.clear();

@@ -11,6 +11,9 @@ pub struct SelectInfo {
     pub selected: usize,
 }
 
+/// What a selection returns: the selected entries and what the selection saw.
+pub type Selection = Result<(SparseGrad<f32>, SelectInfo)>;
+
 /// A top-k selector. Exact-count selectors return exactly `min(k, d)` entries; threshold
 /// selectors return the entries above their threshold and report the count.
 ///
@@ -24,17 +27,12 @@ pub trait Selector: Send {
     fn exact_count(&self) -> bool;
 
     /// Selects from `x`. A NaN or infinite entry is an error naming its index.
-    fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)>;
+    fn select(&mut self, x: &[f32], k: usize) -> Selection;
 
     /// Fused error feedback: `acc = residual + grad` (written into `residual`), select from
     /// `acc`, zero the selected entries of `residual`. The default does it in two steps;
     /// selectors override it with a one-pass kernel.
-    fn select_fused(
-        &mut self,
-        residual: &mut [f32],
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(SparseGrad<f32>, SelectInfo)> {
+    fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         crate::check_same_len(residual.len(), grad.len())?;
         for (r, g) in residual.iter_mut().zip(grad) {
             *r += *g;

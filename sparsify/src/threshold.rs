@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::exact::{check_dense_len, finish, zero_selected};
 use crate::kernel::{self, abs_bits, Cand, INF_BITS};
-use crate::{Error, Result, SelectInfo, Selector, SparseGrad};
+use crate::{Error, Result, Selection, Selector};
 
 /// Threshold bits for "`|x| ≥ t`" with a finite non-negative `t` (NaN or negative: 0).
 fn ge_bits(t: f32) -> i32 {
@@ -99,7 +99,7 @@ macro_rules! selector_impl {
                 false
             }
 
-            fn select(&mut self, x: &[f32], k: usize) -> Result<(SparseGrad<f32>, SelectInfo)> {
+            fn select(&mut self, x: &[f32], k: usize) -> Selection {
                 check_dense_len(x.len())?;
                 // `run` takes a mutable buffer (it accumulates when fused) but never
                 // writes when `grad` is None; the read-only path hands it a copy.
@@ -110,14 +110,8 @@ macro_rules! selector_impl {
                 Ok((sg, info))
             }
 
-            fn select_fused(
-                &mut self,
-                residual: &mut [f32],
-                grad: &[f32],
-                k: usize,
-            ) -> Result<(SparseGrad<f32>, SelectInfo)> {
-                crate::check_same_len(residual.len(), grad.len())?;
-                check_dense_len(residual.len())?;
+            fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
+                crate::check_fused(residual, grad)?;
                 let (idx, val, t) = self.run_edges(residual, Some(grad), k)?;
                 zero_selected(residual, &idx);
                 let (sg, mut info) = finish(idx, val, residual.len());

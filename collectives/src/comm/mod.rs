@@ -10,6 +10,7 @@ use bytemuck::Pod;
 use crate::{Error, Result};
 
 pub mod sim;
+pub mod tap;
 pub mod thread;
 
 #[cfg(feature = "mpi")]
@@ -94,46 +95,72 @@ pub trait Communicator: Send {
     fn backend(&self) -> String;
 }
 
-impl<C: Communicator + ?Sized> Communicator for Box<C> {
-    fn rank(&self) -> usize {
-        (**self).rank()
-    }
-    fn size(&self) -> usize {
-        (**self).size()
-    }
-    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
-        (**self).send(dest, tag, data)
-    }
-    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
-        (**self).recv(src, tag)
-    }
-    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
-        (**self).recv_into(src, tag, buf)
-    }
-    fn sendrecv(&self, d: usize, st: Tag, data: &[u8], s: usize, rt: Tag) -> Result<Vec<u8>> {
-        (**self).sendrecv(d, st, data, s, rt)
-    }
-    fn sendrecv_into(
-        &self,
-        d: usize,
-        st: Tag,
-        data: &[u8],
-        s: usize,
-        rt: Tag,
-        buf: &mut [u8],
-    ) -> Result<usize> {
-        (**self).sendrecv_into(d, st, data, s, rt, buf)
-    }
-    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
-        (**self).split(color, key)
-    }
-    fn barrier(&self) -> Result<()> {
-        (**self).barrier()
-    }
-    fn backend(&self) -> String {
-        (**self).backend()
-    }
+/// `impl Communicator` for a type that only hands every call to the communicator `$inner`
+/// (an expression of `$s`, the `&self`).
+macro_rules! forward_communicator {
+    (impl[$($g:tt)*] $t:ty, |$s:ident| $inner:expr) => {
+        impl<$($g)*> $crate::Communicator for $t {
+            fn rank(&self) -> usize {
+                let $s = self;
+                $inner.rank()
+            }
+            fn size(&self) -> usize {
+                let $s = self;
+                $inner.size()
+            }
+            fn send(&self, dest: usize, tag: $crate::Tag, data: &[u8]) -> $crate::Result<()> {
+                let $s = self;
+                $inner.send(dest, tag, data)
+            }
+            fn recv(&self, src: usize, tag: $crate::Tag) -> $crate::Result<Vec<u8>> {
+                let $s = self;
+                $inner.recv(src, tag)
+            }
+            fn recv_into(&self, src: usize, tag: $crate::Tag, buf: &mut [u8]) -> $crate::Result<usize> {
+                let $s = self;
+                $inner.recv_into(src, tag, buf)
+            }
+            fn sendrecv(
+                &self,
+                d: usize,
+                st: $crate::Tag,
+                data: &[u8],
+                s: usize,
+                rt: $crate::Tag,
+            ) -> $crate::Result<Vec<u8>> {
+                let $s = self;
+                $inner.sendrecv(d, st, data, s, rt)
+            }
+            fn sendrecv_into(
+                &self,
+                d: usize,
+                st: $crate::Tag,
+                data: &[u8],
+                s: usize,
+                rt: $crate::Tag,
+                buf: &mut [u8],
+            ) -> $crate::Result<usize> {
+                let $s = self;
+                $inner.sendrecv_into(d, st, data, s, rt, buf)
+            }
+            fn split(&self, color: u32, key: u32) -> $crate::Result<Box<dyn $crate::Communicator>> {
+                let $s = self;
+                $inner.split(color, key)
+            }
+            fn barrier(&self) -> $crate::Result<()> {
+                let $s = self;
+                $inner.barrier()
+            }
+            fn backend(&self) -> String {
+                let $s = self;
+                $inner.backend()
+            }
+        }
+    };
 }
+pub(crate) use forward_communicator;
+
+forward_communicator!(impl[C: Communicator + ?Sized] Box<C>, |s| (**s));
 
 /// Typed helpers over any communicator, through `bytemuck` (`f32`, `u32`, `f16`, `bf16`, ...).
 pub trait CommExt: Communicator {

@@ -21,7 +21,7 @@ pub struct CltK {
 }
 
 impl CltK {
-    constructor!("cltk", "CLT-k");
+    constructor!(CltK { selector: Option<sparsify::SelectorKind> }, "CLT-k");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         CltK {

@@ -2,13 +2,11 @@
 //! adapter over the communicator, sparse entry blocks and their wire form, deterministic
 //! sparse top-k and ordered sums, and a Bruck all-gather over a group of ranks.
 
-use std::cell::Cell;
-
 use cost_model::plan::dense::bruck_rounds;
 use sparsify::{ExactTopK, MsTopK, Selector};
 
-use super::{SelectorKind, SparseOptions, NAMES};
-use crate::{Communicator, Error, Result, Tag};
+use super::{SelectorKind, SparseAlgo};
+use crate::{Communicator, Error, Metered, Result, Tag};
 
 /// Tags of the sparse algorithms (`0x6100..=0x613F`), one per phase.
 pub(crate) mod tags {
@@ -28,12 +26,27 @@ pub(crate) mod tags {
     pub const HI_INTRA: Tag = 0x610E;
 }
 
-/// Code of an algorithm name for the agreement check (`u64::MAX` when unknown).
-pub(crate) fn name_code(name: &str) -> u64 {
-    NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map_or(u64::MAX, |i| i as u64 + 1)
+/// The options of a [`SparseAlgo`] as flat fields, for the algorithms to read and the
+/// agreement check to compare (an option an algorithm does not take is its default).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Opts {
+    pub selector: Option<SelectorKind>,
+    pub teams: Option<usize>,
+    pub ranks_per_node: Option<usize>,
+    pub f16_wire: bool,
+    pub exdyna_warm_start: bool,
+}
+
+impl Opts {
+    fn of(algo: &SparseAlgo) -> Self {
+        Opts {
+            selector: algo.selector(),
+            teams: algo.teams(),
+            ranks_per_node: algo.ranks_per_node(),
+            f16_wire: algo.f16_wire(),
+            exdyna_warm_start: algo.warm_start(),
+        }
+    }
 }
 
 /// The agreed configuration an algorithm is built from.
@@ -43,7 +56,7 @@ pub(crate) struct Config {
     pub rank: usize,
     pub d: usize,
     pub density: f64,
-    pub opts: SparseOptions,
+    pub opts: Opts,
 }
 
 impl Config {
@@ -85,12 +98,10 @@ const FIELDS: [&str; 8] = [
     "exdyna warm start",
 ];
 
-fn selector_code(s: SelectorKind) -> u64 {
-    match s {
-        SelectorKind::Default => 0,
-        SelectorKind::Exact => 1,
-        SelectorKind::MsTopK => 2,
-    }
+/// 0 for the algorithm's default, else the position in [`SelectorKind::ALL`] plus one.
+fn selector_code(s: Option<SelectorKind>) -> u64 {
+    s.and_then(|k| SelectorKind::ALL.iter().position(|&a| a == k))
+        .map_or(0, |i| i as u64 + 1)
 }
 
 /// Collective construction check: every rank learns every rank's (algorithm, d, density,
@@ -98,12 +109,11 @@ fn selector_code(s: SelectorKind) -> u64 {
 /// same error everywhere. Then the values are validated against P.
 pub(crate) fn setup(
     comm: &dyn Communicator,
-    code: u64,
+    algo: &SparseAlgo,
     d: usize,
     density: f64,
-    opts: &SparseOptions,
 ) -> Result<Config> {
-    setup_inner(comm, code, d, density, opts).map_err(|e| fail_together(comm, e))
+    setup_inner(comm, algo.code(), d, density, &Opts::of(algo)).map_err(|e| fail_together(comm, e))
 }
 
 /// Every rank reaches the same verdict from the same table; before returning it, the ranks
@@ -121,7 +131,7 @@ fn setup_inner(
     code: u64,
     d: usize,
     density: f64,
-    opts: &SparseOptions,
+    opts: &Opts,
 ) -> Result<Config> {
     let p = comm.size();
     let words: [u64; 8] = [
@@ -136,7 +146,7 @@ fn setup_inner(
     ];
     if p > 1 {
         let mine: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let cc = Counting::new(comm);
+        let cc = counting(comm);
         let g = Group::world(p, comm.rank());
         let sizes = vec![mine.len(); p];
         let all = bruck(&cc, &g, mine, Some(&sizes), tags::CHECK)?;
@@ -162,10 +172,10 @@ fn setup_inner(
             }
         }
     }
-    if code == u64::MAX || code == 0 || code as usize > NAMES.len() {
+    if let Some(kind) = opts.selector.filter(|k| !k.exact_count()) {
         return Err(Error::InvalidArgument(format!(
-            "unknown sparse allreduce; known: {}",
-            NAMES.join(", ")
+            "selector {kind} does not return exactly k entries; the sparse allreduces take \
+             exact or mstopk"
         )));
     }
     if !(density.is_finite() && density > 0.0 && density <= 1.0) {
@@ -192,134 +202,37 @@ fn setup_inner(
     })
 }
 
-/// The selector `kind` asks for (`default` standing for [`SelectorKind::Default`]).
-pub(crate) fn make_selector(kind: SelectorKind, default: SelectorKind) -> Box<dyn Selector> {
-    let kind = if kind == SelectorKind::Default {
-        default
-    } else {
-        kind
-    };
-    match kind {
+/// The selector `kind` asks for, `default` when it is `None` (validated by [`setup`]: exact
+/// or MSTopK).
+pub(crate) fn make_selector(
+    kind: Option<SelectorKind>,
+    default: SelectorKind,
+) -> Box<dyn Selector> {
+    match kind.unwrap_or(default) {
         SelectorKind::MsTopK => Box::new(MsTopK::default()),
         _ => Box::new(ExactTopK::new()),
     }
 }
 
-/// Traffic counters of one step.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Counts {
-    pub messages: u64,
-    pub rounds: u64,
-    pub bytes_sent: u64,
-    pub bytes_recv: u64,
-    pub entries_recv: u64,
-}
+/// A borrowed communicator as an owned one, so that one step can meter it.
+pub(crate) struct Borrowed<'a>(pub &'a dyn Communicator);
 
-/// A communicator adapter that counts what passes through it (messages, rounds as
-/// `SimComm` counts them, payload bytes), so step stats exist on every transport.
-pub(crate) struct Counting<'a> {
-    inner: &'a dyn Communicator,
-    c: Cell<Counts>,
-}
+// SAFETY: a `Borrowed` (and the `Counting` around it) is created, used and dropped inside
+// one `step` call on the calling thread and is never moved to or shared with another
+// thread; `Send` is only required by the `Communicator` trait bound so that it can be
+// handed to the generic dense collectives.
+unsafe impl Send for Borrowed<'_> {}
 
-// SAFETY: `Counting` is created, used and dropped inside one `step` call on the calling
-// thread and is never moved to or shared with another thread; `Send` is only required by
-// the `Communicator` trait bound so that it can be handed to the generic dense collectives.
-unsafe impl Send for Counting<'_> {}
+crate::comm::forward_communicator!(impl['a] Borrowed<'a>, |s| s.0);
 
-impl<'a> Counting<'a> {
-    pub fn new(inner: &'a dyn Communicator) -> Self {
-        Counting {
-            inner,
-            c: Cell::new(Counts::default()),
-        }
-    }
+/// This step's communicator, metered: messages, rounds and bytes as `SimComm` counts
+/// them, and the sparse entries received (`add_items`), so step stats exist on every
+/// transport.
+pub(crate) type Counting<'a> = Metered<Borrowed<'a>>;
 
-    fn bump(&self, f: impl FnOnce(&mut Counts)) {
-        let mut c = self.c.get();
-        f(&mut c);
-        self.c.set(c);
-    }
-
-    /// Adds `n` received sparse entries to the counters.
-    pub fn add_entries(&self, n: usize) {
-        self.bump(|c| c.entries_recv += n as u64);
-    }
-
-    pub fn counts(&self) -> Counts {
-        self.c.get()
-    }
-}
-
-impl Communicator for Counting<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
-        self.inner.send(dest, tag, data)?;
-        self.bump(|c| {
-            c.messages += 1;
-            c.rounds += 1;
-            c.bytes_sent += data.len() as u64;
-        });
-        Ok(())
-    }
-    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
-        let m = self.inner.recv(src, tag)?;
-        self.bump(|c| {
-            c.rounds += 1;
-            c.bytes_recv += m.len() as u64;
-        });
-        Ok(m)
-    }
-    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
-        let n = self.inner.recv_into(src, tag, buf)?;
-        self.bump(|c| {
-            c.rounds += 1;
-            c.bytes_recv += n as u64;
-        });
-        Ok(n)
-    }
-    fn sendrecv(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag) -> Result<Vec<u8>> {
-        let m = self.inner.sendrecv(dest, st, data, src, rt)?;
-        self.bump(|c| {
-            c.messages += 1;
-            c.rounds += 1;
-            c.bytes_sent += data.len() as u64;
-            c.bytes_recv += m.len() as u64;
-        });
-        Ok(m)
-    }
-    fn sendrecv_into(
-        &self,
-        dest: usize,
-        st: Tag,
-        data: &[u8],
-        src: usize,
-        rt: Tag,
-        buf: &mut [u8],
-    ) -> Result<usize> {
-        let n = self.inner.sendrecv_into(dest, st, data, src, rt, buf)?;
-        self.bump(|c| {
-            c.messages += 1;
-            c.rounds += 1;
-            c.bytes_sent += data.len() as u64;
-            c.bytes_recv += n as u64;
-        });
-        Ok(n)
-    }
-    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
-        self.inner.split(color, key)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-    fn backend(&self) -> String {
-        self.inner.backend()
-    }
+/// Meters `comm` from zero.
+pub(crate) fn counting(comm: &dyn Communicator) -> Counting<'_> {
+    Metered::metered(Borrowed(comm))
 }
 
 /// A group of ranks of one communicator, listed by world rank, and this rank's position.

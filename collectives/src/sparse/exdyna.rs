@@ -15,7 +15,7 @@
 //! entry selected). Conserves mass: each rank zeroes its residual exactly at the union it
 //! contributed to.
 //!
-//! **Warm start** ([`SparseOptions::exdyna_warm_start`], off by default; not in the
+//! **Warm start** (`SparseAlgo::ExDyna { warm_start }`, off by default; not in the
 //! paper): the threshold `1/(2√k)` assumes gradients of unit norm, and as it moves by at
 //! most 0.5% per step it can take hundreds of steps to reach its working value (until
 //! then far more than `k` entries are selected). With the option, on the first step each
@@ -36,9 +36,6 @@ use super::common::{bruck, tags, Config, Counting, Entries, Group};
 use super::scaffold::{self, accessors, constructor, counted_step};
 use super::{SparseAllreduce, StepStats};
 use crate::{Error, Result};
-
-#[cfg(doc)]
-use super::SparseOptions;
 
 /// ExDyna (Yoon & Oh, CCGrid 2024) Algorithm 3's α (the authors' code: 1.05 and 1/1.05 = 0.95238).
 const ALPHA: f64 = 1.05;
@@ -63,7 +60,7 @@ pub struct ExDyna {
 }
 
 impl ExDyna {
-    constructor!("exdyna", "ExDyna");
+    constructor!(ExDyna { warm_start: bool }, "ExDyna");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         let (p, d) = (cfg.p, cfg.d);
@@ -259,7 +256,7 @@ impl ExDyna {
                 )));
             }
             if r != rank {
-                cc.add_entries(kt[r]);
+                cc.add_items(kt[r]);
             }
             union.extend_from_slice(own);
         }

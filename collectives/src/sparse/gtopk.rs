@@ -26,7 +26,7 @@ pub struct GTopk {
 }
 
 impl GTopk {
-    constructor!("gtopk", "gTopk");
+    constructor!(GTopk { selector: Option<sparsify::SelectorKind> }, "gTopk");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         GTopk {
@@ -61,7 +61,7 @@ impl GTopk {
                     from, tag, combine, ..
                 } => {
                     let got = Entries::decode_all(&cc.recv(from, tag)?, 0..d)?;
-                    cc.add_entries(got.len());
+                    cc.add_items(got.len());
                     if combine.reduces() {
                         let (keep, drop) = topk_entries(&sum_ordered(&[&cur, &got]), k);
                         dropped.push(drop);

@@ -17,7 +17,7 @@
 use half::f16;
 use sparsify::SparseGrad;
 
-use super::common::{self, bruck, sum_ordered, tags, Config, Counting, Entries, Group};
+use super::common::{self, bruck, sum_ordered, tags, Config, Entries, Group};
 use super::scaffold::{self, accessors, constructor, Feedback};
 use super::{SelectorKind, SparseAllreduce, StepStats};
 use crate::dense::{block_range, reduce_scatter, DenseOptions, ReduceScatterAlgo, WireType};
@@ -37,7 +37,11 @@ pub struct HiTopK {
 }
 
 impl HiTopK {
-    constructor!("hitopk", "HiTopKComm", with_comm);
+    constructor!(
+        HiTopK { ranks_per_node: Option<usize>, f16_wire: bool, selector: Option<sparsify::SelectorKind> },
+        "HiTopKComm",
+        with_comm
+    );
 
     pub(crate) fn from_config(comm: &dyn Communicator, cfg: Config) -> Result<Self> {
         let p = cfg.p;
@@ -112,8 +116,8 @@ impl SparseAllreduce for HiTopK {
         self.cfg.check_step(comm, grad)?;
         let (d, n) = (self.cfg.d, self.n);
         let f16_wire = self.cfg.opts.f16_wire;
-        let cci = Counting::new(self.intra.as_ref());
-        let cce = Counting::new(self.inter.as_ref());
+        let cci = common::counting(self.intra.as_ref());
+        let cce = common::counting(self.inter.as_ref());
         let j = self.intra.rank();
         // 1. Intra-node reduce-scatter (Algorithm 2 line 3).
         self.buf.copy_from_slice(grad);

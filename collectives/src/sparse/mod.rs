@@ -4,8 +4,8 @@
 //! §3), HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) and ExDyna
 //! (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5).
 //!
-//! Every algorithm is built for a dense length `d`, a density in (0, 1] and its own
-//! [`SparseOptions`], on a communicator: construction is collective and exchanges the
+//! Every algorithm is built from a [`SparseAlgo`] (the variant carries that algorithm's
+//! options) for a dense length `d` and a density in (0, 1], on a communicator: construction is collective and exchanges the
 //! configuration, so a rank that disagrees (another `d`, density, algorithm or option) or
 //! an option that does not fit `P` is a typed error on **every** rank instead of a hang.
 //! Each [`SparseAllreduce::step`] takes this rank's new dense gradient, adds its residual
@@ -21,10 +21,11 @@
 //! Tags: `0x6100..=0x613F` (the dense collectives use `0x6000..=0x603F`).
 //!
 //! ```
-//! use collectives::sparse::{build, SparseOptions};
+//! use collectives::sparse::{build, Sag, SparseAlgo};
 //! use collectives::{Communicator, ThreadComm};
 //! let updates = ThreadComm::run(3, |comm| -> collectives::Result<Vec<f32>> {
-//!     let mut alg = build("spardl", &comm, 12, 0.5, &SparseOptions::default())?;
+//!     let spardl = SparseAlgo::SparDl { sag: Sag::None, teams: None, selector: None };
+//!     let mut alg = build(spardl, &comm, 12, 0.5)?;
 //!     let grad: Vec<f32> = (0..12).map(|i| (i * (comm.rank() + 1)) as f32).collect();
 //!     let (update, _stats) = alg.step(&comm, &grad)?;
 //!     Ok(update.to_dense())
@@ -34,6 +35,7 @@
 //! assert_eq!(updates[1], updates[2]);
 //! ```
 
+mod algo;
 mod cltk;
 mod common;
 mod exdyna;
@@ -44,65 +46,20 @@ mod spardl;
 mod topka;
 mod topkdsa;
 
+pub use algo::SparseAlgo;
 pub use cltk::CltK;
 pub use exdyna::ExDyna;
 pub use gtopk::GTopk;
 pub use hitopk::HiTopK;
 pub use spardl::{Sag, SparDl};
+/// The selector choice, shared with `sparsify`.
+pub use sparsify::SelectorKind;
 pub use topka::TopkA;
 pub use topkdsa::TopkDsa;
 
 use sparsify::SparseGrad;
 
 use crate::{Communicator, Result};
-
-/// Short lower-case names of every algorithm, as [`build`] accepts them.
-pub const NAMES: [&str; 9] = [
-    "topka",
-    "topkdsa",
-    "gtopk",
-    "cltk",
-    "spardl",
-    "spardl_rsag",
-    "spardl_bsag",
-    "hitopk",
-    "exdyna",
-];
-
-/// Which top-k selector an algorithm runs where it selects from a dense vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum SelectorKind {
-    /// The algorithm's own default (exact top-k; MSTopK for HiTopKComm, MSTopK/HiTopKComm
-    /// (Shi et al., MLSys 2021) §3.2).
-    #[default]
-    Default,
-    /// Exact top-k (`sparsify::ExactTopK`).
-    Exact,
-    /// MSTopK (`sparsify::MsTopK`, MSTopK/HiTopKComm (Shi et al., MLSys 2021) Algorithm 1, N = 30
-    /// rounds).
-    MsTopK,
-}
-
-/// Options of the sparse allreduce algorithms; each algorithm reads the ones it uses.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct SparseOptions {
-    /// Top-k selector for the dense selections.
-    pub selector: SelectorKind,
-    /// SparDL's number of teams `d` for R-SAG (a power of two dividing P) and B-SAG (any
-    /// divisor of P). `None`: 2 for R-SAG when P is even, else 1; the smallest prime
-    /// factor of P for B-SAG.
-    pub teams: Option<usize>,
-    /// HiTopKComm's GPUs per node `n` (must divide P). `None`: P (one node).
-    pub ranks_per_node: Option<usize>,
-    /// HiTopKComm: send values as `f16` (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3 uses FP16
-    /// on the wire).
-    pub f16_wire: bool,
-    /// ExDyna: on the first step, start from the partitions' exact top-k thresholds
-    /// instead of ExDyna's `1/(2√k)` (which can select far more than `k` for hundreds
-    /// of steps); the online scaling of Algorithm 5 continues from there. Off by default
-    /// (the paper's behaviour). See [`ExDyna`].
-    pub exdyna_warm_start: bool,
-}
 
 /// What one step did, as seen by this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -135,7 +92,7 @@ pub struct StepStats {
 
 /// A sparse allreduce: owns its residuals, thresholds and partitions across steps.
 pub trait SparseAllreduce: Send {
-    /// Short lower-case name (one of [`NAMES`]).
+    /// Short lower-case name ([`SparseAlgo::name`]).
     fn name(&self) -> &'static str;
 
     /// Dense length `d` it was built for.
@@ -170,38 +127,24 @@ pub trait SparseAllreduce: Send {
     fn residual(&self) -> &[f32];
 }
 
-/// Builds the algorithm called `name` (one of [`NAMES`]). Collective: every rank must call
-/// it; disagreement on any argument is an error on every rank.
+/// Builds `algo`. Collective: every rank must call it; disagreement on any argument is an
+/// error on every rank.
 pub fn build(
-    name: &str,
+    algo: SparseAlgo,
     comm: &dyn Communicator,
     d: usize,
     density: f64,
-    opts: &SparseOptions,
 ) -> Result<Box<dyn SparseAllreduce>> {
-    let code = common::name_code(name);
-    let cfg = common::setup(comm, code, d, density, opts)?;
-    if name == "hitopk" {
-        return Ok(Box::new(HiTopK::from_config(comm, cfg)?));
-    }
-    build_from(name, cfg).map_err(|e| common::fail_together(comm, e))
-}
-
-fn build_from(name: &str, cfg: common::Config) -> Result<Box<dyn SparseAllreduce>> {
-    Ok(match name {
-        "cltk" => Box::new(CltK::from_config(cfg)),
-        "exdyna" => Box::new(ExDyna::from_config(cfg)),
-        "topka" => Box::new(TopkA::from_config(cfg)),
-        "topkdsa" => Box::new(TopkDsa::from_config(cfg)),
-        "gtopk" => Box::new(GTopk::from_config(cfg)),
-        "spardl" => Box::new(SparDl::from_config(cfg, Sag::None)?),
-        "spardl_rsag" => Box::new(SparDl::from_config(cfg, Sag::Recursive)?),
-        "spardl_bsag" => Box::new(SparDl::from_config(cfg, Sag::Bruck)?),
-        other => {
-            return Err(crate::Error::InvalidArgument(format!(
-                "unknown sparse allreduce {other:?}; known: {}",
-                NAMES.join(", ")
-            )))
+    let cfg = common::setup(comm, &algo, d, density)?;
+    Ok(match algo {
+        SparseAlgo::HiTopK { .. } => Box::new(HiTopK::from_config(comm, cfg)?),
+        SparseAlgo::CltK { .. } => Box::new(CltK::from_config(cfg)),
+        SparseAlgo::ExDyna { .. } => Box::new(ExDyna::from_config(cfg)),
+        SparseAlgo::TopkA { .. } => Box::new(TopkA::from_config(cfg)),
+        SparseAlgo::TopkDsa { .. } => Box::new(TopkDsa::from_config(cfg)),
+        SparseAlgo::GTopk { .. } => Box::new(GTopk::from_config(cfg)),
+        SparseAlgo::SparDl { sag, .. } => {
+            Box::new(SparDl::from_config(cfg, sag).map_err(|e| common::fail_together(comm, e))?)
         }
     })
 }

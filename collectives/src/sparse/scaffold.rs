@@ -8,36 +8,41 @@ use std::ops::Range;
 
 use sparsify::{ErrorFeedback, Selector, SparseGrad, Value};
 
-use super::common::{self, Config, Counting, Counts, Entries};
+use super::common::{self, Config, Counting, Entries};
 use super::{SelectorKind, StepStats};
 use crate::dense::{allreduce, choose_allreduce, DenseOptions};
+use crate::Counts;
 use crate::{Communicator, Error, Result};
 
-/// `pub fn new(comm, d, density, opts)`: the collective construction check under the
-/// algorithm's name, then `Self::from_config(cfg)` (or `Self::from_config(comm, cfg)`
-/// with `with_comm`, for algorithms that split the communicator).
+/// `pub fn new(comm, d, density, <the variant's options>)`: the collective construction
+/// check of that [`super::SparseAlgo`] variant, then `Self::from_config(cfg)` (or
+/// `Self::from_config(comm, cfg)` with `with_comm`, for algorithms that split the
+/// communicator).
 macro_rules! constructor {
-    ($name:literal, $title:literal) => {
-        $crate::sparse::scaffold::constructor!(@ $name, $title, |_comm, cfg| Ok(Self::from_config(cfg)));
+    ($variant:ident { $($field:ident : $ty:ty),* }, $title:literal) => {
+        $crate::sparse::scaffold::constructor!(
+            @ $variant { $($field: $ty),* }, $title, |_comm, cfg| Ok(Self::from_config(cfg))
+        );
     };
-    ($name:literal, $title:literal, with_comm) => {
-        $crate::sparse::scaffold::constructor!(@ $name, $title, |comm, cfg| Self::from_config(comm, cfg));
+    ($variant:ident { $($field:ident : $ty:ty),* }, $title:literal, with_comm) => {
+        $crate::sparse::scaffold::constructor!(
+            @ $variant { $($field: $ty),* }, $title, |comm, cfg| Self::from_config(comm, cfg)
+        );
     };
-    (@ $name:literal, $title:literal, |$comm:ident, $cfg:ident| $make:expr) => {
-        #[doc = concat!("Builds ", $title, " (collective; see [`super::build`]).")]
+    (@ $variant:ident { $($field:ident : $ty:ty),* }, $title:literal,
+     |$comm:ident, $cfg:ident| $make:expr) => {
+        #[doc = concat!(
+            "Builds ", $title, " with the options of [`super::SparseAlgo::", stringify!($variant),
+            "`] (collective; see [`super::build`])."
+        )]
         pub fn new(
             $comm: &dyn $crate::Communicator,
             d: usize,
             density: f64,
-            opts: &$crate::sparse::SparseOptions,
+            $($field: $ty),*
         ) -> $crate::Result<Self> {
-            let $cfg = $crate::sparse::common::setup(
-                $comm,
-                $crate::sparse::common::name_code($name),
-                d,
-                density,
-                opts,
-            )?;
+            let algo = $crate::sparse::SparseAlgo::$variant { $($field),* };
+            let $cfg = $crate::sparse::common::setup($comm, &algo, d, density)?;
             $make
         }
     };
@@ -90,7 +95,7 @@ impl Config {
     /// Start of a step: [`Config::check_step`], then a fresh traffic counter over `comm`.
     pub fn begin<'a>(&self, comm: &'a dyn Communicator, grad: &[f32]) -> Result<Counting<'a>> {
         self.check_step(comm, grad)?;
-        Ok(Counting::new(comm))
+        Ok(common::counting(comm))
     }
 }
 
@@ -102,8 +107,8 @@ pub(crate) struct Feedback {
 }
 
 impl Feedback {
-    /// Residual of length `len`, the selector `cfg` asks for (`default` for
-    /// [`SelectorKind::Default`]).
+    /// Residual of length `len`, the selector `cfg` asks for (`default` when it names
+    /// none).
     pub fn new(cfg: &Config, len: usize, default: SelectorKind) -> Self {
         Feedback {
             fb: ErrorFeedback::new(len),
@@ -189,7 +194,7 @@ pub(crate) fn decode_blocks(
     for (j, b) in blocks.iter().enumerate() {
         let (e, sparse) = decode(j, b)?;
         if j != me && sparse {
-            cc.add_entries(e.len());
+            cc.add_items(e.len());
         }
         out.push(e);
     }
@@ -218,19 +223,6 @@ pub(crate) fn concat(parts: &[Entries]) -> Entries {
     all
 }
 
-impl std::ops::Add for Counts {
-    type Output = Counts;
-    fn add(self, o: Counts) -> Counts {
-        Counts {
-            messages: self.messages + o.messages,
-            rounds: self.rounds + o.rounds,
-            bytes_sent: self.bytes_sent + o.bytes_sent,
-            bytes_recv: self.bytes_recv + o.bytes_recv,
-            entries_recv: self.entries_recv + o.entries_recv,
-        }
-    }
-}
-
 /// The step's result: the update (`sum` divided by P, see [`common::finish_update`]) and
 /// the stats with the traffic `counts` and this rank's `selected` count.
 pub(crate) fn finish(
@@ -248,7 +240,7 @@ pub(crate) fn finish(
         rounds: counts.rounds,
         bytes_sent: counts.bytes_sent,
         bytes_recv: counts.bytes_recv,
-        entries_recv: counts.entries_recv,
+        entries_recv: counts.items_recv,
         ..StepStats::default()
     };
     (update, stats)

@@ -28,7 +28,7 @@ use super::common::{
     self, bruck, sum_ordered, tags, topk_entries, Config, Counting, Entries, Group,
 };
 use super::scaffold::{self, accessors, counted_step};
-use super::{SelectorKind, SparseAllreduce, SparseOptions, StepStats};
+use super::{SelectorKind, SparseAlgo, SparseAllreduce, StepStats};
 use crate::{Communicator, Error, Result};
 
 /// Which Spar-All-Gather SparDL runs between its teams.
@@ -64,25 +64,23 @@ pub struct SparDl {
     last_n: usize,
 }
 
-/// The name [`super::build`] knows SparDL with this Spar-All-Gather by.
-fn sag_name(sag: Sag) -> &'static str {
-    match sag {
-        Sag::None => "spardl",
-        Sag::Recursive => "spardl_rsag",
-        Sag::Bruck => "spardl_bsag",
-    }
-}
-
 impl SparDl {
-    /// Builds SparDL with the given Spar-All-Gather (collective; see [`super::build`]).
+    /// Builds SparDL with the options of [`super::SparseAlgo::SparDl`] (collective; see
+    /// [`super::build`]).
     pub fn new(
         comm: &dyn Communicator,
         d: usize,
         density: f64,
         sag: Sag,
-        opts: &SparseOptions,
+        teams: Option<usize>,
+        selector: Option<sparsify::SelectorKind>,
     ) -> Result<Self> {
-        let cfg = common::setup(comm, common::name_code(sag_name(sag)), d, density, opts)?;
+        let algo = SparseAlgo::SparDl {
+            sag,
+            teams,
+            selector,
+        };
+        let cfg = common::setup(comm, &algo, d, density)?;
         Self::from_config(cfg, sag).map_err(|e| common::fail_together(comm, e))
     }
 
@@ -201,7 +199,7 @@ impl SparDl {
                     self.work[i as usize] += v;
                 }
             }
-            cc.add_entries(self.kb * sz);
+            cc.add_items(self.kb * sz);
         }
         self.select_block(q)
     }
@@ -216,7 +214,7 @@ impl SparDl {
             let other_team = partner / self.m;
             let got = cc.sendrecv(partner, tags::SAG, &cur.encode(), partner, tags::SAG)?;
             let other = Entries::decode_all(&got, self.block(q))?;
-            cc.add_entries(other.len());
+            cc.add_items(other.len());
             let sum = if t < other_team {
                 sum_ordered(&[&cur, &other])
             } else {
@@ -253,7 +251,7 @@ impl SparDl {
         for (x, b) in blocks.iter().enumerate() {
             let e = Entries::decode_all(b, self.block(q))?;
             if x != t {
-                cc.add_entries(e.len());
+                cc.add_items(e.len());
             }
             parts.push(e);
         }
@@ -285,7 +283,15 @@ impl SparDl {
 }
 
 impl SparseAllreduce for SparDl {
-    accessors!(|s| sag_name(s.sag), |s| &s.resid);
+    accessors!(
+        |s| SparseAlgo::SparDl {
+            sag: s.sag,
+            teams: None,
+            selector: None
+        }
+        .name(),
+        |s| &s.resid
+    );
     counted_step!();
 }
 

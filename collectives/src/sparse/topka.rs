@@ -22,7 +22,7 @@ pub struct TopkA {
 }
 
 impl TopkA {
-    constructor!("topka", "TopkA");
+    constructor!(TopkA { selector: Option<sparsify::SelectorKind> }, "TopkA");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         TopkA {

@@ -26,7 +26,7 @@ fn start(d: usize, p: usize, j: usize) -> usize {
 }
 
 impl TopkDsa {
-    constructor!("topkdsa", "TopkDSA");
+    constructor!(TopkDsa { selector: Option<sparsify::SelectorKind> }, "TopkDSA");
 
     pub(crate) fn from_config(cfg: Config) -> Self {
         TopkDsa {
@@ -111,7 +111,7 @@ impl TopkDsa {
                 tags::DSA_RS,
             )?;
             parts[src] = Entries::decode_all(&got, range(rank))?;
-            cc.add_entries(parts[src].len());
+            cc.add_items(parts[src].len());
         }
         let refs: Vec<&Entries> = parts.iter().collect();
         let mine = sum_ordered(&refs);

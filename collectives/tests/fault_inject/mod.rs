@@ -4,8 +4,10 @@
 
 use std::cell::Cell;
 
-use collectives::sparse::{build, SparseAllreduce, SparseOptions};
-use collectives::{allreduce, AllreduceAlgo, Communicator, DenseOptions, Error, Result, Tag};
+use collectives::sparse::{build, SparseAlgo, SparseAllreduce};
+use collectives::{
+    allreduce, AllreduceAlgo, Communicator, DenseOptions, Error, Result, Tap, Tapped,
+};
 
 /// The rank that fails in every fault test.
 pub const FAULTY_RANK: usize = 1;
@@ -44,9 +46,7 @@ impl Collective {
     pub fn prepare(self, comm: &dyn Communicator) -> Result<Prepared> {
         Ok(match self {
             Collective::Dense => Prepared::Dense,
-            Collective::Sparse => {
-                Prepared::Sparse(build("spardl", comm, D, 0.05, &SparseOptions::default())?)
-            }
+            Collective::Sparse => Prepared::Sparse(build(SparseAlgo::ALL[4], comm, D, 0.05)?),
         })
     }
 }
@@ -80,27 +80,31 @@ impl Prepared {
     }
 }
 
-/// Wraps a communicator and runs `fault` at the `n`-th send once armed; counts sends, so a
-/// first unarmed call tells where the middle of the next one is.
-pub struct FaultAt<C> {
-    inner: C,
+/// The tap that runs `fault` at the `n`-th send once armed; it counts sends, so a first
+/// unarmed call tells where the middle of the next one is.
+pub struct Fault {
     sends: Cell<usize>,
     fire_at: Cell<Option<usize>>,
     fault: Box<dyn Fn() -> Error + Send>,
 }
 
-impl<C: Communicator> FaultAt<C> {
-    /// Wraps `inner`; `fault` runs when armed and returns the error the send then reports
-    /// (if it returns at all: exit, SIGKILL and panic do not).
-    pub fn new(inner: C, fault: Box<dyn Fn() -> Error + Send>) -> Self {
-        FaultAt {
-            inner,
+/// A communicator with a [`Fault`] tap.
+pub type FaultAt<C> = Tapped<C, Fault>;
+
+/// Wraps `inner`; `fault` runs when armed and returns the error the send then reports (if
+/// it returns at all: exit, SIGKILL and panic do not).
+pub fn fault_at<C: Communicator>(inner: C, fault: Box<dyn Fn() -> Error + Send>) -> FaultAt<C> {
+    Tapped::new(
+        inner,
+        Fault {
             sends: Cell::new(0),
             fire_at: Cell::new(None),
             fault,
-        }
-    }
+        },
+    )
+}
 
+impl Fault {
     /// Sends made so far.
     pub fn sends(&self) -> usize {
         self.sends.get()
@@ -110,13 +114,10 @@ impl<C: Communicator> FaultAt<C> {
     pub fn arm(&self, after: usize) {
         self.fire_at.set(Some(self.sends.get() + after.max(1)));
     }
+}
 
-    /// The wrapped communicator.
-    pub fn inner(&self) -> &C {
-        &self.inner
-    }
-
-    fn count_send(&self) -> Result<()> {
+impl Tap for Fault {
+    fn before_send(&self) -> Result<()> {
         let n = self.sends.get() + 1;
         self.sends.set(n);
         if self.fire_at.get() == Some(n) {
@@ -127,61 +128,17 @@ impl<C: Communicator> FaultAt<C> {
     }
 }
 
-impl<C: Communicator> Communicator for FaultAt<C> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
-        self.count_send()?;
-        self.inner.send(dest, tag, data)
-    }
-    fn recv(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
-        self.inner.recv(src, tag)
-    }
-    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
-        self.inner.recv_into(src, tag, buf)
-    }
-    fn sendrecv(&self, d: usize, st: Tag, data: &[u8], s: usize, rt: Tag) -> Result<Vec<u8>> {
-        self.count_send()?;
-        self.inner.sendrecv(d, st, data, s, rt)
-    }
-    fn sendrecv_into(
-        &self,
-        d: usize,
-        st: Tag,
-        data: &[u8],
-        s: usize,
-        rt: Tag,
-        buf: &mut [u8],
-    ) -> Result<usize> {
-        self.count_send()?;
-        self.inner.sendrecv_into(d, st, data, s, rt, buf)
-    }
-    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
-        self.inner.split(color, key)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-    fn backend(&self) -> String {
-        format!("fault({})", self.inner.backend())
-    }
-}
-
 /// Runs `coll` on `comm` as every fault test does: one whole call unarmed (to count the
 /// sends of one call), then arms the fault on [`FAULTY_RANK`] at half of that count and
 /// calls again, twice. Returns the first error; survivors get it from the transport.
 pub fn run_until_fault<C: Communicator>(comm: &FaultAt<C>, coll: Collective) -> Result<()> {
     let mut prepared = coll.prepare(comm)?;
-    let before = comm.sends();
+    let before = comm.tap().sends();
     prepared.run(comm, 0)?;
-    let per_call = comm.sends() - before;
+    let per_call = comm.tap().sends() - before;
     assert!(per_call > 1, "{coll:?} sends {per_call} messages per call");
     if comm.rank() == FAULTY_RANK {
-        comm.arm(per_call / 2 + 1);
+        comm.tap().arm(per_call / 2 + 1);
     }
     for step in 1..3 {
         prepared.run(comm, step)?;

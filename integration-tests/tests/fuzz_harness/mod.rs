@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use collectives::dense::{ReduceScatterAlgo, WireType};
-use collectives::sparse::{build, SparseOptions, NAMES};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::{
     allgatherv, allreduce, AllgatherAlgo, AllreduceAlgo, ClockMode, Communicator, DenseOptions,
     Error, SimComm, Tag, ThreadComm, ThreadConfig,
@@ -260,33 +260,39 @@ pub fn allgatherv_wire(data: &[u8]) -> bool {
 /// Every sparse allreduce but ExDyna: its setup's agreement, then two steps of its
 /// messages.
 const SPARSE: &[Case] = &[
-    |c| sparse(&c, NAMES[0]),
-    |c| sparse(&c, NAMES[1]),
-    |c| sparse(&c, NAMES[2]),
-    |c| sparse(&c, NAMES[3]),
-    |c| sparse(&c, NAMES[4]),
-    |c| sparse(&c, NAMES[5]),
-    |c| sparse(&c, NAMES[6]),
-    |c| sparse(&c, NAMES[7]),
+    |c| sparse(&c, SparseAlgo::ALL[0]),
+    |c| sparse(&c, SparseAlgo::ALL[1]),
+    |c| sparse(&c, SparseAlgo::ALL[2]),
+    |c| sparse(&c, SparseAlgo::ALL[3]),
+    |c| sparse(&c, SparseAlgo::ALL[4]),
+    |c| sparse(&c, SparseAlgo::ALL[5]),
+    |c| sparse(&c, SparseAlgo::ALL[6]),
+    |c| sparse(&c, SparseAlgo::ALL[7]),
 ];
 
 /// ExDyna, kept apart: its step trusts the per-rank counts it all-gathers and pads its
 /// index list to the largest (`padded.resize(m_t, ..)`), so one corrupt count word asks
 /// for up to 16 GiB. Replayed only by the ignored test that shows the bug, until the count
 /// is checked against the partition size.
-const EXDYNA: &[Case] = &[|c| sparse(&c, "exdyna")];
+const EXDYNA: &[Case] = &[|c| sparse(&c, SparseAlgo::ALL[8])];
 
 /// Replays ExDyna with message `data[1]` mutated as [`replayed`] describes; see [`EXDYNA`].
 pub fn exdyna_wire(data: &[u8]) -> bool {
     replayed(EXDYNA, data)
 }
 
-fn sparse(c: &dyn Communicator, name: &str) -> Result<(), String> {
-    let opts = SparseOptions {
-        ranks_per_node: (name == "hitopk").then_some(2),
-        ..SparseOptions::default()
+fn sparse(c: &dyn Communicator, algo: SparseAlgo) -> Result<(), String> {
+    let algo = match algo {
+        SparseAlgo::HiTopK {
+            f16_wire, selector, ..
+        } => SparseAlgo::HiTopK {
+            ranks_per_node: Some(2),
+            f16_wire,
+            selector,
+        },
+        a => a,
     };
-    let mut alg = build(name, c, D, 0.1, &opts).map_err(s)?;
+    let mut alg = build(algo, c, D, 0.1).map_err(s)?;
     for step in 0..2 {
         alg.step(c, &grad(c.rank(), step)).map_err(s)?;
     }
@@ -301,7 +307,7 @@ const SIM: &[Case] = &[|c| {
     };
     let topo = Topology::flat(c.size(), link).map_err(s)?;
     let sim = SimComm::new(c, topo, ClockMode::Logical).map_err(s)?;
-    sparse(&sim, "spardl")?;
+    sparse(&sim, SparseAlgo::ALL[4])?;
     dense_allreduce(&sim, AllreduceAlgo::Ring, WireType::F32)
 }];
 

@@ -4,7 +4,7 @@
 //! time of the slowest rank.
 
 use collectives::dense::{allreduce, AllreduceAlgo, DenseOptions};
-use collectives::sparse::{build, SparseOptions, NAMES};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm};
 use cost_model::Topology;
 use indicatif::ProgressBar;
@@ -58,7 +58,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         });
         v
     };
-    pb.set_length((clusters.len() * (8 + densities.len() * NAMES.len())) as u64);
+    pb.set_length((clusters.len() * (8 + densities.len() * SparseAlgo::ALL.len())) as u64);
     let mut rows: Vec<Row> = Vec::new();
     for cl in &clusters {
         let topo = cl.topo;
@@ -88,13 +88,20 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             }
             let grad = gradient(d, sim.rank() as u64 + 1);
             for &density in &densities {
-                for name in NAMES {
-                    let opts = SparseOptions {
-                        ranks_per_node: Some(topo.ranks_per_node),
-                        exdyna_warm_start: true,
-                        ..Default::default()
+                for algo in SparseAlgo::ALL {
+                    let name = algo.name();
+                    let algo = match algo {
+                        SparseAlgo::HiTopK {
+                            f16_wire, selector, ..
+                        } => SparseAlgo::HiTopK {
+                            ranks_per_node: Some(topo.ranks_per_node),
+                            f16_wire,
+                            selector,
+                        },
+                        SparseAlgo::ExDyna { .. } => SparseAlgo::ExDyna { warm_start: true },
+                        a => a,
                     };
-                    let mut algo = match build(name, &sim, d, density, &opts) {
+                    let mut algo = match build(algo, &sim, d, density) {
                         Ok(a) => a,
                         Err(collectives::Error::InvalidArgument(_)) => continue,
                         Err(e) => return Err(e.into()),

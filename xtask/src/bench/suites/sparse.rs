@@ -2,7 +2,7 @@
 //! time per step, bytes per rank, rounds, actual density and dropped mass.
 
 use collectives::dense::{allreduce, AllreduceAlgo, DenseOptions};
-use collectives::sparse::{build, SparseOptions, NAMES};
+use collectives::sparse::{build, SparseAlgo};
 use collectives::Communicator;
 use indicatif::ProgressBar;
 
@@ -21,7 +21,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
     let d: usize = if ctx.quick { 1 << 20 } else { 1 << 22 };
     let densities = [0.01, 0.001];
     let steps = if ctx.quick { 3 } else { 5 };
-    pb.set_length((densities.len() * NAMES.len() + 1) as u64);
+    pb.set_length((densities.len() * SparseAlgo::ALL.len() + 1) as u64);
     let rows = ctx.on_world(|comm| measure(comm, d, &densities, steps, pb))?;
     let Some(rows) = rows else { return Ok(None) };
     let p = ctx.world_size();
@@ -105,15 +105,16 @@ fn measure(
         .map(|s| gradient(d, (comm.rank() * 1000 + s) as u64))
         .collect();
     for &density in densities {
-        for name in NAMES {
+        for algo in SparseAlgo::ALL {
+            let name = algo.name();
             if comm.rank() == 0 {
                 pb.set_message(format!("{name} ρ={density}"));
             }
-            let opts = SparseOptions {
-                exdyna_warm_start: true,
-                ..Default::default()
+            let algo = match algo {
+                SparseAlgo::ExDyna { .. } => SparseAlgo::ExDyna { warm_start: true },
+                a => a,
             };
-            let mut algo = match build(name, comm, d, density, &opts) {
+            let mut algo = match build(algo, comm, d, density) {
                 Ok(a) => a,
                 // An option that does not fit P (R-SAG with an odd P) is skipped, not fatal.
                 Err(collectives::Error::InvalidArgument(_)) => continue,

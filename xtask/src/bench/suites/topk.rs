@@ -6,9 +6,7 @@
 use std::process::Command;
 
 use indicatif::ProgressBar;
-use sparsify::{
-    selector_by_name, ErrorFeedback, ExactTopK, HardThreshold, Selector, SELECTOR_NAMES,
-};
+use sparsify::{ErrorFeedback, ExactTopK, HardThreshold, Selector, SelectorKind};
 
 use super::super::plot::{self, Series};
 use super::super::report::{secs, table};
@@ -39,9 +37,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     };
     let densities = [0.001, 0.01];
     let peers = probe_peers();
-    let cases: Vec<&str> = SELECTOR_NAMES
+    let cases: Vec<&str> = SelectorKind::ALL
         .iter()
-        .copied()
+        .map(|k| k.name())
         .chain(["stream", "naive"])
         .collect();
     pb.set_length((ds.len() * densities.len() * cases.len()) as u64);
@@ -55,8 +53,10 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         })
         .collect();
     // (selector, worst ratio, at d, at ρ) and the misses of the goal.
-    let mut worst: Vec<(&str, f64, usize, f64)> =
-        SELECTOR_NAMES.iter().map(|&n| (n, 0.0, 0, 0.0)).collect();
+    let mut worst: Vec<(&str, f64, usize, f64)> = SelectorKind::ALL
+        .iter()
+        .map(|k| (k.name(), 0.0, 0, 0.0))
+        .collect();
     let mut misses = Vec::new();
     let mut peer_ratios: Vec<(String, f64, f64)> = Vec::new();
     for &d in &ds {
@@ -372,6 +372,6 @@ fn steady_state_selector(name: &str, grad: &[f32], k: usize) -> Result<Box<dyn S
             e.set_threshold(kth()?);
             Box::new(e)
         }
-        other => selector_by_name(other, 1)?,
+        other => other.parse::<SelectorKind>()?.build(1),
     })
 }
