@@ -250,10 +250,10 @@ pub fn calibrate<C: Communicator + ?Sized>(
         tick("ping-pong", &mut done);
     }
     let pingpong = fit_linear(&pp)?;
-    let link = Link {
-        alpha_s: pingpong.model.alpha_s.max(0.0),
-        beta_s_per_byte: pingpong.model.beta_s.max(0.0),
-    };
+    let link = Link::new(
+        pingpong.model.alpha_s.max(0.0),
+        pingpong.model.beta_s.max(0.0),
+    );
     let mut collectives = Vec::new();
     for &algo in &opts.allreduce {
         let mut s = Vec::new();

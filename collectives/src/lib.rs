@@ -30,7 +30,7 @@ pub mod dense;
 mod error;
 pub mod sparse;
 
-pub use comm::sim::{ClockMode, SimComm, SimStats, Traced};
+pub use comm::sim::{prediction_mismatch, ClockMode, SimComm, SimStats, Traced};
 pub use comm::tap::{Counts, Meter, Metered, Tap, Tapped};
 pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
 pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};

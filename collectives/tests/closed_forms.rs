@@ -19,14 +19,8 @@ use cost_model::{Algorithm, Collective, Link, Prediction, Topology};
 const BLOCK: usize = 1024;
 
 fn topologies(p: usize) -> Vec<Topology> {
-    let inter = Link {
-        alpha_s: 5e-5,
-        beta_s_per_byte: 8e-9,
-    };
-    let intra = Link {
-        alpha_s: 3e-6,
-        beta_s_per_byte: 2e-11,
-    };
+    let inter = Link::new(5e-5, 8e-9);
+    let intra = Link::new(3e-6, 2e-11);
     let mut t = vec![Topology::flat(p, inter).unwrap()];
     if p % 2 == 0 && p > 2 {
         t.push(Topology::new(p / 2, 2, intra, inter).unwrap());
@@ -119,24 +113,8 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
-    assert_eq!(pred.per_rank.len(), got.len(), "{what}");
-    for (r, (p, g)) in pred.per_rank.iter().zip(got).enumerate() {
-        assert_eq!(p.rounds, g.rounds, "{what}: rank {r} rounds");
-        assert_eq!(p.bytes_sent, g.bytes_sent, "{what}: rank {r} bytes sent");
-        assert_eq!(
-            p.bytes_recv, g.bytes_recv,
-            "{what}: rank {r} bytes received"
-        );
-        assert_eq!(
-            p.messages_sent, g.messages_sent,
-            "{what}: rank {r} messages"
-        );
-        assert!(
-            close(p.time_s, g.clock_s),
-            "{what}: rank {r} time {} predicted, {} simulated",
-            p.time_s,
-            g.clock_s
-        );
+    if let Some(m) = collectives::prediction_mismatch(pred, got) {
+        panic!("{what}: {m}");
     }
 }
 

@@ -29,17 +29,11 @@ use sparsify::{ErrorFeedback, ExactTopK};
 const STEPS: usize = 2;
 
 fn inter() -> Link {
-    Link {
-        alpha_s: 5e-5,
-        beta_s_per_byte: 8e-9,
-    }
+    Link::new(5e-5, 8e-9)
 }
 
 fn intra() -> Link {
-    Link {
-        alpha_s: 3e-6,
-        beta_s_per_byte: 2e-11,
-    }
+    Link::new(3e-6, 2e-11)
 }
 
 /// The algorithm called `name` with default options.
@@ -185,27 +179,9 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
-    assert_eq!(pred.per_rank.len(), got.len(), "{what}");
-    for (r, (p, g)) in pred.per_rank.iter().zip(got).enumerate() {
-        assert_eq!(p.rounds, g.rounds, "{what}: rank {r} rounds");
-        assert_eq!(
-            p.messages_sent, g.messages_sent,
-            "{what}: rank {r} messages"
-        );
-        assert_eq!(p.bytes_sent, g.bytes_sent, "{what}: rank {r} bytes sent");
-        assert_eq!(
-            p.bytes_recv, g.bytes_recv,
-            "{what}: rank {r} bytes received"
-        );
-        assert!(
-            close(p.time_s, g.clock_s),
-            "{what}: rank {r} time {} predicted, {} simulated",
-            p.time_s,
-            g.clock_s
-        );
+    if let Some(m) = collectives::prediction_mismatch(pred, got) {
+        panic!("{what}: {m}");
     }
-    let max = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
-    assert!(close(pred.time_s, max), "{what}: max time");
 }
 
 /// Runs `name` on `topo` and checks the replay of every step; returns the steps checked.

@@ -13,10 +13,7 @@ const ALPHA: f64 = 1e-5;
 const BETA: f64 = 1e-9;
 
 fn link() -> Link {
-    Link {
-        alpha_s: ALPHA,
-        beta_s_per_byte: BETA,
-    }
+    Link::new(ALPHA, BETA)
 }
 
 /// Runs `f` on P simulated ranks of a flat network; returns every rank's stats.

@@ -106,14 +106,8 @@ fn identical_and_conserving(c: &dyn Communicator, algo: SparseAlgo, density: f64
 /// SparDL's rounds and bytes under SimComm equal SparDL (Zhao et al.) Table 1.
 fn spardl_table1(c: MpiComm) -> Result<MpiComm> {
     let p = c.size();
-    let topo = Topology::flat(
-        p,
-        Link {
-            alpha_s: 1e-5,
-            beta_s_per_byte: 1e-9,
-        },
-    )
-    .map_err(|e| Error::Topology(e.to_string()))?;
+    let topo =
+        Topology::flat(p, Link::new(1e-5, 1e-9)).map_err(|e| Error::Topology(e.to_string()))?;
     let s = SimComm::new(c, topo, ClockMode::Logical)?;
     let d = 300 * p + 7;
     let density = 0.05;

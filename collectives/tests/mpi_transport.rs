@@ -97,10 +97,7 @@ fn split_and_barrier(c: &dyn Communicator) -> Result<()> {
 
 fn sim_counts(c: MpiComm) -> Result<MpiComm> {
     let p = c.size();
-    let link = Link {
-        alpha_s: 1e-5,
-        beta_s_per_byte: 1e-9,
-    };
+    let link = Link::new(1e-5, 1e-9);
     let topo = Topology::flat(p, link).map_err(|e| Error::Topology(e.to_string()))?;
     let s = SimComm::new(c, topo, ClockMode::Logical)?;
     for shift in 1..p {

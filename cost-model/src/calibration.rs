@@ -312,10 +312,7 @@ mod tests {
     use crate::Link;
 
     fn cal() -> Calibration {
-        let link = Link {
-            alpha_s: 2e-6,
-            beta_s_per_byte: 1e-10,
-        };
+        let link = Link::new(2e-6, 1e-10);
         let s: Vec<Sample> = [1e3, 1e6]
             .iter()
             .map(|&n| Sample::new(n, 2e-6 + 1e-10 * n))
@@ -423,14 +420,7 @@ mod tests {
         assert!(r.windows(2).all(|w| w[0].1 <= w[1].1));
         // Large messages on a latency-cheap flat link: a bandwidth-optimal algorithm wins;
         // tiny messages: recursive doubling beats the 2(P−1)-step ring.
-        let t = Topology::flat(
-            8,
-            Link {
-                alpha_s: 5e-5,
-                beta_s_per_byte: 1e-9,
-            },
-        )
-        .unwrap();
+        let t = Topology::flat(8, Link::new(5e-5, 1e-9)).unwrap();
         let small = rank_dense(Collective::Allreduce, 64, &t, 1 << 16).unwrap();
         assert_eq!(small[0].0, Algorithm::RecursiveDoubling);
         let big = rank_dense(Collective::Allreduce, 64 << 20, &t, 1 << 16).unwrap();

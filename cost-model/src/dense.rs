@@ -275,22 +275,12 @@ mod tests {
     use super::*;
 
     fn flat(p: usize) -> Topology {
-        Topology::flat(
-            p,
-            Link {
-                alpha_s: 1e-5,
-                beta_s_per_byte: 1e-9,
-            },
-        )
-        .unwrap()
+        Topology::flat(p, Link::new(1e-5, 1e-9)).unwrap()
     }
 
     #[test]
     fn schedules_match_closed_forms_on_flat_clusters() {
-        let link = Link {
-            alpha_s: 1e-5,
-            beta_s_per_byte: 1e-9,
-        };
+        let link = Link::new(1e-5, 1e-9);
         let mut checked = 0;
         for p in [2usize, 3, 4, 5, 6, 8, 16] {
             for elems in [0usize, 1, 7, 48, 1 << 12, 3 << 12] {
@@ -328,10 +318,7 @@ mod tests {
         // LP allreduce 2(p − 1 + n/b)·α + (bp − b + n)·(2β + γ). Our exact schedules take one step
         // less for broadcast (the table counts the first block's injection as a step), and for
         // all-reduce overlap the two chains.
-        let link = Link {
-            alpha_s: 2e-5,
-            beta_s_per_byte: 1e-9,
-        };
+        let link = Link::new(2e-5, 1e-9);
         let (a, b) = (link.alpha_s, link.beta_s_per_byte);
         for p in [2usize, 3, 4, 8] {
             for nb in [1usize, 4, 16] {

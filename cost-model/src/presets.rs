@@ -88,10 +88,10 @@ impl OmgsPreset {
     pub fn topology(&self) -> Result<Topology> {
         Topology::flat(
             self.ranks,
-            Link {
-                alpha_s: self.sparse_allgather.a_s,
-                beta_s_per_byte: self.sparse_allgather.b_s_per_byte,
-            },
+            Link::new(
+                self.sparse_allgather.a_s,
+                self.sparse_allgather.b_s_per_byte,
+            ),
         )
     }
 }

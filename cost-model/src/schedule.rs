@@ -252,14 +252,7 @@ mod tests {
 
     #[test]
     fn ping_pong_and_full_duplex() {
-        let t = Topology::flat(
-            2,
-            Link {
-                alpha_s: 1.0,
-                beta_s_per_byte: 0.5,
-            },
-        )
-        .unwrap();
+        let t = Topology::flat(2, Link::new(1.0, 0.5)).unwrap();
         let mut s = Schedule::new(2);
         s.send(0, 1, 0, 2);
         s.recv(0, 1, 0, false);
@@ -280,14 +273,7 @@ mod tests {
 
     #[test]
     fn deadlock_and_mismatch_are_errors() {
-        let t = Topology::flat(
-            2,
-            Link {
-                alpha_s: 1.0,
-                beta_s_per_byte: 0.5,
-            },
-        )
-        .unwrap();
+        let t = Topology::flat(2, Link::new(1.0, 0.5)).unwrap();
         let mut s = Schedule::new(2);
         s.recv(0, 1, 0, false);
         assert!(s.evaluate(&t).is_err());

@@ -180,10 +180,7 @@ mod tests {
 
     #[test]
     fn table_1_of_paper_003() {
-        let link = Link {
-            alpha_s: 1.0,
-            beta_s_per_byte: 0.25,
-        }; // β per word = 1
+        let link = Link::new(1.0, 0.25); // β per word = 1
         let t = Topology::flat(16, link).unwrap();
         let case = |algo| SparseCase {
             algo,
@@ -208,14 +205,8 @@ mod tests {
 
     #[test]
     fn hitopk_matches_paper_001_eq_7_to_10() {
-        let intra = Link {
-            alpha_s: 1e-6,
-            beta_s_per_byte: 1e-11,
-        };
-        let inter = Link {
-            alpha_s: 5e-5,
-            beta_s_per_byte: 3.2e-10,
-        };
+        let intra = Link::new(1e-6, 1e-11);
+        let inter = Link::new(5e-5, 3.2e-10);
         let t = Topology::new(16, 8, intra, inter).unwrap();
         let (d, rho) = (25_000_000.0f64, 0.01);
         let c = predict_sparse(
@@ -244,14 +235,7 @@ mod tests {
 
     #[test]
     fn bad_sparse_cases() {
-        let t = Topology::flat(
-            6,
-            Link {
-                alpha_s: 1.0,
-                beta_s_per_byte: 1.0,
-            },
-        )
-        .unwrap();
+        let t = Topology::flat(6, Link::new(1.0, 1.0)).unwrap();
         let bad = |algo, density, teams| {
             predict_sparse(
                 &SparseCase {

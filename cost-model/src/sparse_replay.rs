@@ -448,10 +448,7 @@ mod tests {
     use crate::sparse::{predict_sparse, SparseCase};
     use crate::Link;
 
-    const LINK: Link = Link {
-        alpha_s: 5e-5,
-        beta_s_per_byte: 8e-9,
-    };
+    const LINK: Link = Link::new(5e-5, 8e-9);
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15
@@ -615,10 +612,7 @@ mod tests {
         // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 9-10 count 4 bytes per selected value; the
         // implementation sends 8 (index and value) and a 4-byte length per block. With n | d, n·m |
         // ρ·d and disjoint selections across nodes, the replay is Eq. 7-10 with those bytes.
-        let intra = Link {
-            alpha_s: 3e-6,
-            beta_s_per_byte: 2e-11,
-        };
+        let intra = Link::new(3e-6, 2e-11);
         for (m, n) in [(1usize, 4usize), (2, 2), (4, 2), (2, 4), (4, 4), (8, 1)] {
             let t = Topology::new(m, n, intra, LINK).unwrap();
             let (d, rho) = (4096usize, 0.125);

@@ -19,6 +19,14 @@ pub struct Link {
 }
 
 impl Link {
+    /// A link from latency α in seconds and transfer time β in seconds per byte.
+    pub const fn new(alpha_s: f64, beta_s_per_byte: f64) -> Self {
+        Link {
+            alpha_s,
+            beta_s_per_byte,
+        }
+    }
+
     /// A link from latency in seconds and bandwidth in gigabits per second.
     pub fn from_gbit(alpha_s: f64, gbit_per_s: f64) -> Self {
         Link {
@@ -166,10 +174,7 @@ mod tests {
             Topology::new(0, 4, l, l),
             Err(Error::InvalidTopology(_))
         ));
-        let bad = Link {
-            alpha_s: f64::NAN,
-            beta_s_per_byte: 0.0,
-        };
+        let bad = Link::new(f64::NAN, 0.0);
         assert!(Topology::new(1, 1, bad, l).is_err());
         let t = Topology::flat(4, l).unwrap();
         assert!(matches!(

@@ -75,16 +75,11 @@ impl fmt::Display for SelectorKind {
 impl FromStr for SelectorKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
-        SelectorKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = SelectorKind::ALL.iter().map(|k| k.name()).collect();
-                Error::InvalidArgument(format!(
-                    "unknown selector {s:?}; known: {}",
-                    known.join(", ")
-                ))
-            })
+        let known = SelectorKind::ALL.map(|k| k.name());
+        let unknown = || format!("unknown selector {s:?}; known: {}", known.join(", "));
+        let i = known.iter().position(|n| *n == s);
+        i.map(|i| SelectorKind::ALL[i])
+            .ok_or_else(|| Error::InvalidArgument(unknown()))
     }
 }
 

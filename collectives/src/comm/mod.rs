@@ -71,6 +71,7 @@ pub trait Communicator: Send {
     }
 
     /// Like [`sendrecv`](Self::sendrecv), receiving into a fixed buffer; returns the length.
+    /// The default copies what [`sendrecv`](Self::sendrecv) returned.
     fn sendrecv_into(
         &self,
         dest: usize,
@@ -80,8 +81,8 @@ pub trait Communicator: Send {
         recv_tag: Tag,
         buf: &mut [u8],
     ) -> Result<usize> {
-        self.send(dest, send_tag, data)?;
-        self.recv_into(src, recv_tag, buf)
+        let msg = self.sendrecv(dest, send_tag, data, src, recv_tag)?;
+        copy_into(self.rank(), src, recv_tag, &msg, buf)
     }
 
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by

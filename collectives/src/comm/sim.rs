@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use cost_model::Topology;
 
-use super::{check_rank, check_tag, copy_into, Communicator, Tag, WRAPPER_TAG};
+use super::{check_rank, check_tag, Communicator, Tag, WRAPPER_TAG};
 use crate::{Error, Result};
 
 /// Per-rank traffic counters and the simulated clock.
@@ -52,6 +52,46 @@ impl SimStats {
             clock_s: self.clock_s - earlier.clock_s,
         }
     }
+}
+
+/// Where a replay's prediction and a simulated run of the same calls differ: rounds,
+/// messages and bytes of every rank exactly, the clocks and the slowest rank's time to a
+/// relative 1e-9. `None` when they agree.
+pub fn prediction_mismatch(pred: &cost_model::Prediction, got: &[SimStats]) -> Option<String> {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) + 1e-15;
+    if pred.per_rank.len() != got.len() {
+        return Some(format!(
+            "{} ranks predicted, {} simulated",
+            pred.per_rank.len(),
+            got.len()
+        ));
+    }
+    for (r, (p, g)) in pred.per_rank.iter().zip(got).enumerate() {
+        let fields = [
+            ("rounds", p.rounds, g.rounds),
+            ("messages", p.messages_sent, g.messages_sent),
+            ("bytes sent", p.bytes_sent, g.bytes_sent),
+            ("bytes received", p.bytes_recv, g.bytes_recv),
+        ];
+        if let Some((what, want, seen)) = fields.iter().find(|f| f.1 != f.2) {
+            return Some(format!(
+                "rank {r} {what}: {want} predicted, {seen} simulated"
+            ));
+        }
+        if !close(p.time_s, g.clock_s) {
+            return Some(format!(
+                "rank {r} time: {:e} s predicted, {:e} s simulated",
+                p.time_s, g.clock_s
+            ));
+        }
+    }
+    let slowest = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
+    (!close(slowest, pred.time_s)).then(|| {
+        format!(
+            "completion: {:e} s predicted, {:e} s simulated",
+            pred.time_s, slowest
+        )
+    })
 }
 
 /// One communication call as [`SimComm`] saw it, with peers as world ranks and payload
@@ -298,11 +338,6 @@ impl<C: Communicator> Communicator for SimComm<C> {
         Ok(msg)
     }
 
-    fn recv_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
-        let msg = self.recv(src, tag)?;
-        copy_into(self.rank(), src, tag, &msg, buf)
-    }
-
     fn sendrecv(
         &self,
         dest: usize,
@@ -332,19 +367,6 @@ impl<C: Communicator> Communicator for SimComm<C> {
             received: msg.len(),
         });
         Ok(msg)
-    }
-
-    fn sendrecv_into(
-        &self,
-        dest: usize,
-        send_tag: Tag,
-        data: &[u8],
-        src: usize,
-        recv_tag: Tag,
-        buf: &mut [u8],
-    ) -> Result<usize> {
-        let msg = self.sendrecv(dest, send_tag, data, src, recv_tag)?;
-        copy_into(self.rank(), src, recv_tag, &msg, buf)
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
@@ -424,14 +446,8 @@ mod tests {
     use cost_model::Link;
 
     fn topo(nodes: usize, per: usize) -> Topology {
-        let intra = Link {
-            alpha_s: 1e-6,
-            beta_s_per_byte: 1e-10,
-        };
-        let inter = Link {
-            alpha_s: 1e-4,
-            beta_s_per_byte: 1e-8,
-        };
+        let intra = Link::new(1e-6, 1e-10);
+        let inter = Link::new(1e-4, 1e-8);
         Topology::new(nodes, per, intra, inter).unwrap()
     }
 

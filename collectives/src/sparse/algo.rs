@@ -96,22 +96,10 @@ impl SparseAlgo {
         SparseAlgo::ExDyna { warm_start: false },
     ];
 
-    /// Short lower-case name (`topka`, `topkdsa`, `gtopk`, `cltk`, `spardl`, `spardl_rsag`,
-    /// `spardl_bsag`, `hitopk`, `exdyna`).
+    /// Short lower-case name, the cost model's (`topka`, `topkdsa`, `gtopk`, `cltk`,
+    /// `spardl`, `spardl_rsag`, `spardl_bsag`, `hitopk`, `exdyna`).
     pub fn name(&self) -> &'static str {
-        match self {
-            SparseAlgo::TopkA { .. } => "topka",
-            SparseAlgo::TopkDsa { .. } => "topkdsa",
-            SparseAlgo::GTopk { .. } => "gtopk",
-            SparseAlgo::CltK { .. } => "cltk",
-            SparseAlgo::SparDl { sag, .. } => match sag {
-                Sag::None => "spardl",
-                Sag::Recursive => "spardl_rsag",
-                Sag::Bruck => "spardl_bsag",
-            },
-            SparseAlgo::HiTopK { .. } => "hitopk",
-            SparseAlgo::ExDyna { .. } => "exdyna",
-        }
+        self.cost_algorithm().name()
     }
 
     /// The local selector option (`None` for ExDyna, whose selection is its own).
@@ -222,16 +210,16 @@ impl FromStr for SparseAlgo {
     type Err = Error;
     /// The algorithm called `s`, with default options.
     fn from_str(s: &str) -> Result<Self, Error> {
-        SparseAlgo::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = SparseAlgo::ALL.iter().map(|a| a.name()).collect();
-                Error::InvalidArgument(format!(
-                    "unknown sparse allreduce {s:?}; known: {}",
-                    known.join(", ")
-                ))
-            })
+        let known = SparseAlgo::ALL.map(|a| a.name());
+        let unknown = || {
+            format!(
+                "unknown sparse allreduce {s:?}; known: {}",
+                known.join(", ")
+            )
+        };
+        let i = known.iter().position(|n| *n == s);
+        i.map(|i| SparseAlgo::ALL[i])
+            .ok_or_else(|| Error::InvalidArgument(unknown()))
     }
 }
 

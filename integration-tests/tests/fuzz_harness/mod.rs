@@ -301,10 +301,7 @@ fn sparse(c: &dyn Communicator, algo: SparseAlgo) -> Result<(), String> {
 
 /// `SimComm`'s per-message header, around a sparse and a dense collective.
 const SIM: &[Case] = &[|c| {
-    let link = Link {
-        alpha_s: 1e-5,
-        beta_s_per_byte: 1e-9,
-    };
+    let link = Link::new(1e-5, 1e-9);
     let topo = Topology::flat(c.size(), link).map_err(s)?;
     let sim = SimComm::new(c, topo, ClockMode::Logical).map_err(s)?;
     sparse(&sim, SparseAlgo::ALL[4])?;
