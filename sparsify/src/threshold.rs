@@ -304,6 +304,20 @@ pub const EXDYNA_BETA: f64 = 1.1;
 /// Algorithm 5's γ (ExDyna §IV-D; authors' code: 0.005).
 pub const EXDYNA_GAMMA: f64 = 0.005;
 
+/// ExDyna's Algorithm 5, the online threshold scaling: `exam = k'/k`; `> β` → ×(1+γ);
+/// `> 1/β` → ×(1+γ/4); else ×(1−γ). Shared by the selector and the sparse all-reduce.
+pub fn exdyna_scale(threshold: f32, k_user: usize, k_actual: usize) -> f32 {
+    let exam = k_actual as f64 / (k_user.max(1)) as f64;
+    let sf = if exam > EXDYNA_BETA {
+        1.0 + EXDYNA_GAMMA
+    } else if exam > 1.0 / EXDYNA_BETA {
+        1.0 + EXDYNA_GAMMA / 4.0
+    } else {
+        1.0 - EXDYNA_GAMMA
+    };
+    (f64::from(threshold) * sf) as f32
+}
+
 impl ExDyna {
     /// ExDyna over the whole vector, threshold initialised to `1 / (2·sqrt(k))` on the
     /// first call (as the authors' code does), scaled after every call from the local count.
@@ -348,19 +362,11 @@ impl ExDyna {
         self.threshold = Some(t);
     }
 
-    /// ExDyna's Algorithm 5: `exam = k'/k`; `> β` → ×(1+γ); `> 1/β` → ×(1+γ/4);
-    /// else ×(1−γ).
+    /// ExDyna's Algorithm 5 applied to δ_t: see [`exdyna_scale`].
     pub fn scale(&mut self, k_user: usize, k_actual: usize) {
-        let Some(t) = self.threshold else { return };
-        let exam = k_actual as f64 / (k_user.max(1)) as f64;
-        let sf = if exam > EXDYNA_BETA {
-            1.0 + EXDYNA_GAMMA
-        } else if exam > 1.0 / EXDYNA_BETA {
-            1.0 + EXDYNA_GAMMA / 4.0
-        } else {
-            1.0 - EXDYNA_GAMMA
-        };
-        self.threshold = Some((f64::from(t) * sf) as f32);
+        if let Some(t) = self.threshold {
+            self.threshold = Some(exdyna_scale(t, k_user, k_actual));
+        }
     }
 
     fn run(

@@ -10,20 +10,18 @@ use pipeline::{
 
 use crate::CliResult;
 
-/// Options of `cargo xtask plan`.
+/// The workload and costs `cargo xtask plan` and `cargo xtask simulate` share.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub struct Workload {
     /// Layer profile JSON (JSON format of `pipeline::LayerProfile`).
     #[arg(long, conflicts_with = "model")]
     pub profile: Option<std::path::PathBuf>,
-    /// A built-in profile: vgg16, resnet50, inception_v4, lstm_ptb, bert_base.
+    /// A built-in profile: vgg16, resnet50, inception_v4, lstm_ptb, bert_base (`simulate`
+    /// without one: every zoo model).
     #[arg(long)]
     pub model: Option<String>,
-    /// Planner: lags, topk, threshold[:N], omgs, exact (default), mgwfbp, exhaustive.
-    #[arg(long, default_value = "exact")]
-    pub planner: String,
-    /// Cost preset: omgs-1gbe (sparse, OMGS-SGD (Shi et al., INFOCOM 2020)) or omgs-1gbe-dense
-    /// (MG-WFBP constants).
+    /// Cost preset: omgs-1gbe (sparse, OMGS-SGD (Shi et al., INFOCOM 2020)) or
+    /// omgs-1gbe-dense (MG-WFBP constants).
     #[arg(long, default_value = "omgs-1gbe", conflicts_with = "calibration")]
     pub preset: String,
     /// A calibration JSON from `cargo xtask calibrate` instead of a preset.
@@ -35,6 +33,17 @@ pub struct Args {
     /// Number of workers P.
     #[arg(long, default_value_t = 16)]
     pub ranks: usize,
+}
+
+/// Options of `cargo xtask plan`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Workload and costs.
+    #[command(flatten)]
+    pub workload: Workload,
+    /// Planner: lags, topk, threshold[:N], omgs, exact (default), mgwfbp, exhaustive.
+    #[arg(long, default_value = "exact")]
+    pub planner: Planner,
 }
 
 /// The profile named by `--profile` or `--model`.
@@ -91,15 +100,16 @@ pub fn plan_json(
 
 /// Runs `cargo xtask plan`.
 pub fn run(args: Args) -> CliResult {
-    let profile = load_profile(&args.profile, &args.model)?;
-    let costs = load_costs(&args.preset, &args.calibration, args.density, args.ranks)?;
-    let planner: Planner = args.planner.parse()?;
+    let w = &args.workload;
+    let profile = load_profile(&w.profile, &w.model)?;
+    let costs = load_costs(&w.preset, &w.calibration, w.density, w.ranks)?;
+    let planner = args.planner;
     let t0 = Instant::now();
     let plan = planner.plan(&profile, &&*costs)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     let t = predict(&profile, &plan, &&*costs)?;
     let mut v = plan_json(&profile, planner, &plan, &t, ms);
-    v["ranks"] = args.ranks.into();
+    v["ranks"] = w.ranks.into();
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }

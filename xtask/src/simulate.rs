@@ -5,30 +5,15 @@ use std::time::Instant;
 use pipeline::gantt::write_gantt;
 use pipeline::{predict, zoo, Planner};
 
-use crate::plan::{load_costs, load_profile};
+use crate::plan::{load_costs, load_profile, Workload};
 use crate::CliResult;
 
 /// Options of `cargo xtask simulate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Layer profile JSON.
-    #[arg(long, conflicts_with = "model")]
-    pub profile: Option<std::path::PathBuf>,
-    /// A built-in profile (default: every zoo model).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Cost preset (omgs-1gbe, omgs-1gbe-dense).
-    #[arg(long, default_value = "omgs-1gbe", conflicts_with = "calibration")]
-    pub preset: String,
-    /// Calibration JSON instead of a preset.
-    #[arg(long)]
-    pub calibration: Option<std::path::PathBuf>,
-    /// Density for a calibration.
-    #[arg(long, default_value_t = 0.001)]
-    pub density: f64,
-    /// Number of workers P.
-    #[arg(long, default_value_t = 16)]
-    pub ranks: usize,
+    /// Workload and costs.
+    #[command(flatten)]
+    pub workload: Workload,
     /// Directory for the Gantt SVGs and summary.json.
     #[arg(long, default_value = "target/simulate")]
     pub out: std::path::PathBuf,
@@ -36,15 +21,16 @@ pub struct Args {
 
 /// Runs `cargo xtask simulate`.
 pub fn run(args: Args) -> CliResult {
-    let profiles = if args.profile.is_some() || args.model.is_some() {
-        vec![load_profile(&args.profile, &args.model)?]
+    let w = &args.workload;
+    let profiles = if w.profile.is_some() || w.model.is_some() {
+        vec![load_profile(&w.profile, &w.model)?]
     } else {
         zoo::MODELS
             .iter()
             .map(|m| zoo::profile(m))
             .collect::<Result<Vec<_>, _>>()?
     };
-    let costs = load_costs(&args.preset, &args.calibration, args.density, args.ranks)?;
+    let costs = load_costs(&w.preset, &w.calibration, w.density, w.ranks)?;
     std::fs::create_dir_all(&args.out)?;
     let mut summary = Vec::new();
     println!(
@@ -99,7 +85,7 @@ pub fn run(args: Args) -> CliResult {
             );
             let mut v = crate::plan::plan_json(profile, *planner, plan, t, *ms);
             v["gantt"] = svg.display().to_string().into();
-            v["ranks"] = args.ranks.into();
+            v["ranks"] = w.ranks.into();
             summary.push(v);
         }
     }

@@ -58,16 +58,9 @@ pub trait Communicator: Send {
     }
 
     /// Sends to `dest` and receives from `src` as one step (a "round").
-    fn sendrecv(
-        &self,
-        dest: usize,
-        send_tag: Tag,
-        data: &[u8],
-        src: usize,
-        recv_tag: Tag,
-    ) -> Result<Vec<u8>> {
-        self.send(dest, send_tag, data)?;
-        self.recv(src, recv_tag)
+    fn sendrecv(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag) -> Result<Vec<u8>> {
+        self.send(dest, st, data)?;
+        self.recv(src, rt)
     }
 
     /// Like [`sendrecv`](Self::sendrecv), receiving into a fixed buffer; returns the length.
@@ -75,14 +68,14 @@ pub trait Communicator: Send {
     fn sendrecv_into(
         &self,
         dest: usize,
-        send_tag: Tag,
+        st: Tag,
         data: &[u8],
         src: usize,
-        recv_tag: Tag,
+        rt: Tag,
         buf: &mut [u8],
     ) -> Result<usize> {
-        let msg = self.sendrecv(dest, send_tag, data, src, recv_tag)?;
-        copy_into(self.rank(), src, recv_tag, &msg, buf)
+        let msg = self.sendrecv(dest, st, data, src, rt)?;
+        copy_into(self.rank(), src, rt, &msg, buf)
     }
 
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
@@ -186,34 +179,34 @@ pub trait CommExt: Communicator {
     fn sendrecv_vec<T: Pod>(
         &self,
         dest: usize,
-        send_tag: Tag,
+        st: Tag,
         data: &[T],
         src: usize,
-        recv_tag: Tag,
+        rt: Tag,
     ) -> Result<Vec<T>> {
-        let msg = self.sendrecv(dest, send_tag, bytemuck::cast_slice(data), src, recv_tag)?;
-        bytes_to_vec(self.rank(), src, recv_tag, &msg)
+        let msg = self.sendrecv(dest, st, bytemuck::cast_slice(data), src, rt)?;
+        bytes_to_vec(self.rank(), src, rt, &msg)
     }
 
     /// Send-receive of typed slices into a fixed buffer; returns elements received.
     fn sendrecv_slice_into<T: Pod>(
         &self,
         dest: usize,
-        send_tag: Tag,
+        st: Tag,
         data: &[T],
         src: usize,
-        recv_tag: Tag,
+        rt: Tag,
         buf: &mut [T],
     ) -> Result<usize> {
         let n = self.sendrecv_into(
             dest,
-            send_tag,
+            st,
             bytemuck::cast_slice(data),
             src,
-            recv_tag,
+            rt,
             bytemuck::cast_slice_mut(buf),
         )?;
-        elems(self.rank(), src, recv_tag, n, std::mem::size_of::<T>())
+        elems(self.rank(), src, rt, n, std::mem::size_of::<T>())
     }
 }
 

@@ -232,6 +232,13 @@ impl MpiComm {
         Ok(buf)
     }
 
+    /// The checks of a send-receive: both peers and tags, and the message length.
+    fn check_pair(&self, dest: usize, st: Tag, src: usize, rt: Tag, len: usize) -> Result<()> {
+        self.checks(dest, st)?;
+        self.checks(src, rt)?;
+        Self::check_len(len)
+    }
+
     fn recv_into_raw(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
         let (msg, len) = self.probe(src, tag)?;
         if len > buf.len() {
@@ -370,35 +377,22 @@ impl Communicator for MpiComm {
         self.recv_into_raw(src, tag, buf)
     }
 
-    fn sendrecv(
-        &self,
-        dest: usize,
-        send_tag: Tag,
-        data: &[u8],
-        src: usize,
-        recv_tag: Tag,
-    ) -> Result<Vec<u8>> {
-        self.checks(dest, send_tag)?;
-        self.checks(src, recv_tag)?;
-        Self::check_len(data.len())?;
-        self.with_send(dest, send_tag, data, || self.recv_vec_raw(src, recv_tag))
+    fn sendrecv(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag) -> Result<Vec<u8>> {
+        self.check_pair(dest, st, src, rt, data.len())?;
+        self.with_send(dest, st, data, || self.recv_vec_raw(src, rt))
     }
 
     fn sendrecv_into(
         &self,
         dest: usize,
-        send_tag: Tag,
+        st: Tag,
         data: &[u8],
         src: usize,
-        recv_tag: Tag,
+        rt: Tag,
         buf: &mut [u8],
     ) -> Result<usize> {
-        self.checks(dest, send_tag)?;
-        self.checks(src, recv_tag)?;
-        Self::check_len(data.len())?;
-        self.with_send(dest, send_tag, data, || {
-            self.recv_into_raw(src, recv_tag, buf)
-        })
+        self.check_pair(dest, st, src, rt, data.len())?;
+        self.with_send(dest, st, data, || self.recv_into_raw(src, rt, buf))
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {

@@ -338,27 +338,16 @@ impl<C: Communicator> Communicator for SimComm<C> {
         Ok(msg)
     }
 
-    fn sendrecv(
-        &self,
-        dest: usize,
-        send_tag: Tag,
-        data: &[u8],
-        src: usize,
-        recv_tag: Tag,
-    ) -> Result<Vec<u8>> {
-        check_tag(send_tag)?;
-        check_tag(recv_tag)?;
+    fn sendrecv(&self, dest: usize, st: Tag, data: &[u8], src: usize, rt: Tag) -> Result<Vec<u8>> {
+        check_tag(st)?;
+        check_tag(rt)?;
         check_rank(dest, self.size())?;
         let start = self.start_op();
         let sent_arrival = self.record_send(start, dest, data.len());
-        let raw = self.inner.sendrecv(
-            dest,
-            send_tag,
-            &Self::frame(sent_arrival, data),
-            src,
-            recv_tag,
-        )?;
-        let (arrival, msg) = self.unframe(src, recv_tag, raw)?;
+        let raw = self
+            .inner
+            .sendrecv(dest, st, &Self::frame(sent_arrival, data), src, rt)?;
+        let (arrival, msg) = self.unframe(src, rt, raw)?;
         self.finish(sent_arrival.max(arrival), Some(msg.len()));
         self.log(|w| Traced::SendRecv {
             to: w(dest),

@@ -82,15 +82,7 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
     opts: &DenseOptions,
 ) -> Result<()> {
     let p = comm.size();
-    check_call(
-        comm,
-        opts,
-        Op::Allgather,
-        mine.len(),
-        (algo.code(), 0),
-        0,
-        0,
-    )?;
+    check_call(comm, opts, Op::Allgather, mine.len(), (algo.code(), 0), 0)?;
     if out.len() != mine.len() * p {
         return Err(Error::InvalidArgument(format!(
             "allgather: output has {} elements, need {} × {p}",

@@ -116,15 +116,7 @@ pub fn allreduce<C: Communicator + ?Sized>(
     algo: AllreduceAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    check_call(
-        comm,
-        opts,
-        Op::Allreduce,
-        buf.len(),
-        algo.code(),
-        opts.wire.code(),
-        0,
-    )?;
+    check_call(comm, opts, Op::Allreduce, buf.len(), algo.code(), 0)?;
     let p = comm.size();
     algo.validate(p, opts.wire)?;
     if p == 1 {

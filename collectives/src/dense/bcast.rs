@@ -107,7 +107,7 @@ pub fn broadcast<C: Communicator + ?Sized, T: Pod>(
     algo: BroadcastAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    check_call(comm, opts, Op::Broadcast, buf.len(), algo.code(), 0, root)?;
+    check_call(comm, opts, Op::Broadcast, buf.len(), algo.code(), root)?;
     check_root(root, comm.size())?;
     let elem = std::mem::size_of::<T>().max(1);
     let bytes: &mut [u8] = bytemuck::cast_slice_mut(buf);
@@ -133,15 +133,7 @@ pub fn reduce<C: Communicator + ?Sized>(
     algo: ReduceAlgo,
     opts: &DenseOptions,
 ) -> Result<()> {
-    check_call(
-        comm,
-        opts,
-        Op::Reduce,
-        buf.len(),
-        algo.code(),
-        opts.wire.code(),
-        root,
-    )?;
+    check_call(comm, opts, Op::Reduce, buf.len(), algo.code(), root)?;
     check_root(root, comm.size())?;
     match opts.wire {
         WireType::F32 => reduce_w::<C, f32>(comm, buf, root, algo),

@@ -58,7 +58,6 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         Op::ReduceScatter,
         buf.len(),
         (algo.code(), 0),
-        opts.wire.code(),
         0,
     )?;
     match opts.wire {

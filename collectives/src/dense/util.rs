@@ -24,24 +24,27 @@ pub(crate) fn pair_mut<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&
 }
 
 /// With `opts.check`, [`agree`] on the call: operation, length, algorithm code and
-/// parameter, wire type and root; nothing otherwise.
+/// parameter, wire type (for the reducing operations) and root; nothing otherwise.
 pub(crate) fn check_call<C: Communicator + ?Sized>(
     comm: &C,
     opts: &crate::dense::DenseOptions,
     op: crate::dense::Op,
     len: usize,
     (code, param): (u64, u64),
-    wire: u64,
     root: usize,
 ) -> Result<()> {
-    if opts.check {
-        agree(
-            comm,
-            [op as u64, len as u64, code, param, wire, root as u64],
-        )
-    } else {
-        Ok(())
+    use crate::dense::Op;
+    if !opts.check {
+        return Ok(());
     }
+    let wire = match op {
+        Op::Allgather | Op::Broadcast => 0,
+        Op::Allreduce | Op::ReduceScatter | Op::Reduce => opts.wire.code(),
+    };
+    agree(
+        comm,
+        [op as u64, len as u64, code, param, wire, root as u64],
+    )
 }
 
 /// Field names of the agreement words, for the error message.

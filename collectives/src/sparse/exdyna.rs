@@ -39,9 +39,6 @@ use crate::{Error, Result};
 
 /// ExDyna (Yoon & Oh, CCGrid 2024) Algorithm 3's α (the authors' code: 1.05 and 1/1.05 = 0.95238).
 const ALPHA: f64 = 1.05;
-/// ExDyna (Yoon & Oh, CCGrid 2024) Algorithm 5's β and γ (the authors' code: 1.1, 0.005).
-const BETA: f64 = 1.1;
-const GAMMA: f64 = 0.005;
 /// Blocks in the gradient vector (the authors' code, `num_blk`).
 const NUM_BLK: usize = 1024;
 
@@ -271,15 +268,7 @@ impl ExDyna {
         // Algorithm 5: online threshold scaling.
         let k_actual: usize = kt.iter().sum();
         if k < d {
-            let exam = k_actual as f64 / k as f64;
-            let sf = if exam > BETA {
-                1.0 + GAMMA
-            } else if exam > 1.0 / BETA {
-                1.0 + GAMMA / 4.0
-            } else {
-                1.0 - GAMMA
-            };
-            self.threshold = (self.threshold as f64 * sf) as f32;
+            self.threshold = sparsify::threshold::exdyna_scale(self.threshold, k, k_actual);
         }
         self.kt = kt;
         self.t += 1;
