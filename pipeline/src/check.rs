@@ -14,11 +14,11 @@ use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::{Link, Topology};
 use serde::{Deserialize, Serialize};
 
-use crate::staged::{self, Stages};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
 use crate::runtime::Reducer;
 use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather, HEADER_BYTES};
+use crate::staged::{self, Stages};
 use crate::timeline::{predict, StepCosts, Timeline};
 use crate::{Error, Result};
 

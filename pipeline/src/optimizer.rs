@@ -214,7 +214,11 @@ mod tests {
             .unwrap();
             assert!(out.iter().all(|w| w == &out[0]), "{kind}");
             // Every coordinate moved against its gradient's sign.
-            assert!(out[0][0][0] < 1.0 && out[0][0][1] > -2.0, "{kind}: {:?}", out[0]);
+            assert!(
+                out[0][0][0] < 1.0 && out[0][0][1] > -2.0,
+                "{kind}: {:?}",
+                out[0]
+            );
         }
         assert!(Sgd::new(1.0, 0.0).is_err());
         let bad = ThreadComm::run(1, |comm| -> Result<()> {

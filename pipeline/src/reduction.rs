@@ -123,7 +123,8 @@ pub fn switches_at(cfg: &TrainConfig, epoch: usize) -> bool {
 }
 
 fn dense_phase(cfg: &TrainConfig, epoch: usize) -> bool {
-    cfg.scheme == SchemeKind::Dense || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
+    cfg.scheme == SchemeKind::Dense
+        || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
 }
 
 /// Dense all-reduce with a fixed algorithm (the 2D torus of the §5.6 switch).
@@ -145,7 +146,10 @@ impl Scheme for DenseAlgo {
 
 /// The 2D torus's ranks per node for `p` ranks: the largest divisor ≤ √p.
 fn torus_rows(p: usize) -> usize {
-    (1..=p).filter(|d| p % d == 0 && d * d <= p).max().unwrap_or(1)
+    (1..=p)
+        .filter(|d| p % d == 0 && d * d <= p)
+        .max()
+        .unwrap_or(1)
 }
 
 /// Compression time `a + b·n` of the top-k compressor on this machine: a two-point fit
@@ -169,6 +173,9 @@ fn measure_topk(sizes: &[usize], density: f64) -> Result<(f64, f64)> {
     Ok(((ts - b * small as f64).max(0.0), b))
 }
 
+/// A cost model behind a box.
+pub type BoxedCosts = Box<dyn StepCosts + Send + Sync>;
+
 /// The scheme, planner and costs of `cfg` at `epoch` for `p` ranks. Costs: the emulated
 /// link's own (the runtime's exchanges priced by its α, β, with top-k timed here) when a
 /// topology is given; else a calibration file; else the OMGS 1 GbE preset.
@@ -178,7 +185,7 @@ pub fn for_epoch(
     p: usize,
     sizes: &[usize],
     topology: Option<&Topology>,
-) -> Result<(Box<dyn Scheme>, Planner, Box<dyn StepCosts + Send + Sync>)> {
+) -> Result<(Box<dyn Scheme>, Planner, BoxedCosts)> {
     let dense = dense_phase(cfg, epoch);
     let scheme: Box<dyn Scheme> = if dense {
         if cfg.scheme == SchemeKind::Switch {
@@ -213,7 +220,7 @@ pub fn for_epoch(
     } else {
         cfg.planner.unwrap_or_else(|| cfg.scheme.default_planner())
     };
-    let costs: Box<dyn StepCosts + Send + Sync> = if let Some(topo) = topology {
+    let costs: BoxedCosts = if let Some(topo) = topology {
         let (a, b) = if dense {
             (0.0, 0.0)
         } else {
@@ -229,21 +236,32 @@ pub fn for_epoch(
     } else if let (Some(path), false) = (&cfg.calibration, dense) {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        let cal: cost_model::Calibration =
-            serde_json::from_str(&text).map_err(|e| Error::Json(format!("{}: {e}", path.display())))?;
+        let cal: cost_model::Calibration = serde_json::from_str(&text)
+            .map_err(|e| Error::Json(format!("{}: {e}", path.display())))?;
         Box::new(CalibratedCosts::from_calibration(&cal, cfg.density)?)
     } else if dense {
-        Box::new(DenseCosts::preset(p.clamp(2, 16).next_power_of_two().min(16))?)
+        Box::new(DenseCosts::preset(
+            p.clamp(2, 16).next_power_of_two().min(16),
+        )?)
     } else {
-        Box::new(OmgsCosts::preset(p.clamp(2, 16).next_power_of_two().min(16))?)
+        Box::new(OmgsCosts::preset(
+            p.clamp(2, 16).next_power_of_two().min(16),
+        )?)
     };
     Ok((scheme, planner, costs))
 }
 
 /// A density that selects nothing from a group is an error for the `collectives::sparse`
 /// algorithms (the top-k all-gather schemes select at least one entry per group).
-pub fn check_density(cfg: &TrainConfig, epoch: usize, plan: &MergePlan, sizes: &[usize]) -> Result<()> {
-    if dense_phase(cfg, epoch) || !(cfg.scheme.collective().is_some() || cfg.scheme == SchemeKind::Switch) {
+pub fn check_density(
+    cfg: &TrainConfig,
+    epoch: usize,
+    plan: &MergePlan,
+    sizes: &[usize],
+) -> Result<()> {
+    if dense_phase(cfg, epoch)
+        || !(cfg.scheme.collective().is_some() || cfg.scheme == SchemeKind::Switch)
+    {
         return Ok(());
     }
     let p = cfg.ranks.max(1) as f64;

@@ -324,7 +324,10 @@ impl Staged for Stages {
         }
     }
     fn stage_params(&self, i: usize) -> &[(String, Var)] {
-        self.stages.get(i).map(|s| s.params.as_slice()).unwrap_or(&[])
+        self.stages
+            .get(i)
+            .map(|s| s.params.as_slice())
+            .unwrap_or(&[])
     }
     fn device(&self) -> Device {
         self.device.clone()

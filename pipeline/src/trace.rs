@@ -58,17 +58,45 @@ pub fn iteration_events(
     )];
     for (l, s) in tl.backward.iter().enumerate() {
         if s.len() > 0.0 {
-            out.push(event(format!("backward L{l}"), "backward", start_s + s.start, s.len(), rank, 0));
+            out.push(event(
+                format!("backward L{l}"),
+                "backward",
+                start_s + s.start,
+                s.len(),
+                rank,
+                0,
+            ));
         }
     }
     for (g, grp) in tl.groups.iter().enumerate() {
         let name = format!("group {g} ({} elems)", grp.numel);
         if grp.sparsify.len() > 0.0 {
-            out.push(event(format!("select {name}"), "selection", start_s + grp.sparsify.start, grp.sparsify.len(), rank, 0));
+            out.push(event(
+                format!("select {name}"),
+                "selection",
+                start_s + grp.sparsify.start,
+                grp.sparsify.len(),
+                rank,
+                0,
+            ));
         }
-        out.push(event(format!("comm {name}"), "comm", start_s + grp.comm.start, grp.comm.len(), rank, 1));
+        out.push(event(
+            format!("comm {name}"),
+            "comm",
+            start_s + grp.comm.start,
+            grp.comm.len(),
+            rank,
+            1,
+        ));
     }
-    out.push(event(format!("optimizer #{step}"), "optimizer", start_s + tl.iteration_s, opt_s, rank, 0));
+    out.push(event(
+        format!("optimizer #{step}"),
+        "optimizer",
+        start_s + tl.iteration_s,
+        opt_s,
+        rank,
+        0,
+    ));
     out
 }
 

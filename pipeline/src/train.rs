@@ -450,7 +450,13 @@ pub fn run_rank<C: Communicator + 'static>(
         .zip(&sizes)
         .map(|((n, _), &k)| (n.clone(), k))
         .collect();
-    let mut opt = optimizer::build(cfg.optimizer, &*ctrl, &named, cfg.momentum, cfg.weight_decay)?;
+    let mut opt = optimizer::build(
+        cfg.optimizer,
+        &*ctrl,
+        &named,
+        cfg.momentum,
+        cfg.weight_decay,
+    )?;
     let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
     let iters = data.train_len() / p / cfg.batch;
     let (test_x, test_y) = if rank == 0 {
@@ -486,8 +492,15 @@ pub fn run_rank<C: Communicator + 'static>(
     for epoch in 0..cfg.epochs {
         // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
         if matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch) {
-            let (r, pl, name) =
-                rebuild(reducer, cfg, epoch, &sizes, profile_for(&*model, &profile_bw)?, topology, &predicted)?;
+            let (r, pl, name) = rebuild(
+                reducer,
+                cfg,
+                epoch,
+                &sizes,
+                profile_for(&*model, &profile_bw)?,
+                topology,
+                &predicted,
+            )?;
             reducer = r.0;
             predicted = Some(r.1);
             plan = pl;
@@ -498,9 +511,9 @@ pub fn run_rank<C: Communicator + 'static>(
         let (mut loss_sum, mut right) = (0.0f32, 0usize);
         let mut batches = loader.epoch(epoch as u64);
         for it in 0..iters {
-            let batch = batches
-                .next()
-                .ok_or_else(|| Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches")))??;
+            let batch = batches.next().ok_or_else(|| {
+                Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
+            })??;
             let (x, y) = batch_tensors(&batch, &device)?;
             let t_start = t_run.elapsed().as_secs_f64();
             reducer.begin()?;
@@ -535,9 +548,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 .cloned()
                 .ok_or_else(|| Error::CommThread("no timeline recorded".into()))?;
             if rank == 0 && trace_events.len() < cfg.trace_iters * (l_count + 8) {
-                trace_events.extend(trace::iteration_events(
-                    rank, step, t_start, &tl, opt_s,
-                ));
+                trace_events.extend(trace::iteration_events(rank, step, t_start, &tl, opt_s));
             }
             match &mut phase {
                 Phase::Profile(samples) => {
@@ -592,7 +603,13 @@ pub fn run_rank<C: Communicator + 'static>(
     // Bytes per rank, averaged over ranks.
     let mine = bytes.load(Ordering::Relaxed) as f64;
     let mut all = vec![0.0f64; p];
-    dense::allgather(&*ctrl, &[mine], &mut all, AllgatherAlgo::Bruck, &DenseOptions::default())?;
+    dense::allgather(
+        &*ctrl,
+        &[mine],
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default(),
+    )?;
     let predicted = predicted.ok_or_else(|| {
         Error::InvalidArgument(format!(
             "{} iterations do not finish the {}-iteration profile",
@@ -637,7 +654,13 @@ fn shared_backward_times(ctrl: &dyn Communicator, samples: &[Timeline]) -> Resul
     let fwd = samples.iter().skip(1).map(|t| t.forward.len()).sum::<f64>()
         / (samples.len() - 1).max(1) as f64;
     bw.push(fwd);
-    dense::broadcast(ctrl, &mut bw, 0, BroadcastAlgo::Binomial, &DenseOptions::default())?;
+    dense::broadcast(
+        ctrl,
+        &mut bw,
+        0,
+        BroadcastAlgo::Binomial,
+        &DenseOptions::default(),
+    )?;
     Ok(bw)
 }
 
@@ -666,7 +689,10 @@ fn rebuild<C: Communicator + 'static>(
     let (scheme, planner, costs) = reduction::for_epoch(cfg, epoch, comm.size(), sizes, topology)?;
     let plan = match &cfg.groups {
         Some(g) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
-            Error::InvalidPlan(format!("the plan does not fit the model's {} layers: {e}", sizes.len()))
+            Error::InvalidPlan(format!(
+                "the plan does not fit the model's {} layers: {e}",
+                sizes.len()
+            ))
         })?,
         None => planner.plan(&profile, &&*costs)?,
     };
@@ -785,25 +811,46 @@ mod tests {
             ..TrainConfig::default()
         };
         for cfg in [
-            TrainConfig { ranks: 0, ..base.clone() },
-            TrainConfig { density: 0.0, ..base.clone() },
-            TrainConfig { density: 1.5, ..base.clone() },
-            TrainConfig { batch: 5000, ..base.clone() },
+            TrainConfig {
+                ranks: 0,
+                ..base.clone()
+            },
+            TrainConfig {
+                density: 0.0,
+                ..base.clone()
+            },
+            TrainConfig {
+                density: 1.5,
+                ..base.clone()
+            },
+            TrainConfig {
+                batch: 5000,
+                ..base.clone()
+            },
         ] {
-            assert!(matches!(train(&cfg, &data, None), Err(Error::InvalidArgument(_))), "{cfg:?}");
+            assert!(
+                matches!(train(&cfg, &data, None), Err(Error::InvalidArgument(_))),
+                "{cfg:?}"
+            );
         }
         let cfg = TrainConfig {
             groups: Some(vec![vec![0, 1]]),
             ..base.clone()
         };
-        assert!(matches!(train(&cfg, &data, None), Err(Error::InvalidPlan(_))));
+        assert!(matches!(
+            train(&cfg, &data, None),
+            Err(Error::InvalidPlan(_))
+        ));
         // A density that selects nothing from a group of a collective algorithm.
         let cfg = TrainConfig {
             scheme: SchemeKind::Spardl,
             density: 1e-7,
             ..base.clone()
         };
-        assert!(matches!(train(&cfg, &data, None), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            train(&cfg, &data, None),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
