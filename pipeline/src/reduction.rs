@@ -2,13 +2,15 @@
 //! scheme into the runtime's pieces: the reduction [`Scheme`], the merge planner and the
 //! costs the planner and the timeline use.
 //!
-//! - `dense`: all-reduce per MG-WFBP group (ring; BSP-SGD of Linear Pipelining (Wang et
-//!   al.), Algorithm 3, with the reduce overlapping backward).
+//! - `dense`: all-reduce per MG-WFBP group, the algorithm chosen by size per group (ring
+//!   on an emulated link, which the runtime's costs price).
 //! - `topk`, `lags`, `mgs`, `omgs`: top-k with error feedback and a sparse all-gather,
 //!   merged into one group, layer-wise, by threshold, or by the planner (OMGS-SGD (Shi et
 //!   al., INFOCOM 2020)).
 //! - every sparse all-reduce of `collectives::sparse` (SparDL (Zhao et al.), ExDyna (Yoon
 //!   & Oh, CCGrid 2024), HiTopKComm, gTop-k, ...), one group each.
+//! - `bsp1`, `bsp2`, `bsp3`: BSP-SGD of Linear Pipelining (Wang et al.), Algorithms 1-3
+//!   with LP reduce/broadcast/all-reduce (64 KiB blocks).
 //! - `switch`: MSTopK with HiTopKComm for the first epochs, then the dense 2D torus
 //!   all-reduce (MSTopK/HiTopKComm (Shi et al., MLSys 2021), §5.6).
 
@@ -62,6 +64,13 @@ pub enum SchemeKind {
     Exdyna,
     /// MSTopK + HiTopKComm, then dense 2D torus (MLSys 2021 §5.6).
     Switch,
+    /// BSP-SGD of Linear Pipelining (Wang et al.), Algorithm 1: per layer, an LP reduce to
+    /// the root then an LP broadcast, overlapping backward.
+    Bsp1,
+    /// BSP-SGD Algorithm 2: after backward, one LP reduce and one LP broadcast.
+    Bsp2,
+    /// BSP-SGD Algorithm 3: after backward, one LP all-reduce.
+    Bsp3,
 }
 
 impl std::fmt::Display for SchemeKind {
@@ -106,6 +115,7 @@ impl SchemeKind {
             SchemeKind::Lags => Planner::Lags,
             SchemeKind::Mgs => Planner::Threshold(DEFAULT_THRESHOLD),
             SchemeKind::Omgs => Planner::default(),
+            SchemeKind::Bsp1 => Planner::Lags,
             _ => Planner::TopK,
         }
     }
@@ -123,8 +133,91 @@ pub fn switches_at(cfg: &TrainConfig, epoch: usize) -> bool {
 }
 
 fn dense_phase(cfg: &TrainConfig, epoch: usize) -> bool {
-    cfg.scheme == SchemeKind::Dense
-        || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
+    matches!(
+        cfg.scheme,
+        SchemeKind::Dense | SchemeKind::Bsp1 | SchemeKind::Bsp2 | SchemeKind::Bsp3
+    ) || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
+}
+
+/// Pipeline block of the LP collectives: 64 KiB, the paper's setting.
+const LP_BLOCK: usize = 64 << 10;
+
+/// BSP-SGD's reduce + broadcast (Linear Pipelining (Wang et al.), Algorithm 2 lines 2-5):
+/// an LP reduce of the group's gradient to rank 0, then an LP broadcast of the sum, which
+/// every rank averages. (The paper's root applies the update and broadcasts the weights;
+/// broadcasting the averaged gradient instead moves as many bytes, and every rank then
+/// applies the same update to the same weights.)
+struct LpReduceBroadcast;
+
+impl Exchange for LpReduceBroadcast {
+    fn exchange(
+        &mut self,
+        comm: &dyn collectives::Communicator,
+        ctx: crate::schemes::ExchangeCtx,
+        payload: crate::schemes::Payload,
+    ) -> Result<Vec<f32>> {
+        use collectives::dense::{broadcast, reduce, BroadcastAlgo, DenseOptions, ReduceAlgo};
+        let mut data = match payload {
+            crate::schemes::Payload::Dense(d) => d,
+            crate::schemes::Payload::Sparse(s) => s.to_dense(),
+        };
+        crate::schemes::agree(comm, ctx)?;
+        let opts = DenseOptions::default().unchecked();
+        let block_bytes = LP_BLOCK;
+        reduce(
+            comm,
+            &mut data,
+            0,
+            ReduceAlgo::LinearPipeline { block_bytes },
+            &opts,
+        )?;
+        broadcast(
+            comm,
+            &mut data,
+            0,
+            BroadcastAlgo::LinearPipeline { block_bytes },
+            &opts,
+        )?;
+        let inv = 1.0 / comm.size() as f32;
+        data.iter_mut().for_each(|v| *v *= inv);
+        Ok(data)
+    }
+}
+
+/// BSP-SGD Algorithms 1 and 2's exchange as a scheme.
+struct BspReduceBroadcast;
+
+impl Scheme for BspReduceBroadcast {
+    fn name(&self) -> String {
+        "bsp-lp-reduce-broadcast".into()
+    }
+    fn group(
+        &self,
+        _index: usize,
+        _numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        Ok((Box::new(Identity), Box::new(LpReduceBroadcast)))
+    }
+}
+
+/// Dense all-reduce whose algorithm the cost model chooses per group size
+/// (`collectives::dense::choose_allreduce`).
+struct ChosenDense;
+
+impl Scheme for ChosenDense {
+    fn name(&self) -> String {
+        "dense-chosen".into()
+    }
+    fn group(
+        &self,
+        _index: usize,
+        numel: usize,
+        ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        let algo = collectives::dense::choose_allreduce(ranks, 4 * numel, None);
+        Ok((Box::new(Identity), Box::new(DenseExchange { algo })))
+    }
 }
 
 /// Dense all-reduce with a fixed algorithm (the 2D torus of the §5.6 switch).
@@ -188,7 +281,16 @@ pub fn for_epoch(
 ) -> Result<(Box<dyn Scheme>, Planner, BoxedCosts)> {
     let dense = dense_phase(cfg, epoch);
     let scheme: Box<dyn Scheme> = if dense {
-        if cfg.scheme == SchemeKind::Switch {
+        if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
+            Box::new(BspReduceBroadcast)
+        } else if cfg.scheme == SchemeKind::Bsp3 {
+            Box::new(DenseAlgo(AllreduceAlgo::LinearPipeline {
+                block_bytes: LP_BLOCK,
+            }))
+        } else if cfg.scheme == SchemeKind::Dense && topology.is_none() {
+            // On an emulated link the ring is what the runtime costs price.
+            Box::new(ChosenDense)
+        } else if cfg.scheme == SchemeKind::Switch {
             Box::new(DenseAlgo(AllreduceAlgo::Torus2d {
                 ranks_per_node: torus_rows(p),
             }))
@@ -215,7 +317,12 @@ pub fn for_epoch(
             density: cfg.density,
         })
     };
-    let planner = if dense {
+    let planner = if matches!(
+        cfg.scheme,
+        SchemeKind::Bsp1 | SchemeKind::Bsp2 | SchemeKind::Bsp3
+    ) {
+        cfg.scheme.default_planner()
+    } else if dense {
         Planner::MgWfbp
     } else {
         cfg.planner.unwrap_or_else(|| cfg.scheme.default_planner())
@@ -276,4 +383,57 @@ pub fn check_density(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schemes::ExchangeCtx;
+    use collectives::{Communicator, ThreadComm};
+
+    #[test]
+    fn dense_and_bsp_exchanges_all_average() {
+        for kind in [
+            SchemeKind::Dense,
+            SchemeKind::Bsp1,
+            SchemeKind::Bsp2,
+            SchemeKind::Bsp3,
+        ] {
+            let cfg = TrainConfig {
+                scheme: kind,
+                ranks: 3,
+                ..TrainConfig::default()
+            };
+            let n = 40_000; // more than one 64 KiB pipeline block
+            let out = ThreadComm::run(3, |comm| -> Result<Vec<f32>> {
+                let (scheme, _, _) = for_epoch(&cfg, 0, 3, &[n], None)?;
+                let (mut c, mut e) = scheme.group(0, n, 3)?;
+                let r = comm.rank() as f32;
+                let grad: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + r).collect();
+                let ctx = ExchangeCtx {
+                    iteration: 0,
+                    group: 0,
+                    numel: n,
+                };
+                let p = c.compress(grad)?;
+                e.exchange(&comm, ctx, p)
+            })
+            .unwrap();
+            for o in &out {
+                assert_eq!(o, &out[0], "{kind}: ranks differ");
+                for (i, v) in o.iter().enumerate() {
+                    assert!((v - ((i % 7) as f32 + 1.0)).abs() < 1e-4, "{kind}: {i} {v}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schemes_parse_by_their_command_line_names() {
+        for s in ["dense", "omgs", "spardl_rsag", "exdyna", "switch", "bsp1"] {
+            assert_eq!(s.parse::<SchemeKind>().unwrap().to_string(), s);
+        }
+        assert!("sgd".parse::<SchemeKind>().is_err());
+        assert_eq!(SchemeKind::SpardlBsag.collective(), Some("spardl_bsag"));
+    }
 }
