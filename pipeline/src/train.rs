@@ -673,6 +673,29 @@ fn profile_for(model: &dyn Staged, times: &[f64]) -> Result<LayerProfile> {
     LayerProfile::from_sizes(model.name(), &sizes)?.with_backward_times(fwd, bw)
 }
 
+/// Rank 0's plan on every rank: the costs include times measured on each rank (the top-k
+/// fit), so plans computed locally could differ, and ranks must merge alike.
+fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
+    let l = plan.num_layers();
+    let mut starts = vec![u64::MAX; l];
+    for (i, &s) in plan.starts().iter().enumerate() {
+        starts[i] = s as u64;
+    }
+    dense::broadcast(
+        comm,
+        &mut starts,
+        0,
+        BroadcastAlgo::Binomial,
+        &DenseOptions::default(),
+    )?;
+    let starts: Vec<usize> = starts
+        .into_iter()
+        .take_while(|&s| s != u64::MAX)
+        .map(|s| s as usize)
+        .collect();
+    MergePlan::from_starts(l, starts)
+}
+
 type Rebuilt<C> = ((Reducer<C>, Timeline), MergePlan, String);
 
 /// Shuts `reducer` down and builds the reducer of `cfg`'s scheme at `epoch` with its plan.
@@ -694,7 +717,7 @@ fn rebuild<C: Communicator + 'static>(
                 sizes.len()
             ))
         })?,
-        None => planner.plan(&profile, &&*costs)?,
+        None => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
     };
     reduction::check_density(cfg, epoch, &plan, sizes)?;
     let predicted = predict(&profile, &plan, &&*costs)?;
