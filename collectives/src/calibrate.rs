@@ -1,8 +1,9 @@
 //! Calibration on a live communicator: a ping-pong sweep for the link's α and β, sweeps of
 //! the collectives (time against bytes, fitted by `cost_model::fit` as one line and as a
 //! piecewise α-β model with one line per size regime), a local reduction
-//! sweep for γ and a top-k timing sweep for the OMGS γ·ρ (paper 000 §V-B: d ∈ [1K, 1M],
-//! ρ = 0.001). The result is a [`cost_model::Calibration`] that the planner and the dense
+//! sweep for γ (one line and one per size regime) and a top-k timing sweep fitted per size
+//! regime (`a_i + b_i·d`: the fixed cost per call dominates small tensors, which OMGS-SGD's
+//! `γρ·d·log d` (Shi et al., INFOCOM 2020, §V-B: d ∈ [1K, 1M], ρ = 0.001) has no term for). The result is a [`cost_model::Calibration`] that the planner and the dense
 //! chooser read; [`Calibration`] implements [`Predictor`](crate::dense::Predictor) here.
 //!
 //! Timing: every measurement is `barrier; start; op; barrier; stop` on every rank and the
@@ -12,9 +13,11 @@
 use std::time::Instant;
 
 use cost_model::dense::{predict_dense, DenseCase};
-use cost_model::fit::{fit_linear, fit_reduction, fit_topk_linear, fit_topk_omgs, Fitted, Sample};
+use cost_model::fit::{
+    fit_linear, fit_reduction, fit_reduction_piecewise, fit_topk_piecewise, Fitted, Sample,
+};
 use cost_model::{Algorithm, Calibration, Collective, CollectiveFit, Link, TopkFit, Topology};
-use sparsify::Selector;
+use sparsify::{ErrorFeedback, Selector};
 
 use crate::dense::{allgather, allreduce, AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor};
 use crate::{Communicator, Error, Result};
@@ -41,14 +44,15 @@ pub struct CalibrateOptions {
 
 impl Default for CalibrateOptions {
     /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, ring all-reduce and ring all-gather, top-k
-    /// over 1K … 1M elements at ρ = 0.001 (paper 000 §V-B).
+    /// over 1K … 1M elements in ×2 steps at ρ = 0.001 (the range and density of OMGS-SGD
+    /// §V-B; ×2 steps so that each size regime has several sizes).
     fn default() -> Self {
         CalibrateOptions {
             sizes: (0..8).map(|i| 1024usize << (2 * i)).collect(),
             reps: 5,
             allreduce: vec![AllreduceAlgo::Ring],
             allgather: vec![AllgatherAlgo::Ring],
-            topk_sizes: (10..=20).step_by(2).map(|e| 1usize << e).collect(),
+            topk_sizes: (10..=20).map(|e| 1usize << e).collect(),
             density: 0.001,
         }
     }
@@ -143,6 +147,28 @@ pub fn time_allgather<C: Communicator + ?Sized>(
     time_op(comm, reps, || allgather(comm, &mine, &mut out, algo, &opts))
 }
 
+/// Shortest timed interval of the local sweeps: operations faster than this are repeated
+/// inside one timing, so timer resolution and one-off interruptions do not dominate.
+const MIN_TIMED_S: f64 = 200e-6;
+
+/// Median over `reps` timings of `op` (after a warm-up), each timing running `op` as many
+/// times as it takes to last [`MIN_TIMED_S`]; seconds per run of `op`.
+fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    let s = Instant::now();
+    op()?;
+    let once = s.elapsed().as_secs_f64().max(1e-9);
+    let inner = ((MIN_TIMED_S / once).ceil() as usize).clamp(1, 1 << 16);
+    let mut t = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let s = Instant::now();
+        for _ in 0..inner {
+            op()?;
+        }
+        t.push(s.elapsed().as_secs_f64() / inner as f64);
+    }
+    Ok(median(t).max(1e-9))
+}
+
 /// Local `f32` summation time against bytes (γ of paper 004 Table 1).
 pub fn reduction_sweep(sizes: &[usize], reps: usize) -> Vec<Sample> {
     sizes
@@ -150,22 +176,36 @@ pub fn reduction_sweep(sizes: &[usize], reps: usize) -> Vec<Sample> {
         .map(|&n| {
             let x = vec![1.0f32; n / 4];
             let mut acc = vec![0.5f32; n / 4];
-            let t = (0..reps.max(1))
-                .map(|_| {
-                    let s = Instant::now();
-                    for (a, b) in acc.iter_mut().zip(&x) {
-                        *a += *b;
-                    }
-                    std::hint::black_box(&mut acc);
-                    s.elapsed().as_secs_f64()
-                })
-                .collect();
-            Sample::new(n as f64, median(t).max(1e-9))
+            let t = time_local(reps, || {
+                for (a, b) in acc.iter_mut().zip(&x) {
+                    *a += *b;
+                }
+                std::hint::black_box(&mut acc);
+                Ok(())
+            })
+            .unwrap_or(f64::NAN);
+            Sample::new(n as f64, t)
         })
         .collect()
 }
 
-/// Top-k selection time of `selector` against tensor size (elements) at `density`.
+/// A deterministic pseudo-random gradient of `d` elements (xorshift), magnitudes spread
+/// out; `seed` makes the ranks' gradients differ.
+fn sweep_gradient(d: usize, seed: u64) -> Vec<f32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407);
+    (0..d)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Top-k selection time of `selector` against tensor size (elements) at `density`: one
+/// error-feedback step (`r += g`, select, zero the selected entries of `r`), the call a
+/// training step makes.
 pub fn topk_sweep(
     selector: &mut dyn Selector,
     sizes: &[usize],
@@ -174,24 +214,14 @@ pub fn topk_sweep(
 ) -> Result<Vec<Sample>> {
     let mut out = Vec::new();
     for &d in sizes {
-        // A deterministic pseudo-random gradient (xorshift), magnitudes spread out.
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let x: Vec<f32> = (0..d)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect();
+        let g = sweep_gradient(d, 0);
         let k = ((d as f64 * density).round() as usize).max(1);
-        let mut t = Vec::new();
-        for _ in 0..reps.max(1) {
-            let st = Instant::now();
-            std::hint::black_box(selector.select(&x, k)?);
-            t.push(st.elapsed().as_secs_f64());
-        }
-        out.push(Sample::new(d as f64, median(t).max(1e-9)));
+        let mut ef = ErrorFeedback::new(d);
+        let t = time_local(reps, || {
+            std::hint::black_box(ef.step(&mut *selector, &g, k)?);
+            Ok(())
+        })?;
+        out.push(Sample::new(d as f64, t));
     }
     Ok(out)
 }
@@ -256,12 +286,12 @@ pub fn calibrate<C: Communicator + ?Sized>(
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
     let mut reduction = None;
+    let mut reduction_piecewise = None;
     let mut topk = Vec::new();
     if comm.rank() == 0 {
-        reduction = Some(fit_reduction(
-            &reduction_sweep(&opts.sizes, opts.reps),
-            0.0,
-        )?);
+        let red = reduction_sweep(&opts.sizes, opts.reps);
+        reduction = Some(fit_reduction(&red, 0.0)?);
+        reduction_piecewise = Some(fit_reduction_piecewise(&red)?);
         tick("reduction", &mut done);
         if !opts.topk_sizes.is_empty() {
             let mut exact = sparsify::ExactTopK::new();
@@ -269,14 +299,14 @@ pub fn calibrate<C: Communicator + ?Sized>(
             topk.push(TopkFit {
                 selector: "exact".into(),
                 density: opts.density,
-                fit: fit_topk_omgs(&s)?,
+                fit: fit_topk_piecewise(&s)?,
             });
             let mut ms = sparsify::MsTopK::with_seed(1);
             let s = topk_sweep(&mut ms, &opts.topk_sizes, opts.density, opts.reps)?;
             topk.push(TopkFit {
                 selector: "mstopk".into(),
                 density: opts.density,
-                fit: fit_topk_linear(&s)?,
+                fit: fit_topk_piecewise(&s)?,
             });
         }
         tick("top-k", &mut done);
@@ -291,6 +321,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
         topology,
         pingpong,
         reduction,
+        reduction_piecewise,
         collectives,
         topk,
     })
@@ -437,6 +468,90 @@ pub fn validate<C: Communicator + ?Sized>(
     Ok(out)
 }
 
+/// The planner's cost of one sparse step, predicted against measured: every rank runs one
+/// exact top-k error-feedback step on its own gradient of `d` elements and the ranks
+/// all-gather the selected values and indices (8 bytes per entry, ring), the step that
+/// OMGS-SGD's merged groups make. The prediction is the calibrated top-k model plus the
+/// all-gather fit for `8·k` bytes per rank, the two terms a calibrated planner adds
+/// (`sparsify_s + comm_s`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompositeValidation {
+    /// Tensor size, elements.
+    pub d: usize,
+    /// Selected entries per rank.
+    pub k: usize,
+    /// Predicted top-k seconds.
+    pub topk_s: f64,
+    /// Predicted all-gather seconds.
+    pub comm_s: f64,
+    /// Measured seconds of the whole step (median of the repeats, slowest rank).
+    pub measured_s: f64,
+}
+
+impl CompositeValidation {
+    /// Predicted seconds of the whole step.
+    pub fn predicted_s(&self) -> f64 {
+        self.topk_s + self.comm_s
+    }
+
+    /// `|predicted − measured| / measured`.
+    pub fn rel_error(&self) -> f64 {
+        (self.predicted_s() - self.measured_s).abs() / self.measured_s
+    }
+}
+
+/// Measures the sparse step of [`CompositeValidation`] at each of `sizes` (elements) at
+/// `density`. Collective; needs an all-gather fit. The top-k fit lives on rank 0 only
+/// (the local sweeps run there), so other ranks get a NaN top-k prediction.
+pub fn validate_composite<C: Communicator + ?Sized>(
+    comm: &C,
+    cal: &Calibration,
+    sizes: &[usize],
+    density: f64,
+    reps: usize,
+) -> Result<Vec<CompositeValidation>> {
+    let topk = cal.topk_model("exact");
+    let ag = cal
+        .collectives
+        .iter()
+        .find(|c| c.op == Collective::Allgather)
+        .ok_or_else(|| {
+            Error::InvalidArgument("the calibration has no all-gather fit to validate".into())
+        })?;
+    let algo = match ag.algo {
+        Algorithm::RecursiveDoubling => AllgatherAlgo::RecursiveDoubling,
+        Algorithm::Bruck => AllgatherAlgo::Bruck,
+        _ => AllgatherAlgo::Ring,
+    };
+    let p = comm.size();
+    let opts = DenseOptions::default().unchecked();
+    let mut out = Vec::new();
+    for &d in sizes {
+        let k = ((d as f64 * density).round() as usize).clamp(1, d.max(1));
+        let g = sweep_gradient(d, comm.rank() as u64 + 1);
+        let mut ef = ErrorFeedback::new(d);
+        let mut sel = sparsify::ExactTopK::new();
+        let mut mine = vec![0u8; 8 * k];
+        let mut all = vec![0u8; 8 * k * p];
+        let measured_s = time_op(comm, reps, || {
+            let (sg, _) = ef.step(&mut sel, &g, k)?;
+            for (j, (&i, &v)) in sg.indices().iter().zip(sg.values()).enumerate() {
+                mine[8 * j..8 * j + 4].copy_from_slice(&i.to_le_bytes());
+                mine[8 * j + 4..8 * j + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            allgather(comm, &mine, &mut all, algo, &opts)
+        })?;
+        out.push(CompositeValidation {
+            d,
+            k,
+            topk_s: topk.map_or(f64::NAN, |m| m.time(d)),
+            comm_s: ag.time(8 * k),
+            measured_s,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +569,10 @@ mod tests {
             let cal = calibrate(&c, &opts, &mut |_, _, _| {})?;
             let v = validate(&c, &cal, &opts, &[1 << 14])?;
             assert_eq!(v.len(), 2);
+            let cv = validate_composite(&c, &cal, &[1 << 14], 0.01, 2)?;
+            assert_eq!(cv.len(), 1);
+            assert_eq!(cv[0].k, 164);
+            assert!(cv[0].measured_s > 0.0 && cv[0].predicted_s() > 0.0);
             Ok(cal)
         })
         .unwrap();
@@ -467,6 +586,8 @@ mod tests {
             assert_eq!(pw.model.segments[0].model, c.fit.model);
         }
         assert_eq!(cal.topk.len(), 2);
+        assert!(cal.topk_model("exact").is_some());
+        assert!(cal.reduction_piecewise.is_some());
         let back = Calibration::from_json(&cal.to_json(), "mem").unwrap();
         assert_eq!(&back, cal);
         // The chooser accepts it and prices every algorithm.

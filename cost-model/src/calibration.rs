@@ -122,6 +122,10 @@ pub struct Calibration {
     /// Local reduction (sum of `f32`) time against bytes: γ per byte.
     #[serde(default)]
     pub reduction: Option<Fitted<ReductionModel>>,
+    /// The same reduction sweep fitted per size regime (bytes): what predictions of the
+    /// summing cost use, since one γ cannot describe both cached and streaming sizes.
+    #[serde(default)]
+    pub reduction_piecewise: Option<Fitted<PiecewiseLinear>>,
     /// Direct fits of the collectives that were swept.
     #[serde(default)]
     pub collectives: Vec<CollectiveFit>,
@@ -189,6 +193,24 @@ impl Calibration {
         };
         finite(self.pingpong.model.alpha_s, "ping-pong α")?;
         finite(self.pingpong.model.beta_s, "ping-pong β")?;
+        for s in self
+            .reduction_piecewise
+            .iter()
+            .flat_map(|p| &p.model.segments)
+        {
+            finite(s.start, "reduction breakpoint")?;
+            finite(s.model.alpha_s, "reduction α")?;
+            finite(s.model.beta_s, "reduction γ")?;
+        }
+        for t in &self.topk {
+            let d = [1usize << 10, 1 << 20, 1 << 26];
+            if d.iter().any(|&d| !t.fit.model.time(d).is_finite()) {
+                return Err(Error::InvalidArgument(format!(
+                    "top-k model of {} predicts a non-finite time",
+                    t.selector
+                )));
+            }
+        }
         for c in &self.collectives {
             if !c.op.algorithms().contains(&c.algo) {
                 return Err(Error::InvalidArgument(format!(
@@ -206,6 +228,15 @@ impl Calibration {
             }
         }
         Ok(())
+    }
+
+    /// The fitted top-k model of `selector` (e.g. `"exact"`), if it was swept: what a
+    /// planner pricing selections on this machine should use.
+    pub fn topk_model(&self, selector: &str) -> Option<TopkModel> {
+        self.topk
+            .iter()
+            .find(|t| t.selector == selector)
+            .map(|t| t.fit.model)
     }
 
     /// The direct fit of `(op, algo)`, if that pair was swept.
@@ -297,6 +328,7 @@ mod tests {
             topology: Topology::flat(4, link).unwrap(),
             pingpong,
             reduction: None,
+            reduction_piecewise: None,
             collectives: vec![CollectiveFit {
                 op: Collective::Allreduce,
                 algo: Algorithm::Ring,

@@ -1,6 +1,8 @@
 //! The analytic cost models: Hockney `α + β·n`, its reduction variant `α + β·n + γ·n`, and
-//! the two top-k selection models (OMGS `γ·ρ·d·log2 d`, paper 000 Eq. 10, and a linear
-//! `a + b·d`). Each is a plain serde struct so calibrations can be saved and read back.
+//! the top-k selection models (OMGS `γ·ρ·d·log2 d`, OMGS-SGD (Shi et al., INFOCOM 2020)
+//! Eq. 10, a linear `a + b·d`, and a piecewise `a_i + b_i·d` with one line per size regime
+//! for calibrated CPU selectors, whose fixed cost per call and per-element cost both
+//! change with the cache level and the switch to several threads). Each is a plain serde struct so calibrations can be saved and read back.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +73,28 @@ pub enum TopkModel {
         /// Cost per element b, seconds.
         b_s: f64,
     },
+    /// Up to [`TOPK_MAX_REGIMES`] size regimes, each `a_i + b_i·d` with its own fixed cost
+    /// per call (see [`TopkRegime`]); sizes below the first regime's start use the first.
+    Piecewise {
+        /// The regimes by increasing `start`; only the first `count` are used.
+        regimes: [TopkRegime; TOPK_MAX_REGIMES],
+        /// Number of regimes in use (1 to [`TOPK_MAX_REGIMES`]).
+        count: usize,
+    },
+}
+
+/// Most size regimes of a [`TopkModel::Piecewise`] (fixed, so the model stays `Copy`).
+pub const TOPK_MAX_REGIMES: usize = 3;
+
+/// One size regime of [`TopkModel::Piecewise`]: `a + b·d` for `d ≥ start`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TopkRegime {
+    /// Smallest size (elements) the regime predicts for.
+    pub start: f64,
+    /// Fixed cost per call a, seconds.
+    pub a_s: f64,
+    /// Cost per element b, seconds.
+    pub b_s: f64,
 }
 
 impl TopkModel {
@@ -88,6 +112,11 @@ impl TopkModel {
         match *self {
             TopkModel::Omgs { gamma_rho } => gamma_rho * x_log2_x(x),
             TopkModel::Linear { a_s, b_s } => a_s + b_s * x,
+            TopkModel::Piecewise { regimes, count } => {
+                let used = &regimes[..count.clamp(1, TOPK_MAX_REGIMES)];
+                let r = used.iter().rev().find(|r| r.start <= x).unwrap_or(&used[0]);
+                r.a_s + r.b_s * x
+            }
         }
     }
 }
@@ -156,5 +185,14 @@ mod tests {
         assert!(s.contains("\"kind\":\"omgs\""), "{s}");
         let back: TopkModel = serde_json::from_str(&s).unwrap();
         assert_eq!(back, m);
+        let r = |start, a_s, b_s| TopkRegime { start, a_s, b_s };
+        let p = TopkModel::Piecewise {
+            regimes: [r(0.0, 1.0, 1.0), r(10.0, 5.0, 0.5), TopkRegime::default()],
+            count: 2,
+        };
+        assert_eq!(p.time(4), 5.0);
+        assert_eq!(p.time(20), 15.0);
+        let s = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<TopkModel>(&s).unwrap(), p);
     }
 }

@@ -1,8 +1,8 @@
-//! `cargo bench -p datacache --bench epochs`: a throttled "NFS" source (50 MB/s, 2 ms per
-//! request) of generated samples with a decode cost, read uncached, through the cache in
-//! epochs 1 and 2, by a new run over the warm disk, and with a simulated compute step with and
-//! without prefetching. Prints a Markdown table and checks the paper's claims (§4.1, Fig. 9:
-//! I/O time reduced more than 10×; reading overlapped with compute).
+//! `cargo bench -p datacache --features bench --bench epochs`: 96×96 PNG images served over
+//! loopback HTTP through `object_store`, read uncached, through the cache in epochs 1 and 2,
+//! by a new run over the warm disk, from the local-file store, from an emulated NFS, and end
+//! to end with a simulated compute step. Prints a Markdown table and the paper's claims
+//! (MSTopK/HiTopKComm, Shi et al., MLSys 2021, §5.4, Fig. 9) beside ours.
 //!
 //! Options (after `--`): `--samples N`, `--json PATH`.
 
@@ -43,19 +43,5 @@ fn main() {
         if let Err(e) = std::fs::write(&path, text) {
             eprintln!("cannot write {path}: {e}");
         }
-    }
-    let checks = [
-        ("epoch 2 ≥ 10× epoch 1", report.epoch2_over_epoch1 >= 10.0),
-        (
-            "epoch 2 ≥ 10× uncached",
-            report.epoch2_over_uncached >= 10.0,
-        ),
-        (
-            "prefetch overlaps ≥ 70% of reading with compute",
-            report.prefetch_overlap >= 0.7,
-        ),
-    ];
-    for (name, ok) in checks {
-        println!("{}: {name}", if ok { "ok" } else { "FAILED" });
     }
 }

@@ -1,4 +1,4 @@
-//! The two cache levels of Fig. 5 (paper 001 §4.1) in front of a source: decoded samples in
+//! The two cache levels of Fig. 5 (MSTopK/HiTopKComm, Shi et al., MLSys 2021, §4.1) in front of a source: decoded samples in
 //! a byte-bounded in-memory key-value store keyed by sample index (moka), raw bytes on local
 //! disk ([`DiskCache`]), and the slow source behind both.
 
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::decode::{Decoder, Tensor};
-use crate::disk::{namespace_for, DiskCache, Lookup};
+use crate::disk::{namespace_for, DiskCache, Durability, Lookup};
 use crate::error::{Error, Result};
 use crate::source::Source;
 use crate::stats::{add, add_time, Stats, StatsSnapshot};
@@ -35,6 +35,7 @@ pub struct DataCacheBuilder {
     decoder: Arc<dyn Decoder>,
     disk: Option<(PathBuf, u64)>,
     namespace: Option<String>,
+    durability: Durability,
     memory_bytes: u64,
 }
 
@@ -49,6 +50,13 @@ impl DataCacheBuilder {
     /// Overrides the disk namespace (default: derived from [`Source::fingerprint`]).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Whether disk entries are flushed before they are renamed into place (default
+    /// [`Durability::Fsync`]; see [`crate::disk`]).
+    pub fn disk_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 
@@ -67,7 +75,13 @@ impl DataCacheBuilder {
                 let ns = self
                     .namespace
                     .unwrap_or_else(|| namespace_for(&self.source.fingerprint()));
-                Some(DiskCache::open_with_stats(dir, &ns, max, stats.clone())?)
+                Some(DiskCache::open_with(
+                    dir,
+                    &ns,
+                    max,
+                    self.durability,
+                    stats.clone(),
+                )?)
             }
         };
         let memory = (self.memory_bytes > 0).then(|| {
@@ -122,6 +136,7 @@ impl DataCache {
             decoder,
             disk: None,
             namespace: None,
+            durability: Durability::default(),
             memory_bytes: 0,
         }
     }

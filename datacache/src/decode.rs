@@ -1,5 +1,6 @@
 //! Turning raw sample bytes into the `f32` tensors a model eats (the "decode and
-//! pre-process" step of paper 001 §4.1, whose output the memory level keeps).
+//! pre-process" step of DataCache, MSTopK/HiTopKComm (Shi et al., MLSys 2021), §4.1, whose
+//! output the memory level keeps).
 
 use crate::source::{CIFAR10_PIXELS, CIFAR10_RECORD};
 

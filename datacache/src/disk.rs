@@ -1,30 +1,41 @@
-//! The local-disk level of Fig. 5 (paper 001 §4.1): raw sample bytes copied from the slow
-//! source on first read, kept across runs ("multiple runs for hyper-parameter tuning").
+//! The local-disk level of Fig. 5 (MSTopK/HiTopKComm, Shi et al., MLSys 2021, §4.1): raw
+//! sample bytes copied from the slow source on first read, kept across runs ("multiple runs
+//! for hyper-parameter tuning").
 //!
-//! Layout: `root/<namespace>/<index >> 12 as hex>/<index>.dce`. An entry is a 24-byte header
-//! (`b"DCE1"`, CRC-32 of the payload, payload length, sample index; little-endian) and the
-//! payload. Entries are written to a hidden temporary name and renamed into place, so a
-//! reader (in this or another process) sees either no entry or a whole one; a torn or
-//! corrupted entry fails its checksum and is fetched again. Hits refresh the file's
-//! modification time, which is the least-recently-used clock shared by all processes; when
-//! the directory grows past its limit the oldest entries are deleted (each process rescans
-//! the directory after writing 5% of the limit, so with several writers the limit holds to
-//! within about 5% per process). Any write failure
-//! (a full disk) turns the level off with a warning instead of failing the training.
+//! Layout: `root/<namespace>/<index >> 12 as hex>/<index>.dce`, each file one entry in the
+//! format of [`crate::entry`] (magic, version, key hash, length, payload and header CRC-32).
+//!
+//! Crash safety: an entry is written to a hidden temporary name in the same directory,
+//! flushed to stable storage (`fsync`, unless [`Durability::NoSync`]) and only then renamed
+//! into place, so the final name never refers to a partial file, whether the writer is killed
+//! (SIGKILL) or the machine loses power. Every read checks the whole entry; one that fails
+//! (a file damaged on disk, an old format, a copy under another sample's name) is deleted and
+//! fetched again, never served. Temporary files of killed writers are removed at the next
+//! open once they are older than a few minutes.
+//!
+//! Sharing: several processes may use one directory. Concurrent writers of one key each
+//! rename their own complete file (the last one wins; both are valid), readers open either the
+//! old or the new file, and an entry evicted while another process reads it stays readable
+//! through the open handle (or is a miss). Hits refresh the file's modification time, which is
+//! the least-recently-used clock shared by all processes; when the directory grows past its
+//! limit the oldest entries are deleted (each process rescans the directory after writing 5% of
+//! the limit, so with several writers the limit holds to within about 5% per process). Any
+//! write failure (a full disk) turns the level off with a warning instead of failing the
+//! training.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::entry::{self, KeyHash};
 use crate::error::{Error, Result};
 use crate::stats::{add, Stats};
 
-const MAGIC: &[u8; 4] = b"DCE1";
-/// Bytes of the entry header.
-pub const HEADER_LEN: usize = 24;
+pub use crate::entry::HEADER_LEN;
+
 const EXT: &str = "dce";
 /// After eviction the directory is brought down to this fraction of its limit, so that
 /// eviction (a directory scan) runs once per many inserts rather than on every one.
@@ -33,6 +44,22 @@ const LOW_WATERMARK: f64 = 0.9;
 const RESCAN_FRACTION: u64 = 20;
 /// Temporary files older than this are leftovers of a crashed writer and are removed.
 const STALE_TMP: Duration = Duration::from_secs(600);
+/// A hit refreshes an entry's modification time only when it is older than this: the LRU
+/// order needs no finer clock, and most hits then cost no extra system calls.
+const LRU_RESOLUTION: Duration = Duration::from_secs(1);
+
+/// Whether an entry is flushed to stable storage before it is renamed into place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `fsync` the entry before the rename and the directory after it: a power loss leaves
+    /// either no entry or a whole one. Costs one device flush per entry written.
+    #[default]
+    Fsync,
+    /// No flush. A killed process still never leaves a partial entry under its final name
+    /// (the kernel keeps the written pages); after a power loss an entry may be torn, which
+    /// its checksum catches on the next read (it is then fetched again).
+    NoSync,
+}
 
 /// What a lookup found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +77,8 @@ pub enum Lookup {
 pub struct DiskCache {
     root: PathBuf,
     dir: PathBuf,
+    namespace: String,
+    durability: Durability,
     max_bytes: u64,
     approx_bytes: AtomicU64,
     written_since_scan: AtomicU64,
@@ -70,13 +99,21 @@ impl DiskCache {
     /// `max_bytes` in all of `root` (every namespace counts). If the directory cannot be
     /// created the level starts switched off (with a warning), like a full disk.
     pub fn open(root: impl AsRef<Path>, namespace: &str, max_bytes: u64) -> Result<Self> {
-        Self::open_with_stats(root, namespace, max_bytes, Arc::new(Stats::default()))
+        Self::open_with(
+            root,
+            namespace,
+            max_bytes,
+            Durability::default(),
+            Arc::new(Stats::default()),
+        )
     }
 
-    pub(crate) fn open_with_stats(
+    /// [`DiskCache::open`] with a durability mode and the counters to update.
+    pub fn open_with(
         root: impl AsRef<Path>,
         namespace: &str,
         max_bytes: u64,
+        durability: Durability,
         stats: Arc<Stats>,
     ) -> Result<Self> {
         if namespace.is_empty() || namespace.contains(['/', '\\']) || namespace.starts_with('.') {
@@ -89,6 +126,8 @@ impl DiskCache {
         let cache = Self {
             root,
             dir,
+            namespace: namespace.to_string(),
+            durability,
             max_bytes,
             approx_bytes: AtomicU64::new(0),
             written_since_scan: AtomicU64::new(0),
@@ -109,6 +148,11 @@ impl DiskCache {
     /// The directory of this data set's entries.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The key stored in (and checked against) the header of sample `index`'s entry.
+    pub fn key(&self, index: usize) -> KeyHash {
+        KeyHash::of(&self.namespace, index as u64)
     }
 
     /// The file that holds (or would hold) sample `index`; tests corrupt it on purpose.
@@ -144,32 +188,58 @@ impl DiskCache {
         }
     }
 
-    /// Looks sample `index` up, checking header, length, index and checksum.
+    /// Looks sample `index` up, checking header, length, key and checksums.
     pub fn get(&self, index: usize) -> Lookup {
         if !self.is_enabled() {
             return Lookup::Miss;
         }
         let path = self.entry_path(index);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(_) => return Lookup::Miss,
+        let Some((bytes, mtime)) = self.read_bounded(&path) else {
+            return Lookup::Miss;
         };
-        match parse_entry(&bytes, index) {
-            Some(payload) => {
-                // Refresh the shared LRU clock; failure only makes eviction less precise.
-                if let Ok(f) = File::options().write(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
+        match entry::decode_for(&bytes, self.key(index)) {
+            Ok(payload) => {
+                // Refresh the shared LRU clock, at most once per `LRU_RESOLUTION` per entry
+                // (re-opening for write costs more than the read on a hot entry); failure only
+                // makes eviction less precise.
+                let stale = mtime
+                    .and_then(|m| m.elapsed().ok())
+                    .is_none_or(|age| age > LRU_RESOLUTION);
+                if stale {
+                    if let Ok(f) = File::options().write(true).open(&path) {
+                        let _ = f.set_modified(SystemTime::now());
+                    }
                 }
                 Lookup::Hit(payload.to_vec())
             }
-            None => {
-                tracing::debug!(index, path = %path.display(), "corrupt disk-cache entry, refetching");
-                // Another process may have replaced it with a good entry meanwhile; removing
-                // that costs one refetch, never a wrong answer.
-                let _ = std::fs::remove_file(&path);
-                Lookup::Corrupt
-            }
+            Err(why) => self.discard(index, &path, &why.to_string()),
         }
+    }
+
+    /// The bytes of `path`, or `None` when it does not exist (or vanished). A file larger than
+    /// the cache limit cannot be an entry this cache wrote; it is read no further than the
+    /// limit, so a stray huge file costs no unbounded allocation (it then fails its checks).
+    /// Also returns the file's modification time.
+    fn read_bounded(&self, path: &Path) -> Option<(Vec<u8>, Option<SystemTime>)> {
+        let f = File::open(path).ok()?;
+        let meta = f.metadata().ok();
+        let mtime = meta.as_ref().and_then(|m| m.modified().ok());
+        let cap = meta
+            .map_or(0, |m| m.len())
+            .min(self.max_bytes.saturating_add(1));
+        let mut bytes = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
+        f.take(self.max_bytes.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .ok()?;
+        Some((bytes, mtime))
+    }
+
+    fn discard(&self, index: usize, path: &Path, why: &str) -> Lookup {
+        tracing::debug!(index, path = %path.display(), why, "bad disk-cache entry, refetching");
+        // Another process may have replaced it with a good entry meanwhile; removing that
+        // costs one refetch, never a wrong answer.
+        let _ = std::fs::remove_file(path);
+        Lookup::Corrupt
     }
 
     /// Stores sample `index`. Never fails: an error switches the level off with a warning.
@@ -194,14 +264,28 @@ impl DiskCache {
         ));
         let result = (|| -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
-            f.write_all(&header(index, payload))?;
+            f.write_all(&entry::header(self.key(index), payload))?;
             f.write_all(payload)?;
-            // No fsync: a torn entry after a crash fails its checksum and is refetched.
+            if self.durability == Durability::Fsync {
+                f.sync_all()?;
+            }
             drop(f);
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            if self.durability == Durability::Fsync {
+                // Persist the rename itself; not every platform can open a directory.
+                if let Ok(d) = File::open(parent) {
+                    let _ = d.sync_all();
+                }
+            }
+            Ok(())
         })();
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);
+            if e.kind() == std::io::ErrorKind::NotFound && parent.is_dir() {
+                // Another process swept our temporary file (or the entry's directory) away
+                // mid-write; this entry is skipped, the level stays on.
+                return;
+            }
             self.disable(&path, &e);
             return;
         }
@@ -288,29 +372,6 @@ impl DiskCache {
     }
 }
 
-fn header(index: usize, payload: &[u8]) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[0..4].copy_from_slice(MAGIC);
-    h[4..8].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    h[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    h[16..24].copy_from_slice(&(index as u64).to_le_bytes());
-    h
-}
-
-/// The payload of a well-formed entry for `index`, or `None`.
-fn parse_entry(bytes: &[u8], index: usize) -> Option<&[u8]> {
-    let h = bytes.get(..HEADER_LEN)?;
-    if &h[0..4] != MAGIC {
-        return None;
-    }
-    let crc = u32::from_le_bytes(h[4..8].try_into().ok()?);
-    let len = u64::from_le_bytes(h[8..16].try_into().ok()?);
-    let idx = u64::from_le_bytes(h[16..24].try_into().ok()?);
-    let payload = &bytes[HEADER_LEN..];
-    (payload.len() as u64 == len && idx == index as u64 && crc32fast::hash(payload) == crc)
-        .then_some(payload)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,6 +435,41 @@ mod tests {
         d.put(3, b"abc");
         assert!(!d.is_enabled());
         assert_eq!(d.get(3), Lookup::Miss);
+    }
+
+    #[test]
+    fn stray_old_and_misplaced_files_are_never_served() {
+        let t = tempfile::tempdir().unwrap();
+        let d = DiskCache::open(t.path(), "ns", 4096).unwrap();
+        let p = d.entry_path(1);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        // A file far larger than the limit: read no further than the limit, then rejected.
+        std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // An entry of the earlier 24-byte `DCE1` format.
+        let mut old = b"DCE1".to_vec();
+        old.extend_from_slice(&crc32fast::hash(b"abc").to_le_bytes());
+        old.extend_from_slice(&3u64.to_le_bytes());
+        old.extend_from_slice(&1u64.to_le_bytes());
+        old.extend_from_slice(b"abc");
+        std::fs::write(&p, old).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        // A valid entry of another data set under this one's name.
+        let other = DiskCache::open(t.path(), "other", 4096).unwrap();
+        other.put(1, b"xyz");
+        std::fs::copy(other.entry_path(1), &p).unwrap();
+        assert_eq!(d.get(1), Lookup::Corrupt);
+        assert_eq!(other.get(1), Lookup::Hit(b"xyz".to_vec()));
+    }
+
+    #[test]
+    fn no_sync_mode_writes_the_same_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let stats = Arc::new(Stats::default());
+        let d = DiskCache::open_with(t.path(), "ns", 1 << 20, Durability::NoSync, stats).unwrap();
+        d.put(2, b"fast");
+        let synced = DiskCache::open(t.path(), "ns", 1 << 20).unwrap();
+        assert_eq!(synced.get(2), Lookup::Hit(b"fast".to_vec()));
     }
 
     #[test]

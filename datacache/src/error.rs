@@ -38,6 +38,38 @@ pub enum Error {
         /// What the decoder said.
         reason: String,
     },
+    /// A remote object store could not deliver a sample, after retrying what was worth
+    /// retrying.
+    #[error("cannot read sample {index} ({name}) after {attempts} attempt(s): {source}")]
+    Remote {
+        /// Index of the sample.
+        index: usize,
+        /// The source's name for it (store and object key).
+        name: String,
+        /// Requests made (0 when none could be sent).
+        attempts: u32,
+        /// Why the last attempt failed.
+        #[source]
+        source: crate::remote::RemoteError,
+    },
+    /// A remote data set could not be listed or opened.
+    #[error("cannot open remote data set {url}: {source}")]
+    Store {
+        /// The store and prefix.
+        url: String,
+        /// Why.
+        #[source]
+        source: crate::remote::RemoteError,
+    },
+    /// A URL or object key this build cannot open (malformed, an unknown scheme, or a
+    /// scheme whose cargo feature is off).
+    #[error("cannot open {url}: {reason}")]
+    Url {
+        /// The URL or key.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A data-set file is not in the format it claims (bad magic, wrong length).
     #[error("bad data-set file {path}: {reason}")]
     Format {
@@ -72,6 +104,7 @@ impl Error {
         match self {
             Error::IndexOutOfRange { index, .. }
             | Error::Read { index, .. }
+            | Error::Remote { index, .. }
             | Error::Decode { index, .. } => Some(*index),
             _ => None,
         }

@@ -1,13 +1,16 @@
 //! # datacache
 //!
-//! A multi-level training-data cache (paper 001 §4.1, DataCache, Fig. 5): samples come from
-//! a slow remote store on the first epoch, are kept raw on local disk and decoded in
-//! memory, split across ranks, and read ahead of compute by background workers.
+//! A multi-level training-data cache (DataCache of MSTopK/HiTopKComm, Shi et al., MLSys 2021,
+//! §4.1, Fig. 5): samples come from a slow remote store on the first epoch, are kept raw on
+//! local disk and decoded in memory, split across ranks, and read ahead of compute by
+//! background workers.
 //!
-//! - [`source`]: where samples come from ([`FolderSource`], [`Cifar10Source`],
-//!   [`MnistSource`]) and a [`ThrottledSource`] that emulates a networked file system.
-//! - [`disk`]: raw bytes on local disk, checksummed, atomically written, LRU-bounded,
-//!   shared safely by several processes and kept across runs.
+//! - [`source`]: local data sets ([`FolderSource`], [`Cifar10Source`], [`MnistSource`]).
+//! - [`remote`]: data sets in an object store (S3, GCS, Azure, HTTP, local files, memory)
+//!   through `object_store`, with deadlines and retries ([`ObjectStoreSource`]).
+//! - [`disk`]: raw bytes on local disk, checksummed, crash-safe (temporary file, `fsync`,
+//!   rename), LRU-bounded, shared safely by several processes and kept across runs.
+//! - [`entry`]: the on-disk entry format and its allocation-free decoder (the fuzz target).
 //! - [`cache`]: [`DataCache`], memory (decoded, byte-bounded, keyed by sample index) → disk
 //!   → source.
 //! - [`shard`] and [`order`]: which samples a rank owns and the per-epoch order, a pure
@@ -15,7 +18,8 @@
 //! - [`loader`]: batches with prefetch workers, resumable from a [`LoaderState`], with a
 //!   progress hook.
 //! - [`stats`]: hits, misses, bytes and times per level.
-//! - [`bench_support`]: the measurement behind `cargo xtask bench` (suite `datacache`).
+//! - `bench_support` (cargo feature `bench` only, not part of the API): the measurement
+//!   behind `cargo xtask bench` (suite `datacache`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -51,23 +55,27 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "bench")]
 pub mod bench_support;
 pub mod cache;
 pub mod decode;
 pub mod disk;
+pub mod entry;
 pub mod error;
 pub mod formats;
 pub mod loader;
 pub mod order;
+pub mod remote;
 pub mod shard;
 pub mod source;
 pub mod stats;
 
 pub use cache::{DataCache, DataCacheBuilder, Sample};
 pub use decode::{Channels, Cifar10Decoder, Decoder, ImageDecoder, Tensor, U8Decoder};
-pub use disk::{DiskCache, Lookup};
+pub use disk::{DiskCache, Durability, Lookup};
 pub use error::{Error, Result};
 pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderState, Progress, ProgressHook};
+pub use remote::{ObjectStoreSource, RemoteConfig, RemoteError};
 pub use shard::{ShardMode, ShardPlan};
-pub use source::{Cifar10Source, FolderSource, MnistSource, Source, ThrottledSource, VecSource};
+pub use source::{Cifar10Source, FolderSource, MnistSource, Source, VecSource};
 pub use stats::{Stats, StatsSnapshot};

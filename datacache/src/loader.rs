@@ -1,6 +1,7 @@
 //! Batches of a rank's shard in a reproducible order, read ahead of compute by background
-//! workers (the pipelining of paper 001 §4.1: "the time cost of data reading … can be almost
-//! fully overlapped by GPU computations"), resumable in the middle of an epoch.
+//! workers (the pipelining of DataCache, MSTopK/HiTopKComm (Shi et al., MLSys 2021), §4.1:
+//! "the time cost of data reading … can be almost fully overlapped by GPU computations"),
+//! resumable in the middle of an epoch.
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

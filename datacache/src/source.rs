@@ -1,15 +1,14 @@
-//! Where samples come from: the slow level of Fig. 5 (paper 001 §4.1), usually a networked
-//! file system.
+//! Where samples come from: the slow level of Fig. 5 (MSTopK/HiTopKComm, Shi et al., MLSys
+//! 2021, §4.1), usually a networked file system or an object store.
 //!
-//! A [`Source`] hands out the raw bytes of one sample by index. Real readers for the three
-//! formats people start with ([`FolderSource`], [`Cifar10Source`], [`MnistSource`]) and a
-//! [`ThrottledSource`] that makes any source as slow as an NFS mount for benches.
+//! A [`Source`] hands out the raw bytes of one sample by index. Readers for the three local
+//! formats people start with ([`FolderSource`], [`Cifar10Source`], [`MnistSource`]); remote
+//! data sets are [`crate::remote::ObjectStoreSource`].
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -78,7 +77,7 @@ impl<S: Source + ?Sized> Source for Box<S> {
     }
 }
 
-fn check_index(index: usize, len: usize) -> Result<()> {
+pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
     if index < len {
         Ok(())
     } else {
@@ -478,80 +477,6 @@ impl Source for MnistSource {
 }
 
 // ---------------------------------------------------------------------------------------------
-
-/// Wraps a source to behave like a networked file system: every request waits `latency`,
-/// and all requests share one link of `bandwidth` bytes per second, so concurrent readers
-/// overlap their latencies but not their transfers.
-///
-/// For benches: it makes the first epoch as slow as the paper's NFS (§4.1) on any machine.
-#[derive(Debug)]
-pub struct ThrottledSource<S> {
-    inner: S,
-    bytes_per_s: f64,
-    latency: Duration,
-    link_free_at: Mutex<Instant>,
-}
-
-impl<S: Source> ThrottledSource<S> {
-    /// `bandwidth_bytes_per_s` ≤ 0 or non-finite means unlimited bandwidth.
-    pub fn new(inner: S, bandwidth_bytes_per_s: f64, latency: Duration) -> Self {
-        Self {
-            inner,
-            bytes_per_s: bandwidth_bytes_per_s,
-            latency,
-            link_free_at: Mutex::new(Instant::now()),
-        }
-    }
-
-    /// The wrapped source.
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: Source> Source for ThrottledSource<S> {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-
-    fn read(&self, index: usize) -> Result<Vec<u8>> {
-        let asked = Instant::now();
-        let data = self.inner.read(index)?;
-        let transfer = if self.bytes_per_s.is_finite() && self.bytes_per_s > 0.0 {
-            Duration::from_secs_f64(data.len() as f64 / self.bytes_per_s)
-        } else {
-            Duration::ZERO
-        };
-        // The request reaches the server after `latency`; the transfer then queues on the
-        // shared link behind the transfers already booked.
-        let done = {
-            let mut free = self
-                .link_free_at
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let start = (*free).max(asked + self.latency);
-            *free = start + transfer;
-            *free
-        };
-        let now = Instant::now();
-        if done > now {
-            std::thread::sleep(done - now);
-        }
-        Ok(data)
-    }
-
-    fn name(&self, index: usize) -> String {
-        self.inner.name(index)
-    }
-
-    fn label(&self, index: usize, raw: &[u8]) -> Option<u32> {
-        self.inner.label(index, raw)
-    }
-
-    fn fingerprint(&self) -> String {
-        self.inner.fingerprint()
-    }
-}
 
 /// An in-memory source of byte vectors; handy for tests and for data generated on the fly.
 #[derive(Debug, Clone, Default)]

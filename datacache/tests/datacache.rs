@@ -673,28 +673,3 @@ fn closure_decoder_counts_decodes() {
     assert_eq!(decodes.load(Ordering::Relaxed), 5);
     assert_eq!(cache.stats().memory_hits, 10);
 }
-
-#[test]
-fn bench_support_runs_small() {
-    let cfg = datacache::bench_support::BenchConfig {
-        samples: 40,
-        sample_bytes: 512,
-        bandwidth_bytes_per_s: 50e6,
-        latency_s: 1e-4,
-        decode_cost_s: 1e-5,
-        batch_size: 8,
-        workers: 2,
-        prefetch_depth: 2,
-        compute_per_batch_s: 1e-3,
-    };
-    let r = datacache::bench_support::run(&cfg).unwrap();
-    assert_eq!(r.phases.len(), 6);
-    assert!(r.phases.iter().all(|p| p.samples == 40));
-    let e2 = r.phase("epoch2").unwrap();
-    assert_eq!(e2.stats.memory_hits, 40);
-    assert_eq!(e2.stats.source_reads, 0);
-    let rerun = r.phase("rerun_epoch1_disk").unwrap();
-    assert_eq!(rerun.stats.disk_hits, 40);
-    assert_eq!(rerun.stats.source_reads, 0);
-    assert!(r.table().contains("epoch2"));
-}

@@ -11,12 +11,17 @@
 use crate::kernel::{self, Cand, INF_BITS};
 use crate::{Result, SelectInfo, Selector, SparseGrad};
 
+/// Margin of the sampled threshold, in standard deviations of the sample's hit count:
+/// the pass misses the k-th magnitude (and falls back to a second pass) about once in a
+/// few hundred calls.
+pub(crate) const SAMPLE_Z: f64 = 3.0;
+
 /// Exact top-k by magnitude (ties: lower index first).
 #[derive(Debug, Default, Clone)]
 pub struct ExactTopK {
     cand: Cand,
     sample: Vec<i32>,
-    scratch: Vec<u64>,
+    scratch: Vec<i32>,
 }
 
 impl ExactTopK {
@@ -46,13 +51,9 @@ pub(crate) fn check_dense_len(d: usize) -> Result<()> {
     }
 }
 
-/// Zeroes the selected entries of the residual.
+/// Zeroes the selected entries (an increasing index list) of the residual.
 pub(crate) fn zero_selected(residual: &mut [f32], idx: &[u32]) {
-    for &i in idx {
-        if let Some(r) = residual.get_mut(i as usize) {
-            *r = 0.0;
-        }
-    }
+    kernel::zero_at(residual, idx);
 }
 
 impl ExactTopK {
@@ -72,8 +73,9 @@ impl ExactTopK {
             (0, usize::MAX)
         } else if let Some(n) = kernel::sample_size(d, k) {
             kernel::sample_acc(residual, grad, n, &mut self.sample);
-            let t = kernel::threshold_from_sample(&mut self.sample, d, k, 4.0);
-            (t, k.saturating_mul(2).max(k + 4096))
+            let cap = kernel::candidate_cap(d, k, self.sample.len(), SAMPLE_Z);
+            let t = kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z);
+            (t, cap)
         } else {
             (0, usize::MAX)
         };

@@ -101,6 +101,27 @@ impl ErrorFeedback {
     }
 }
 
+/// `residual += grad`, the accumulation half of an error-feedback step without selection,
+/// split over the rayon pool exactly like the selectors' fused passes (serial for short
+/// vectors). It is the memory floor of a fused step: every selector reads both vectors and
+/// writes the residual at least once. Non-finite values are not checked.
+pub fn accumulate(residual: &mut [f32], grad: &[f32]) -> Result<()> {
+    crate::check_same_len(residual.len(), grad.len())?;
+    let add = crate::kernel::add_one;
+    let np = crate::kernel::pieces(grad.len());
+    if np == 1 {
+        add(residual, grad);
+    } else {
+        use rayon::prelude::*;
+        let len = grad.len().div_ceil(np);
+        residual
+            .par_chunks_mut(len)
+            .zip(grad.par_chunks(len))
+            .for_each(|(r, g)| add(r, g));
+    }
+    Ok(())
+}
+
 /// Rounds to `V`, clamping to its largest finite magnitude instead of overflowing.
 pub fn round_saturating<V: Value>(x: f32) -> V {
     let q = V::from_f32(x);

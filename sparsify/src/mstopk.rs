@@ -24,7 +24,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::{check_dense_len, finish, zero_selected};
+use crate::exact::{check_dense_len, finish, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
 use crate::{Result, SelectInfo, Selector, SparseGrad};
 
@@ -172,9 +172,9 @@ impl MsTopK {
         (idx, val)
     }
 
-    /// Candidate threshold from a sample and the cap on candidates, for `0 < k < d`.
+    /// Sample size and the cap on candidates, for `0 < k < d`.
     fn plan(d: usize, k: usize) -> Option<(usize, usize)> {
-        kernel::sample_size(d, k).map(|n| (n, k.saturating_mul(3).max(k + 4096)))
+        kernel::sample_size(d, k).map(|n| (n, kernel::candidate_cap(d, k, n, SAMPLE_Z)))
     }
 
     /// Selection from an accumulated `acc` whose stats are known and whose candidates in
@@ -188,17 +188,19 @@ impl MsTopK {
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         out.check()?;
         let d = acc.len();
-        let mean = kernel::combine_lanes(&out.lanes) / d as f64;
+        let mean = out.abs_sum / d as f64;
         let u = f64::from(f32::from_bits(out.max_bits as u32));
         if out.overflow || self.cand.len() <= k {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
             let mut tries = Vec::new();
             if let Some(n) = kernel::sample_size(d, k) {
+                let n = (4 * n).min(d / 2);
                 kernel::sample_x(acc, n, &mut self.sample);
+                let cap = kernel::candidate_cap(d, k, self.sample.len(), 8.0);
                 let t = kernel::threshold_from_sample(&mut self.sample, d, k, 8.0);
                 if t > 0 && t < t_low {
-                    tries.push((t, k.saturating_mul(8).max(k + 8192)));
+                    tries.push((t, cap));
                 }
             }
             tries.push((0, usize::MAX));
@@ -233,14 +235,14 @@ impl Selector for MsTopK {
         if k == 0 || k == d {
             let t = if k == 0 { INF_BITS } else { 0 };
             kernel::scan_pass::<false>(x, 0, t, usize::MAX, &mut self.cand).check()?;
-            let c = std::mem::take(&mut self.cand);
-            return Ok(finish(c.idx, c.val, d));
+            let (idx, val) = self.cand.take();
+            return Ok(finish(idx, val, d));
         }
         let (t, cap) = match Self::plan(d, k) {
             Some((n, cap)) => {
                 kernel::sample_x(x, n, &mut self.sample);
                 (
-                    kernel::threshold_from_sample(&mut self.sample, d, k, 4.0),
+                    kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
                     cap,
                 )
             }
@@ -266,14 +268,13 @@ impl Selector for MsTopK {
             let t = if k == 0 { INF_BITS } else { 0 };
             kernel::fused_pass::<false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
                 .check()?;
-            let c = std::mem::take(&mut self.cand);
-            (c.idx, c.val)
+            self.cand.take()
         } else {
             let (t, cap) = match Self::plan(d, k) {
                 Some((n, cap)) => {
                     kernel::sample_acc(residual, grad, n, &mut self.sample);
                     (
-                        kernel::threshold_from_sample(&mut self.sample, d, k, 4.0),
+                        kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
                         cap,
                     )
                 }
@@ -300,7 +301,7 @@ pub fn reference_mstopk(x: &[f32], k: usize, rounds: usize, rng: &mut ChaCha8Rng
         return (0..d as u32).collect();
     }
     let a: Vec<f32> = x.iter().map(|v| v.abs()).collect();
-    let mean = kernel::combine_lanes(&kernel::abs_lanes(x)) / d as f64;
+    let mean = kernel::abs_sum(x) / d as f64;
     let u = f64::from(a.iter().copied().fold(0.0f32, f32::max));
     let (mut l, mut r) = (0.0f64, 1.0f64);
     let (mut k1, mut k2) = (0usize, d);

@@ -83,8 +83,8 @@ macro_rules! selector_impl {
                 if k == 0 || k >= x.len() {
                     let t = if k == 0 { INF_BITS } else { 0 };
                     pass(x, grad, 0, usize::MAX, t, &mut self.cand)?;
-                    let c = std::mem::take(&mut self.cand);
-                    return Ok((c.idx, c.val, 0.0));
+                    let (idx, val) = self.cand.take();
+                    return Ok((idx, val, 0.0));
                 }
                 self.run(x, grad, k)
             }
@@ -183,8 +183,8 @@ impl HardThreshold {
     ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
         let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
         pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand)?;
-        let c = std::mem::take(&mut self.cand);
-        Ok((c.idx, c.val, t))
+        let (idx, val) = self.cand.take();
+        Ok((idx, val, t))
     }
 }
 selector_impl!(HardThreshold, "threshold");
@@ -197,7 +197,7 @@ pub struct DgcSampling {
     rng: ChaCha8Rng,
     cand: Cand,
     sample: Vec<i32>,
-    scratch: Vec<u64>,
+    scratch: Vec<i32>,
 }
 
 /// DGC: minimum sample ratio (1 %).
@@ -279,10 +279,7 @@ impl DgcSampling {
         }
         let (mut idx, mut val) = match result {
             Some(r) => r,
-            None => {
-                let c = std::mem::take(&mut self.cand);
-                (c.idx, c.val)
-            }
+            None => self.cand.take(),
         };
         // DGC keeps the first k indices (`indices[:num_selects]`).
         idx.truncate(k);
@@ -390,8 +387,7 @@ impl ExDyna {
             .threshold
             .get_or_insert_with(|| (0.5 / (k.max(1) as f64).sqrt()) as f32);
         pass(x, grad, lo, hi, ge_bits(t), &mut self.cand)?;
-        let c = std::mem::take(&mut self.cand);
-        let (mut idx, mut val) = (c.idx, c.val);
+        let (mut idx, mut val) = self.cand.take();
         if idx.is_empty() && k > 0 && lo < hi {
             // Nothing selected: take one index, the largest magnitude of the partition.
             let (mut bi, mut bb) = (lo, -1i32);
@@ -432,11 +428,15 @@ impl GaussianK {
     ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
         let d = x.len();
         let k = k.min(d);
-        accumulate_only(x, grad, &mut self.cand)?;
+        // One pass accumulates and sums (the statistics of the accumulated vector).
+        let (sum, sumsq) = match grad {
+            Some(g) => kernel::fused_moments(x, g)?,
+            None => kernel::moments(x)?,
+        };
         if k == 0 {
             return Ok((Vec::new(), Vec::new(), 0.0));
         }
-        let (mean, std) = mean_std(x);
+        let (mean, std) = mean_std(sum, sumsq, d);
         let rho = k as f64 / d as f64;
         let z = if rho >= 1.0 {
             0.0
@@ -444,46 +444,44 @@ impl GaussianK {
             norm_ppf(1.0 - rho / 2.0)
         };
         let mut right = (mean + z * std) as f32;
+        // Each correction pass stops emitting past 4k/3 + 1 candidates: that many already
+        // decides "too many", so a low threshold costs a count, not a long list. Only when
+        // the last pass ran over does a final uncapped pass rebuild its list.
+        let cap = 4 * k / 3 + 1;
+        let mut last = (0, false);
         for _ in 0..3 {
             // Strict `>`: the next representable magnitude up.
             let t = if right >= 0.0 { abs_bits(right) + 1 } else { 0 };
-            pass(x, None, 0, usize::MAX, t, &mut self.cand)?;
+            self.cand.clear();
+            let out = kernel::scan_pass::<false>(x, 0, t.min(INF_BITS), cap, &mut self.cand);
+            out.check()?;
+            last = (t, out.overflow);
             let n = self.cand.len() as f64;
             if n < 2.0 * k as f64 / 3.0 {
                 right *= 0.5;
-            } else if n > 4.0 * k as f64 / 3.0 {
+            } else if out.overflow || n > 4.0 * k as f64 / 3.0 {
                 right *= 1.5;
             } else {
                 break;
             }
         }
-        let c = std::mem::take(&mut self.cand);
-        Ok((c.idx, c.val, right))
+        if last.1 {
+            pass(x, None, 0, usize::MAX, last.0, &mut self.cand)?;
+        }
+        let (idx, val) = self.cand.take();
+        Ok((idx, val, right))
     }
 }
 selector_impl!(GaussianK, "gaussiank");
 
-/// Mean and population standard deviation in f64 (8 lanes).
-fn mean_std(x: &[f32]) -> (f64, f64) {
-    if x.is_empty() {
+/// Mean and population standard deviation of `d` values from their sum and sum of squares.
+fn mean_std(sum: f64, sumsq: f64, d: usize) -> (f64, f64) {
+    if d == 0 {
         return (0.0, 0.0);
     }
-    let (mut s, mut q) = ([0.0f64; 8], [0.0f64; 8]);
-    let mut ch = x.chunks_exact(8);
-    for c in &mut ch {
-        for j in 0..8 {
-            let v = f64::from(c[j]);
-            s[j] += v;
-            q[j] += v * v;
-        }
-    }
-    for (j, &v) in ch.remainder().iter().enumerate() {
-        s[j] += f64::from(v);
-        q[j] += f64::from(v) * f64::from(v);
-    }
-    let n = x.len() as f64;
-    let mean = kernel::combine_lanes(&s) / n;
-    let var = (kernel::combine_lanes(&q) / n - mean * mean).max(0.0);
+    let n = d as f64;
+    let mean = sum / n;
+    let var = (sumsq / n - mean * mean).max(0.0);
     (mean, var.sqrt())
 }
 

@@ -6,7 +6,9 @@
 
 use std::path::PathBuf;
 
-use collectives::calibrate::{calibrate, validate, CalibrateOptions, Validation};
+use collectives::calibrate::{
+    calibrate, validate, validate_composite, CalibrateOptions, CompositeValidation, Validation,
+};
 use collectives::{Communicator, ThreadComm};
 use cost_model::Calibration;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -34,9 +36,13 @@ pub struct Args {
     /// Validation sizes, MiB.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
     pub validate_mib: Vec<usize>,
-    /// Skip the top-k sweep.
+    /// Skip the top-k sweep (and the composite validation, which needs its fit).
     #[arg(long)]
     pub no_topk: bool,
+    /// Tensor sizes (elements) of the composite validation: one top-k error-feedback step
+    /// plus the all-gather of the selected entries, predicted against measured.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize << 14, 1 << 17, 1 << 20])]
+    pub composite_d: Vec<usize>,
 }
 
 fn options(args: &Args) -> CalibrateOptions {
@@ -82,15 +88,27 @@ fn run_on<C: Communicator + ?Sized>(
         bar.set_message("validation");
     }
     let table = validate(comm, &cal, &opts, &sizes).map_err(|e| e.to_string())?;
+    // The same decision on every rank (the validation is collective).
+    let composite = if !args.no_topk {
+        validate_composite(comm, &cal, &args.composite_d, opts.density, opts.reps)
+            .map_err(|e| e.to_string())?
+    } else {
+        vec![]
+    };
     if root {
         bar.finish_and_clear();
         cal.save(&args.out).map_err(|e| e.to_string())?;
-        report(&cal, &table, args);
+        report(&cal, &table, &composite, args);
     }
     Ok(())
 }
 
-fn report(cal: &Calibration, table: &[Validation], args: &Args) {
+/// Worst relative error a fit may have over its calibrated range (issue 17).
+const MAX_REL_GOAL: f64 = 0.15;
+
+fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidation], args: &Args) {
+    // (fit, worst relative error) of every fitted model, for the verdict at the end.
+    let mut worst: Vec<(String, f64)> = Vec::new();
     println!(
         "calibration of {} ranks on {} written to {}",
         cal.ranks,
@@ -117,6 +135,10 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
         cal.pingpong.model.beta_s,
         &cal.pingpong.quality,
     );
+    worst.push((
+        "ping-pong line".into(),
+        cal.pingpong.quality.max_rel_residual,
+    ));
     for c in &cal.collectives {
         let name = format!("{} {}", c.op.name(), c.algo.name());
         line(
@@ -126,6 +148,7 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
             &c.fit.quality,
         );
         if let Some(pw) = &c.piecewise {
+            worst.push((format!("{name} piecewise"), pw.quality.max_rel_residual));
             println!(
                 "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
                 format!("{name} piecewise"),
@@ -149,12 +172,33 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
     if let Some(r) = &cal.reduction {
         println!(
             "{:<28} {:>12} {:>14.5} {:>8.4} {:>10.3}",
-            "reduction γ",
+            "reduction γ line",
             "",
             r.model.gamma_s * 1e9,
             r.quality.r2,
             r.quality.max_rel_residual
         );
+    }
+    if let Some(pw) = &cal.reduction_piecewise {
+        worst.push(("reduction piecewise".into(), pw.quality.max_rel_residual));
+        println!(
+            "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
+            "reduction piecewise",
+            format!("{} seg", pw.model.segments.len()),
+            "",
+            pw.quality.r2,
+            pw.quality.max_rel_residual
+        );
+        for s in &pw.model.segments {
+            println!(
+                "{:<28} {:>12.3} {:>14.5}   fitted {}..{}",
+                format!("  from {}", size(s.start)),
+                s.model.alpha_s * 1e6,
+                s.model.beta_s * 1e9,
+                size(s.fitted_min),
+                size(s.fitted_max)
+            );
+        }
     }
     for t in &cal.topk {
         let m = match t.fit.model {
@@ -164,7 +208,23 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
             cost_model::TopkModel::Linear { a_s, b_s } => {
                 format!("a = {a_s:.3e} s, b = {b_s:.3e} s/elem")
             }
+            cost_model::TopkModel::Piecewise { regimes, count } => regimes[..count]
+                .iter()
+                .map(|r| {
+                    format!(
+                        "d ≥ {:.0}: {:.2} µs + {:.3} ns/elem",
+                        r.start,
+                        r.a_s * 1e6,
+                        r.b_s * 1e9
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
         };
+        worst.push((
+            format!("top-k {}", t.selector),
+            t.fit.quality.max_rel_residual,
+        ));
         println!(
             "top-k {:<22} {m}  (ρ = {}, R² {:.4}, max rel {:.3})",
             t.selector, t.density, t.fit.quality.r2, t.fit.quality.max_rel_residual
@@ -197,6 +257,49 @@ fn report(cal: &Calibration, table: &[Validation], args: &Args) {
             (v.line_s - v.measured_s).abs() / v.measured_s * 100.0
         );
     }
+    if !composite.is_empty() {
+        println!();
+        println!(
+            "planner validation (a composite, not a full training iteration): one exact top-k \
+             error-feedback step per rank plus the all-gather of the selected entries \
+             (8 bytes each), measured on all {} ranks at once; predicted = top-k fit + \
+             all-gather fit, the two terms a calibrated planner adds per merged group:",
+            cal.ranks
+        );
+        println!(
+            "{:>10} {:>8} {:>11} {:>11} {:>13} {:>12} {:>7}",
+            "d", "k", "top-k ms", "comm ms", "predicted ms", "measured ms", "error"
+        );
+        for c in composite {
+            println!(
+                "{:>10} {:>8} {:>11.4} {:>11.4} {:>13.4} {:>12.4} {:>6.1}%",
+                c.d,
+                c.k,
+                c.topk_s * 1e3,
+                c.comm_s * 1e3,
+                c.predicted_s() * 1e3,
+                c.measured_s * 1e3,
+                c.rel_error() * 100.0
+            );
+        }
+    }
+    println!();
+    let misses: Vec<String> = worst
+        .iter()
+        .filter(|w| w.1.is_nan() || w.1 > MAX_REL_GOAL)
+        .map(|w| format!("{} {:.1}%", w.0, w.1 * 100.0))
+        .collect();
+    let top = worst.iter().map(|w| w.1).fold(0.0, f64::max);
+    println!(
+        "worst relative error of every fit over its calibrated range: {:.1}% (goal ≤ {:.0}%): {}",
+        top * 100.0,
+        MAX_REL_GOAL * 100.0,
+        if misses.is_empty() {
+            "met".to_string()
+        } else {
+            format!("NOT met by {}", misses.join(", "))
+        }
+    );
 }
 
 /// A byte count as `512 B`, `96.0 KiB` or `4.00 MiB`.
@@ -241,7 +344,10 @@ fn run_mpi(args: &Args, bar: &ProgressBar) -> CliResult {
     if comm.size() < 2 {
         return Err("calibration needs at least 2 MPI ranks (mpirun -n P, P ≥ 2)".into());
     }
-    run_on(&comm, args, bar)?;
+    if let Err(e) = run_on(&comm, args, bar) {
+        // Returning would finalise MPI, which waits for peers that may have stalled.
+        comm.abort_on_fatal(&e, 1);
+    }
     Ok(())
 }
 

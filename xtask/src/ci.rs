@@ -6,7 +6,10 @@
 //! 3. `cargo test --workspace`, then the `cuda` tests of `sparsify` (NVRTC compiles the
 //!    kernels where libnvrtc is found; the GPU bodies skip without a device)
 //! 4. when `mpirun` is on the PATH: every `mpi_*` test binary built with `--features mpi`,
-//!    run under `mpirun -n P --allow-run-as-root --oversubscribe` for P in {1, 2, 3, 4, 6}.
+//!    run under `mpirun -n P --allow-run-as-root --oversubscribe` for P in {1, 2, 3, 4, 6};
+//!    then `mpi_faults`, which starts its own short mpirun jobs (one rank exits, is killed
+//!    or stops mid-collective at P = 3 and 4) and checks that each ends within the receive
+//!    timeout plus 10 s with a typed error on every survivor.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -39,6 +42,14 @@ pub struct Args {
 
 /// Packages with an `mpi` feature whose `mpi_*` test binaries run under mpirun.
 const MPI_PACKAGES: &[&str] = &["collectives"];
+
+/// The MPI test binary that launches its own mpirun jobs (fault injection) instead of
+/// being run under one.
+const MPI_FAULTS: &str = "mpi_faults";
+
+/// Rank counts and receive timeout (seconds) of the fault jobs.
+const FAULT_RANKS: &str = "3,4";
+const FAULT_TIMEOUT_S: &str = "5";
 
 /// Runs `cargo xtask ci`.
 pub fn run(args: Args) -> CliResult {
@@ -166,7 +177,7 @@ fn run_mpi_tests(root: &Path, mpirun: &Path, args: &Args) -> CliResult {
         if binaries.is_empty() {
             return Err(format!("no mpi_* test binaries found in {pkg}").into());
         }
-        for (name, exe) in &binaries {
+        for (name, exe) in binaries.iter().filter(|(n, _)| n != MPI_FAULTS) {
             for &p in &args.ranks {
                 let label = format!("mpirun -n {p} {name}");
                 println!("== {label}");
@@ -194,8 +205,29 @@ fn run_mpi_tests(root: &Path, mpirun: &Path, args: &Args) -> CliResult {
                 }
             }
         }
+        if let Some((_, exe)) = binaries.iter().find(|(n, _)| n == MPI_FAULTS) {
+            run_fault_jobs(root, exe, args)?;
+        }
     }
     Ok(())
+}
+
+/// Runs the fault-injection driver, which starts and times its own mpirun jobs.
+fn run_fault_jobs(root: &Path, exe: &Path, args: &Args) -> CliResult {
+    let label = format!("{MPI_FAULTS} (P = {FAULT_RANKS}, timeout {FAULT_TIMEOUT_S} s)");
+    println!("== {label}");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--ranks", FAULT_RANKS, "--timeout-s", FAULT_TIMEOUT_S])
+        .current_dir(root);
+    let t = Instant::now();
+    match run_with_timeout(cmd, Duration::from_secs(args.mpi_timeout_s))? {
+        Some(s) if s.success() => {
+            println!("== {label}: passed in {:.1} s", t.elapsed().as_secs_f64());
+            Ok(())
+        }
+        Some(s) => Err(format!("{label} failed ({s})").into()),
+        None => Err(format!("{label} timed out after {} s", args.mpi_timeout_s).into()),
+    }
 }
 
 /// Options that make Open MPI work inside containers: no cross-memory-attach single copy

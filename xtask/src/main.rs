@@ -6,12 +6,14 @@
 //! - `simulate`: every planner side by side for a profile, with Gantt charts.
 //! - `train`: data-parallel training of a built-in model with a chosen scheme.
 //! - `ci`: formatting, lints, tests, and the MPI tests under `mpirun`.
+//! - `fuzz`: run the decoders' fuzz targets for a while each.
 
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod calibrate;
 mod ci;
+mod fuzz;
 mod plan;
 mod simulate;
 mod train;
@@ -43,10 +45,28 @@ enum Command {
     Train(train::Args),
     /// Format check, clippy, tests, and MPI tests under mpirun.
     Ci(ci::Args),
+    /// Run the fuzz targets of the wire decoders and JSON readers for a while each.
+    Fuzz(fuzz::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
+    // Under an MPI launcher only the subcommands that join the MPI world may run; the
+    // others would run once per rank, each writing the same outputs.
+    if let Some(launcher) = bench::mpi_launcher() {
+        let joins = match &cli.command {
+            Command::Bench(_) => true,
+            Command::Calibrate(a) => a.mpi,
+            _ => false,
+        };
+        if !joins {
+            eprintln!(
+                "error: {}",
+                bench::refuse_under_launcher("this xtask subcommand", launcher)
+            );
+            std::process::exit(2);
+        }
+    }
     let result = match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
@@ -54,8 +74,13 @@ fn main() {
         Command::Simulate(a) => simulate::run(a),
         Command::Train(a) => train::run(a),
         Command::Ci(a) => ci::run(a),
+        Command::Fuzz(a) => fuzz::run(a),
     };
     if let Err(e) = result {
+        // A subcommand that failed while MPI still runs ends the whole job: exiting this
+        // rank alone would leave the others waiting for it.
+        #[cfg(feature = "mpi")]
+        collectives::comm::mpi::abort_if_running(&e, 1);
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -10,6 +10,16 @@
 //!   too small is a typed error instead of `MPI_ERR_TRUNCATE`, and a peer that never answers
 //!   ends in [`Error::Timeout`] instead of a hang.
 //! - The world communicator is duplicated, so our traffic never matches the application's.
+//!
+//! # Faults
+//!
+//! A rank that exits, is killed or stalls leaves its peers waiting: each of them ends its
+//! receive with [`Error::Timeout`] after the timeout. An error like that is fatal to the job
+//! (the ranks have left the collective at different points), and `MPI_Finalize` would wait
+//! for the stalled rank forever, so a program must not return normally from it: it prints
+//! the error and ends every process with [`MpiComm::abort_on_fatal`] (`MPI_Abort`, non-zero
+//! exit). A panic that unwinds through the last communicator aborts the job the same way
+//! instead of finalising.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -26,8 +36,35 @@ use mpi::Threading;
 use super::{check_rank, check_transport_tag, copy_into, Communicator, Tag};
 use crate::{Error, Result};
 
-/// Keeps MPI initialised while any communicator lives; finalises when the last one drops.
-struct UniverseGuard(#[allow(dead_code)] Universe);
+/// Exit code of the job when a send can never complete after a failed receive.
+const STUCK_SEND_EXIT: i32 = 70;
+/// Exit code of the job when buffered sends are still pending as a communicator drops.
+const STUCK_DROP_EXIT: i32 = 71;
+/// Exit code of the job when a panic unwinds through the last communicator.
+const PANIC_EXIT: i32 = 72;
+
+/// How long a send from the caller's buffer may still take after the receive beside it
+/// failed: long enough for a healthy peer's eager or rendezvous transfer, short enough that
+/// the failing rank ends soon after its typed error.
+const SEND_GRACE: Duration = Duration::from_secs(1);
+
+/// Keeps MPI initialised while any communicator lives; finalises when the last one drops,
+/// or aborts the job when that drop is part of a panic (finalising would wait for peers
+/// that may never arrive).
+struct UniverseGuard(Option<Universe>);
+
+impl Drop for UniverseGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            abort_world(
+                None,
+                &"a panic unwound through the MPI communicator",
+                PANIC_EXIT,
+            );
+        }
+        drop(self.0.take());
+    }
+}
 // SAFETY: the universe is only dropped (MPI_Finalize) once, by the last owner; it is never
 // otherwise touched after initialisation.
 unsafe impl Send for UniverseGuard {}
@@ -81,7 +118,7 @@ impl MpiComm {
             comm,
             threading,
             timeout,
-            Arc::new(UniverseGuard(universe)),
+            Arc::new(UniverseGuard(Some(universe))),
         ))
     }
 
@@ -121,6 +158,14 @@ impl MpiComm {
     /// Aborts the whole MPI job with `code` (all processes end).
     pub fn abort(&self, code: i32) -> ! {
         self.comm.abort(code)
+    }
+
+    /// Ends the whole job after a fatal error on this rank: prints `rank R/P: fatal: ERROR`
+    /// to stderr and calls `MPI_Abort` with `code` (1 when `code` is 0, so the job's exit
+    /// status always shows the failure). Use it instead of returning the error: a rank that
+    /// returns finalises MPI, which waits for peers that may have stalled.
+    pub fn abort_on_fatal(&self, error: &dyn std::fmt::Display, code: i32) -> ! {
+        abort_world(Some((self.rank, self.size)), error, code)
     }
 
     fn check_len(len: usize) -> Result<()> {
@@ -205,8 +250,12 @@ impl MpiComm {
     }
 
     /// Runs `receive` while `data` goes to `dest` from the caller's buffer, then waits for
-    /// the send. A receive that fails leaves a send MPI cannot withdraw; if it does not
-    /// complete within the timeout the job is aborted rather than left hanging.
+    /// the send. MPI cannot withdraw a send that reads a buffer the caller is about to get
+    /// back, so a send that does not complete ends the job (never a hang): the timeout
+    /// plus [`SEND_GRACE`] after it started when the receive succeeded (a stalled peer that
+    /// never takes a rendezvous-sized message; the grace lets peers blocked in receives
+    /// report their own timeouts first), or [`SEND_GRACE`] after a failed receive, whose
+    /// typed error is then what the job reports.
     fn with_send<R>(
         &self,
         dest: usize,
@@ -215,25 +264,38 @@ impl MpiComm {
         receive: impl FnOnce() -> Result<R>,
     ) -> Result<R> {
         mpi::request::scope(|scope| {
+            let started = Instant::now();
             let mut request = Some(
                 self.comm
                     .process_at_rank(dest as i32)
                     .immediate_send_with_tag(scope, data, tag as i32),
             );
             let out = receive();
-            let start = Instant::now();
+            let received = Instant::now();
             while let Some(r) = request.take() {
                 match r.test() {
                     Ok(_) => {}
                     Err(r) => {
-                        if out.is_err() && start.elapsed() > self.timeout {
-                            eprintln!(
-                                "rank {}: a send to rank {dest} (tag {tag}) never completed after \
-                                 {:?}; aborting the MPI job",
-                                self.rank,
-                                out.as_ref().err()
-                            );
-                            self.comm.abort(70);
+                        match &out {
+                            Err(e) if received.elapsed() > SEND_GRACE.min(self.timeout) => self
+                                .abort_on_fatal(
+                                    &format_args!(
+                                        "{e} (and the send to rank {dest} with tag {tag} \
+                                         beside it never completed)"
+                                    ),
+                                    STUCK_SEND_EXIT,
+                                ),
+                            Ok(_) if started.elapsed() > self.timeout + SEND_GRACE => self
+                                .abort_on_fatal(
+                                    &format_args!(
+                                        "rank {} waited {:?} for rank {dest} to take a message \
+                                     with tag {tag}",
+                                        self.rank,
+                                        started.elapsed()
+                                    ),
+                                    STUCK_SEND_EXIT,
+                                ),
+                            _ => {}
                         }
                         request = Some(r);
                         std::thread::yield_now();
@@ -248,6 +310,7 @@ impl MpiComm {
 impl Drop for MpiComm {
     fn drop(&mut self) {
         let start = Instant::now();
+        let (rank, size, timeout) = (self.rank, self.size, self.timeout);
         for p in self.pending.get_mut().drain(..) {
             let PendingSend { request, buffer } = p;
             let mut request = Some(request);
@@ -255,12 +318,12 @@ impl Drop for MpiComm {
                 match r.test() {
                     Ok(_) => PendingSend::free(buffer),
                     Err(r) => {
-                        if start.elapsed() > self.timeout {
-                            eprintln!(
-                                "rank {}: buffered sends never received after {:?}; aborting",
-                                self.rank, self.timeout
+                        if start.elapsed() > timeout {
+                            abort_world(
+                                Some((rank, size)),
+                                &format_args!("buffered sends never received after {timeout:?}"),
+                                STUCK_DROP_EXIT,
                             );
-                            self.comm.abort(71);
                         }
                         request = Some(r);
                         std::thread::yield_now();
@@ -365,4 +428,40 @@ impl Communicator for MpiComm {
     fn backend(&self) -> String {
         "mpi".into()
     }
+}
+
+/// Prints a fatal error and ends every process of the job with `MPI_Abort` on the world
+/// communicator, if MPI is running in this process; returns only when it is not (never
+/// initialised, or already finalised), so that callers can fall back to a plain exit.
+///
+/// For a program's last line of defence (for example its `main` after a subcommand
+/// failed); where a communicator is at hand, [`MpiComm::abort_on_fatal`] says which rank.
+pub fn abort_if_running(error: &dyn std::fmt::Display, code: i32) {
+    if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
+        abort_world(None, error, code);
+    }
+}
+
+/// The one fatal path: message, flush, `MPI_Abort(MPI_COMM_WORLD, code)`.
+fn abort_world(rank: Option<(usize, usize)>, error: &dyn std::fmt::Display, code: i32) -> ! {
+    use std::io::Write as _;
+    let code = if code == 0 { 1 } else { code };
+    let who = match rank {
+        Some((r, p)) => format!("rank {r}/{p}"),
+        None => format!("process {}", std::process::id()),
+    };
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "{who}: fatal: {error}; ending the MPI job (MPI_Abort {code})"
+    );
+    let _ = err.flush();
+    let _ = std::io::stdout().flush();
+    // SAFETY: MPI is initialised and not finalised (every caller holds a communicator or
+    // checked), and MPI_Abort may be called from any thread at any time.
+    unsafe {
+        mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, code);
+    }
+    // MPI_Abort does not return; should an implementation ever do so, still end here.
+    std::process::exit(code)
 }

@@ -11,13 +11,22 @@
 //! arguments are valid; a disagreement is a typed error on every rank instead of an NCCL
 //! hang. [`NcclComm::set_checked`] turns that host round off for hot loops.
 //!
+//! Point-to-point: [`NcclComm::send_recv`] issues any set of `ncclSend`/`ncclRecv` inside
+//! one NCCL group (so a ring step or an all-to-all cannot deadlock), after the ranks agree
+//! that every send has a matching receive of the same length. On top of it and of grouped
+//! `ncclReduce`, [`NcclComm::reduce_scatter_v`] and [`NcclComm::allgather_v`] take uneven
+//! blocks (`block_range(d, P, i)`), the two intra-node steps HiTopKComm (Shi et al., MLSys
+//! 2021, Algorithm 2) runs on NCCL, so they can run on device buffers.
+//!
 //! Code that needs a GPU calls [`NcclComm::probe`] first: `CudaContext::new` panics when
 //! libcuda is missing, and the probe returns a typed error instead.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
-use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice,
+};
+use cudarc::nccl::{result as nccl_result, Comm, Id, NcclType, ReduceOp};
 
 use crate::{Communicator, Error, Result};
 
@@ -28,6 +37,8 @@ const ID_BYTES: usize = 128;
 const TAG_SETUP: u32 = 0;
 /// Tag of the per-collective argument agreement.
 const TAG_CHECK: u32 = 1;
+/// Tag of the point-to-point agreement.
+const TAG_P2P: u32 = 2;
 
 /// Operation codes exchanged by the argument agreement.
 #[derive(Clone, Copy)]
@@ -36,10 +47,47 @@ enum Op {
     Allgather = 2,
     Broadcast = 3,
     ReduceScatter = 4,
+    ReduceScatterV = 5,
+    AllgatherV = 6,
 }
 
 /// Names of the words exchanged by the argument agreement, for [`Error::Mismatch`].
-const FIELDS: [&str; 4] = ["operation", "element type", "buffer length", "root"];
+const FIELDS: [&str; 5] = [
+    "operation",
+    "element type",
+    "buffer length",
+    "root",
+    "block sizes",
+];
+
+/// Bytes of the agreement's fixed part (one u64 per field).
+const AGREE_BYTES: usize = 8 * FIELDS.len();
+
+/// FNV-1a over `words`: a fingerprint of the block sizes, compared across ranks.
+fn fingerprint(words: &[usize]) -> u64 {
+    words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+        (h ^ w as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Offsets of consecutive blocks of the given sizes.
+fn offsets(counts: &[usize]) -> Vec<usize> {
+    let mut off = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0usize;
+    off.push(0);
+    for &c in counts {
+        at = at.saturating_add(c);
+        off.push(at);
+    }
+    off
+}
+
+/// A point-to-point operation as the agreement sees it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Send = 0,
+    Recv = 1,
+}
 
 /// An NCCL communicator bound to one GPU, with collectives on device buffers.
 ///
@@ -288,14 +336,26 @@ impl NcclComm {
     /// Validates locally, then (when checked) agrees with every rank on the call; every
     /// rank returns the same error on any disagreement or any invalid argument.
     fn agree<T>(&self, op: Op, len: usize, root: usize, local: Option<String>) -> Result<()> {
+        self.agree_blocks::<T>(op, len, root, 0, local)
+    }
+
+    /// [`agree`](Self::agree) with a fingerprint of per-rank block sizes.
+    fn agree_blocks<T>(
+        &self,
+        op: Op,
+        len: usize,
+        root: usize,
+        blocks: u64,
+        local: Option<String>,
+    ) -> Result<()> {
         if !self.checked {
             return match local {
                 Some(msg) => Err(Error::InvalidArgument(msg)),
                 None => Ok(()),
             };
         }
-        let words = [op as u64, type_tag::<T>(), len as u64, root as u64];
-        let mut mine = Vec::with_capacity(32 + 64);
+        let words = [op as u64, type_tag::<T>(), len as u64, root as u64, blocks];
+        let mut mine = Vec::with_capacity(AGREE_BYTES + 64);
         for w in words {
             mine.extend_from_slice(&w.to_le_bytes());
         }
@@ -316,10 +376,10 @@ impl NcclComm {
             }
             u64::from_le_bytes(b)
         };
-        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| m.len() > 32) {
+        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| m.len() > AGREE_BYTES) {
             return Err(Error::InvalidArgument(format!(
                 "rank {r}: {}",
-                String::from_utf8_lossy(&m[32..])
+                String::from_utf8_lossy(&m[AGREE_BYTES..])
             )));
         }
         for (f, what) in FIELDS.iter().enumerate() {
@@ -477,4 +537,284 @@ impl NcclComm {
             .map_err(|e| driver_err("copy to host", e))?;
         self.synchronize()
     }
+
+    /// `Some(message)` when `peer` is not a rank of this communicator.
+    fn bad_peer(&self, what: &str, peer: usize) -> Option<String> {
+        (peer >= self.size()).then(|| format!("{what} peer {peer} is outside 0..{}", self.size()))
+    }
+
+    /// Every rank learns every rank's point-to-point list and checks the whole matrix the
+    /// same way: rank i's sends to j must be, in order, the lengths of j's receives from i.
+    fn agree_p2p<T>(&self, ops: &[(Dir, usize, usize)], local: Option<String>) -> Result<()> {
+        if !self.checked {
+            return match local {
+                Some(msg) => Err(Error::InvalidArgument(msg)),
+                None => Ok(()),
+            };
+        }
+        let mut mine: Vec<u8> = Vec::with_capacity(16 + 24 * ops.len());
+        let mut push = |w: u64| mine.extend_from_slice(&w.to_le_bytes());
+        push(type_tag::<T>());
+        push(ops.len() as u64);
+        for &(dir, peer, len) in ops {
+            push(dir as u64);
+            push(peer as u64);
+            push(len as u64);
+        }
+        if let Some(msg) = &local {
+            mine.extend_from_slice(msg.as_bytes());
+        }
+        let all = exchange(&*self.host, TAG_P2P, &mine)?;
+        if let Some(msg) = local {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {msg}",
+                self.rank()
+            )));
+        }
+        let p = self.size();
+        let mut tags = Vec::with_capacity(p);
+        // lists[(from, to)] = lengths sent from `from` to `to`; recvs[(to, from)] likewise.
+        let mut sends = vec![Vec::new(); p * p];
+        let mut recvs = vec![Vec::new(); p * p];
+        for (r, m) in all.iter().enumerate() {
+            let word = |i: usize| -> Option<u64> {
+                m.get(i * 8..i * 8 + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            };
+            let (Some(tag), Some(n)) = (word(0), word(1)) else {
+                return Err(Error::Nccl(format!("rank {r}: malformed p2p agreement")));
+            };
+            let n = n as usize;
+            let end = 16 + 24 * n;
+            if m.len() > end {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {r}: {}",
+                    String::from_utf8_lossy(&m[end..])
+                )));
+            }
+            tags.push(tag);
+            for i in 0..n {
+                let (Some(dir), Some(peer), Some(len)) =
+                    (word(2 + 3 * i), word(3 + 3 * i), word(4 + 3 * i))
+                else {
+                    return Err(Error::Nccl(format!("rank {r}: malformed p2p agreement")));
+                };
+                let peer = peer as usize % p;
+                if dir == Dir::Send as u64 {
+                    sends[r * p + peer].push(len);
+                } else {
+                    recvs[peer * p + r].push(len);
+                }
+            }
+        }
+        if tags.iter().any(|&t| t != tags[0]) {
+            return Err(Error::Mismatch {
+                what: "element type",
+                detail: format!("type tags by rank: {tags:?}"),
+            });
+        }
+        for from in 0..p {
+            for to in 0..p {
+                let (s, r) = (&sends[from * p + to], &recvs[from * p + to]);
+                if s != r {
+                    return Err(Error::Mismatch {
+                        what: "point-to-point lengths",
+                        detail: format!(
+                            "rank {from} sends {s:?} to rank {to}, which receives {r:?} from it"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Point-to-point on device buffers: every `(peer, view)` of `sends` goes to `peer` with
+    /// `ncclSend`, every `(peer, view)` of `recvs` is filled from `peer` with `ncclRecv`,
+    /// all inside one NCCL group, so any pattern (a ring step, an all-to-all, a send to
+    /// oneself) completes without deadlock. Between one pair of ranks, sends and receives
+    /// match in order. Collective over all ranks (a rank with nothing to do passes empty
+    /// lists): when checked, every rank returns the same [`Error::Mismatch`] if a send has
+    /// no receive of the same length, and the same [`Error::InvalidArgument`] if any rank
+    /// names a bad peer or a buffer on another device. Enqueued on [`stream`](Self::stream).
+    pub fn send_recv<T: NcclType + DeviceRepr>(
+        &self,
+        sends: &[(usize, CudaView<'_, T>)],
+        recvs: &mut [(usize, CudaViewMut<'_, T>)],
+    ) -> Result<()> {
+        let mut ops = Vec::with_capacity(sends.len() + recvs.len());
+        let mut local = None;
+        for (peer, v) in sends {
+            ops.push((Dir::Send, *peer, v.len()));
+            local = local
+                .or_else(|| self.bad_peer("send", *peer))
+                .or_else(|| self.wrong_view("send buffer", v.stream().context().ordinal()));
+        }
+        for (peer, v) in recvs.iter() {
+            ops.push((Dir::Recv, *peer, v.len()));
+            local = local
+                .or_else(|| self.bad_peer("receive", *peer))
+                .or_else(|| self.wrong_view("receive buffer", v.stream().context().ordinal()));
+        }
+        self.agree_p2p::<T>(&ops, local)?;
+        if ops.iter().all(|o| o.2 == 0) {
+            return Ok(());
+        }
+        self.bind()?;
+        self.grouped(|comm| {
+            for (peer, v) in sends.iter().filter(|(_, v)| !v.is_empty()) {
+                comm.send(v, *peer as i32)
+                    .map_err(|e| nccl_err("ncclSend", e))?;
+            }
+            for (peer, v) in recvs.iter_mut().filter(|(_, v)| !v.is_empty()) {
+                comm.recv(v, *peer as i32)
+                    .map_err(|e| nccl_err("ncclRecv", e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `body` between `ncclGroupStart` and `ncclGroupEnd`; the group is closed even
+    /// when `body` fails, and the first error wins.
+    fn grouped(&self, body: impl FnOnce(&Comm) -> Result<()>) -> Result<()> {
+        nccl_result::group_start().map_err(|e| nccl_err("ncclGroupStart", e))?;
+        let out = body(&self.comm);
+        let end = nccl_result::group_end().map_err(|e| nccl_err("ncclGroupEnd", e));
+        out.and(end.map(|_| ()))
+    }
+
+    /// `Some(message)` when a view lives on another device than this communicator.
+    fn wrong_view(&self, name: &str, ordinal: usize) -> Option<String> {
+        (ordinal != self.ordinal()).then(|| {
+            format!(
+                "{name} is on device {ordinal} but this NcclComm uses device {}",
+                self.ordinal()
+            )
+        })
+    }
+
+    /// Checks `counts` (one block size per rank, summing to `total`) locally.
+    fn check_counts(&self, counts: &[usize], total: usize, what: &str) -> Option<String> {
+        if counts.len() != self.size() {
+            return Some(format!(
+                "{what}: {} block sizes for {} ranks",
+                counts.len(),
+                self.size()
+            ));
+        }
+        let sum = offsets(counts)[counts.len()];
+        (sum != total).then(|| format!("{what}: block sizes sum to {sum}, buffer holds {total}"))
+    }
+
+    /// Reduce-scatter with uneven blocks: sums every rank's `send` (the same length
+    /// everywhere, cut into consecutive blocks of `counts[i]` elements) and leaves block
+    /// `rank` of the sum in `recv` (`counts[rank]` elements). One `ncclReduce` per block,
+    /// rooted at its owner, inside one group: NCCL's own device reduction, no host copy.
+    pub fn reduce_scatter_v<T: NcclType + DeviceRepr>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        counts: &[usize],
+    ) -> Result<()> {
+        let me = self.rank();
+        let local = self
+            .wrong_device("send buffer", send)
+            .or_else(|| self.wrong_device("receive buffer", recv))
+            .or_else(|| self.check_counts(counts, send.len(), "reduce_scatter_v"))
+            .or_else(|| {
+                (counts.get(me) != Some(&recv.len())).then(|| {
+                    format!(
+                        "reduce_scatter_v receive buffer holds {} elements, block {me} has {:?}",
+                        recv.len(),
+                        counts.get(me)
+                    )
+                })
+            });
+        self.agree_blocks::<T>(
+            Op::ReduceScatterV,
+            send.len(),
+            0,
+            fingerprint(counts),
+            local,
+        )?;
+        if send.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let off = offsets(counts);
+        self.grouped(|comm| {
+            for (j, w) in off.windows(2).enumerate().filter(|(_, w)| w[1] > w[0]) {
+                let block = send.slice(w[0]..w[1]);
+                let root = j as i32;
+                let out = if j == me { Some(&mut *recv) } else { None };
+                comm.reduce(&block, out, &ReduceOp::Sum, root)
+                    .map_err(|e| nccl_err("ncclReduce", e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// All-gather with uneven blocks: rank i's `send` (`counts[i]` elements) lands at
+    /// offset `counts[..i].sum()` of every rank's `recv` (`counts.sum()` elements). Built
+    /// on [`send_recv`](Self::send_recv): each rank sends its block to every rank
+    /// (itself included) in one group.
+    pub fn allgather_v<T: NcclType + DeviceRepr>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        counts: &[usize],
+    ) -> Result<()> {
+        let me = self.rank();
+        let local = self
+            .wrong_device("send buffer", send)
+            .or_else(|| self.wrong_device("receive buffer", recv))
+            .or_else(|| self.check_counts(counts, recv.len(), "allgather_v"))
+            .or_else(|| {
+                (counts.get(me) != Some(&send.len())).then(|| {
+                    format!(
+                        "allgather_v send buffer holds {} elements, block {me} has {:?}",
+                        send.len(),
+                        counts.get(me)
+                    )
+                })
+            });
+        self.agree_blocks::<T>(Op::AllgatherV, recv.len(), 0, fingerprint(counts), local)?;
+        let mut ops: Vec<(Dir, usize, usize)> = (0..self.size())
+            .map(|j| (Dir::Send, j, send.len()))
+            .collect();
+        ops.extend(counts.iter().enumerate().map(|(j, &c)| (Dir::Recv, j, c)));
+        self.agree_p2p::<T>(&ops, None)?;
+        if recv.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        self.grouped(|comm| {
+            if !send.is_empty() {
+                for j in 0..self.size() {
+                    comm.send(send, j as i32)
+                        .map_err(|e| nccl_err("ncclSend", e))?;
+                }
+            }
+            recv_blocks(comm, &mut recv.as_view_mut(), counts, 0)
+        })
+    }
+}
+
+/// Enqueues one `ncclRecv` per non-empty block of `view` (block `j` from rank `j`),
+/// splitting the view recursively so each receive borrows only its own block.
+fn recv_blocks<T: NcclType>(
+    comm: &Comm,
+    view: &mut CudaViewMut<'_, T>,
+    counts: &[usize],
+    first: usize,
+) -> Result<()> {
+    let Some((&c, rest)) = counts.split_first() else {
+        return Ok(());
+    };
+    let (mut head, mut tail) = view.split_at_mut(c);
+    if c > 0 {
+        comm.recv(&mut head, first as i32)
+            .map_err(|e| nccl_err("ncclRecv", e))?;
+    }
+    recv_blocks(comm, &mut tail, rest, first + 1)
 }

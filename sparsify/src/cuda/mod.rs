@@ -1,86 +1,234 @@
-//! CUDA selectors (feature `cuda`): fused error feedback with exact top-k (radix select,
-//! three histogram passes after the accumulate pass, every decision on the device),
-//! MSTopK (paper 001 Algorithm 1, its N counting rounds decided on the device) and the hard
-//! threshold, on device buffers, returning a host [`SparseGrad`].
+//! CUDA selectors (feature `cuda`) on device-resident gradients.
 //!
-//! Kernels are CUDA C in `kernels.cu`, compiled at run time by NVRTC. Nothing here runs
-//! without a GPU: [`CudaSparsifier::available`] checks for libcuda first (creating a
-//! context without it panics inside cudarc) and then for a device.
+//! [`CudaSparsifier`] runs error feedback fused with a selector on device buffers (anything
+//! cudarc can hand out a device pointer for: a [`CudaSlice`], a view of one, or a candle
+//! CUDA tensor's storage, without a copy), and copies only the selected (index, value)
+//! pairs to the host, optionally rounded to `f16`/`bf16` for the wire with the rounding
+//! error kept in the residual (as [`crate::ErrorFeedback::step_as`] does on the CPU).
+//! [`CudaSparsifier::apply_sparse`] applies an aggregated sparse update on the device.
 //!
-//! Differences from the CPU path, on purpose: MSTopK's mean is summed with atomics (the
-//! order, hence the last bits, may differ from the CPU's), and its offset is
-//! `rand % (len2 − need + 1)` with `rand` drawn on the host from the seeded stream.
+//! Selectors and their passes over the `d` dense elements:
+//! - exact top-k (ties: lower index), radix select: one fused pass `r += g` that also
+//!   builds the level-0 magnitude histogram (12 bytes per element), a parallel bin search,
+//!   one ordered compaction of the candidates at or above the chosen bin (4 bytes per
+//!   element, decoupled look-back scan); the two finer radix levels and the final ordered
+//!   emission run on the candidates only;
+//! - MSTopK (Shi et al., MLSys 2021, Algorithm 1) with the candidate shortcut of the CPU
+//!   path: the same two passes, then the N rounds in one block over the candidates;
+//! - hard threshold and ExDyna's partition-wise threshold (Yoon & Oh, CCGrid 2024,
+//!   Algorithm 4): one fused pass that accumulates and emits in order.
+//!
+//! Results equal the CPU selectors': the same indices for exact top-k and the thresholds;
+//! for MSTopK the same thresholds, hence the same selection, whenever the device's sum of
+//! `|x|` equals the CPU's (it is summed in a different order, so the last bits of the mean
+//! can differ on general data). The random offset is drawn on the host from the same
+//! seeded stream as [`crate::MsTopK`].
+//!
+//! On a non-finite value every path returns [`Error::NonFinite`] naming the smallest such
+//! index and leaves the residual holding `residual + grad` (nothing zeroed), like the CPU.
+//!
+//! Kernels are CUDA C in `kernels.cu`, compiled at run time by NVRTC for the device's own
+//! architecture. Nothing here runs without a GPU: [`CudaSparsifier::available`] checks for
+//! libcuda first (creating a context without it panics inside cudarc) and then for a device.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice,
+    LaunchConfig, PushKernelArg,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::{Error, Result, SparseGrad};
+use crate::{Error, Result, SelectInfo, SparseGrad, Value};
 
 /// The CUDA C source of every kernel.
 pub const KERNELS: &str = include_str!("kernels.cu");
 
-/// Virtual architecture the kernels are compiled for: `atomicAdd` on `double` needs
-/// compute capability 6.0, and PTX for `compute_70` JIT-compiles on every later GPU
-/// (Volta through Hopper).
-pub const PTX_ARCH: &str = "compute_70";
+/// The oldest virtual architecture the kernels build for (`__match_any_sync` and
+/// `__nanosleep` need compute capability 7.0). NVRTC 13 no longer targets it; at run time
+/// the kernels are compiled for the device's own architecture instead.
+pub const PORTABLE_ARCH: &str = "compute_70";
 
-/// Compiles [`KERNELS`] to PTX with NVRTC for [`PTX_ARCH`].
-pub fn compile_kernels() -> std::result::Result<cudarc::nvrtc::Ptx, cudarc::nvrtc::CompileError> {
+/// The architecture of the H100 and H200, the devices the figures are measured on.
+pub const HOPPER_ARCH: &str = "compute_90";
+
+/// True when libnvrtc can be loaded (no GPU needed).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library; no symbol is called.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// The loaded NVRTC's (major, minor) version, or `None` without libnvrtc.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    if !nvrtc_available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present (checked above) and both pointers are valid.
+    let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (rc == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// Compiles `source` (the kernels, possibly with checks appended) to PTX with NVRTC for
+/// the virtual architecture `arch` (e.g. `"compute_90"`).
+pub fn compile_kernels_source(
+    source: &str,
+    arch: &str,
+) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
     cudarc::nvrtc::compile_ptx_with_opts(
-        KERNELS,
+        source,
         cudarc::nvrtc::CompileOptions {
-            arch: Some(PTX_ARCH),
+            options: vec![format!("--gpu-architecture={arch}"), "-std=c++14".into()],
             ..Default::default()
         },
     )
+    .map_err(|e| format!("NVRTC ({arch}): {e}"))
 }
 
-const TILE: usize = 256 * 16;
-const THREADS: u32 = 256;
+/// Compiles [`KERNELS`] to PTX with NVRTC for `arch`.
+pub fn compile_kernels(arch: &str) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
+    compile_kernels_source(KERNELS, arch)
+}
 
-/// Mirror of `struct State` in `kernels.cu` (explicit padding, 136 bytes).
+/// Mirror of `struct State` in `kernels.cu`: every selection decision lives here on the
+/// device; the host writes it once per call and reads it back once or twice.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
 struct State {
-    prefix: u32,
-    _p0: u32,
-    k_rem: u64,
     a_bits: u32,
     b_lo: u32,
+    part_lo: u64,
+    part_hi: u64,
     b_start: u64,
     b_need: u64,
-    rand: u64,
-    random_offset: i32,
-    _p1: u32,
+    prefix: u32,
+    t_low: u32,
+    k_rem: u64,
+    first_bad: u64,
+    n_cand: u64,
+    cand_cap: u64,
+    count: u64,
+    out_cap: u64,
     total_a: u64,
     total_b: u64,
-    count: u64,
-    first_bad: u32,
-    max_bits: u32,
+    argmax_key: u64,
     abs_sum: f64,
-    lo: f64,
-    hi: f64,
-    cur_bits: u32,
-    _p2: u32,
-    nnz: u64,
+    max_bits: u32,
     t1_bits: u32,
     t2_bits: u32,
+    from_cand: u32,
+    k1: u64,
+    len2: u64,
 }
 
 const STATE_WORDS: usize = std::mem::size_of::<State>() / 8;
+const NONE: u64 = u64::MAX;
+
+/// Field offsets of the host's `State`, in declaration order, as `core::mem::offset_of!`
+/// gives them; the layout tests compare them with the kernel's `offsetof`.
+pub fn state_layout() -> Vec<(&'static str, usize)> {
+    use std::mem::offset_of;
+    vec![
+        ("a_bits", offset_of!(State, a_bits)),
+        ("b_lo", offset_of!(State, b_lo)),
+        ("part_lo", offset_of!(State, part_lo)),
+        ("part_hi", offset_of!(State, part_hi)),
+        ("b_start", offset_of!(State, b_start)),
+        ("b_need", offset_of!(State, b_need)),
+        ("prefix", offset_of!(State, prefix)),
+        ("t_low", offset_of!(State, t_low)),
+        ("k_rem", offset_of!(State, k_rem)),
+        ("first_bad", offset_of!(State, first_bad)),
+        ("n_cand", offset_of!(State, n_cand)),
+        ("cand_cap", offset_of!(State, cand_cap)),
+        ("count", offset_of!(State, count)),
+        ("out_cap", offset_of!(State, out_cap)),
+        ("total_a", offset_of!(State, total_a)),
+        ("total_b", offset_of!(State, total_b)),
+        ("argmax_key", offset_of!(State, argmax_key)),
+        ("abs_sum", offset_of!(State, abs_sum)),
+        ("max_bits", offset_of!(State, max_bits)),
+        ("t1_bits", offset_of!(State, t1_bits)),
+        ("t2_bits", offset_of!(State, t2_bits)),
+        ("from_cand", offset_of!(State, from_cand)),
+        ("k1", offset_of!(State, k1)),
+        ("len2", offset_of!(State, len2)),
+    ]
+}
+
+/// Size in bytes of the host's `State`.
+pub fn state_size() -> usize {
+    std::mem::size_of::<State>()
+}
+
+/// The kernel's `struct State` layout as NVRTC compiles it, without a GPU: `source` (the
+/// kernels) is compiled with a device-global `State` and a table of its fields' addresses,
+/// which NVRTC emits into the PTX as constant initialisers (`generic(probe)+8`, ...).
+/// Returns the offset of every field named by [`state_layout`], in that order, then
+/// `sizeof(State)`.
+pub fn nvrtc_state_layout(source: &str, arch: &str) -> std::result::Result<Vec<u64>, String> {
+    let names: Vec<&str> = state_layout().iter().map(|(n, _)| *n).collect();
+    let mut src = String::from(source);
+    src.push_str("\n__device__ State sparsify_layout_probe;\n");
+    src.push_str("__device__ const void* sparsify_layout_fields[] = {");
+    for n in &names {
+        src.push_str(&format!("&sparsify_layout_probe.{n}, "));
+    }
+    src.push_str("};\n__device__ unsigned long long sparsify_layout_size = sizeof(State);\n");
+    let ptx = compile_kernels_source(&src, arch)?.to_src();
+    let line = |var: &str| {
+        ptx.lines()
+            .find(|l| l.contains(var) && l.contains('='))
+            .map(str::to_owned)
+            .ok_or_else(|| format!("no initialiser of {var} in the PTX"))
+    };
+    let fields = line("sparsify_layout_fields")?;
+    let inner = fields
+        .split_once('{')
+        .and_then(|(_, r)| r.split_once('}'))
+        .map(|(x, _)| x)
+        .ok_or_else(|| format!("unexpected PTX: {fields}"))?;
+    let mut out = Vec::with_capacity(names.len() + 1);
+    for item in inner.split(',') {
+        let off = match item.trim().split_once('+') {
+            None => 0,
+            Some((_, o)) => o
+                .trim()
+                .parse::<u64>()
+                .map_err(|e| format!("{item}: {e}"))?,
+        };
+        out.push(off);
+    }
+    if out.len() != names.len() {
+        return Err(format!(
+            "{} field addresses for {} fields",
+            out.len(),
+            names.len()
+        ));
+    }
+    let size = line("sparsify_layout_size")?;
+    let size = size
+        .rsplit_once('=')
+        .map(|(_, v)| v.trim().trim_end_matches(';').trim())
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| format!("unexpected PTX: {size}"))?;
+    out.push(size);
+    Ok(out)
+}
 
 impl State {
-    fn fresh() -> Self {
+    /// A state for a call over `n` elements: no classes, nothing found, whole partition.
+    fn fresh(n: u64) -> Self {
         State {
-            first_bad: u32::MAX,
-            t1_bits: u32::MAX,
-            hi: 1.0,
+            a_bits: u32::MAX,
+            b_lo: u32::MAX,
+            part_hi: n,
+            first_bad: NONE,
+            t1_bits: 0x7fff_ffff,
             ..Zeroable::zeroed()
         }
     }
@@ -90,34 +238,96 @@ fn cu<E: std::fmt::Display>(e: E) -> Error {
     Error::Cuda(e.to_string())
 }
 
+/// Threshold bits for "`|x| ≥ t`" (NaN or `t ≤ 0`: 0, everything), as the CPU's selectors.
+fn ge_bits(t: f32) -> u32 {
+    if t > 0.0 {
+        (t.to_bits() & 0x7fff_ffff).min(0x7f80_0000)
+    } else {
+        0
+    }
+}
+
+/// Which selector [`CudaSparsifier::select_fused`] runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuSelection {
+    /// Exactly `min(k, d)` entries of largest magnitude, ties broken by the lower index
+    /// (as [`crate::ExactTopK`]).
+    Exact,
+    /// MSTopK with `rounds` binary-search rounds (as [`crate::MsTopK`] with the same seed).
+    MsTopK {
+        /// `N` of Algorithm 1 (the paper benchmarks 30).
+        rounds: usize,
+    },
+    /// Every `|acc| ≥ threshold` (as [`crate::HardThreshold::new`]); `k` only decides the
+    /// edges `k = 0` (nothing) and `k ≥ d` (everything).
+    Threshold(f32),
+    /// ExDyna's Algorithm 4: `|acc| ≥ threshold` inside `range` (None: everything); when
+    /// that selects nothing and `k > 0`, the largest magnitude of the partition. The caller
+    /// scales the threshold afterwards (e.g. [`crate::ExDyna::scale`]), as with
+    /// `set_auto_scale(false)` on the CPU.
+    ExDyna {
+        /// The partition this worker selects from.
+        range: Option<Range<usize>>,
+        /// δ_t.
+        threshold: f32,
+    },
+}
+
+/// Kernels loaded from one module.
 struct Kernels {
     accumulate: CudaFunction,
     radix_hist: CudaFunction,
     radix_pick: CudaFunction,
-    ms_threshold: CudaFunction,
-    ms_count: CudaFunction,
-    ms_decide: CudaFunction,
-    ms_classes: CudaFunction,
-    count_tiles: CudaFunction,
-    scan_tiles: CudaFunction,
-    emit_tiles: CudaFunction,
+    compact: CudaFunction,
+    ms_rounds: CudaFunction,
+    part_argmax: CudaFunction,
+    finish: CudaFunction,
+    scatter_add: CudaFunction,
+    state_layout: CudaFunction,
 }
 
-/// Device-side selectors on one CUDA stream, with their scratch buffers.
+/// Threads per block of the grid-stride kernels.
+const THREADS: u32 = 256;
+/// Elements per tile of the fused accumulate pass (`AT * AI` in kernels.cu).
+const ACC_TILE: u64 = 256 * 8;
+/// Elements per tile of the ordered compaction (`CTILE` in kernels.cu).
+const COMPACT_TILE: u64 = 256 * 16;
+/// Bins of the level-0 histogram.
+const HBINS: usize = 2048;
+/// Radix levels below level 0: (shift, width) of bits 19..9 and 8..0.
+const FINE_LEVELS: [(i32, i32); 2] = [(9, 11), (0, 9)];
+
+/// Device-side selectors on one CUDA stream, with their scratch buffers (grown on demand
+/// and kept between calls).
 pub struct CudaSparsifier {
     stream: Arc<CudaStream>,
     k: Kernels,
-    hist: CudaSlice<u32>,
+    arch: String,
+    sms: u32,
     state: CudaSlice<u64>,
-    ta: CudaSlice<u32>,
-    tb: CudaSlice<u32>,
+    hist: CudaSlice<u64>,
+    look: CudaSlice<u64>,
+    cand_idx: CudaSlice<u32>,
+    cand_val: CudaSlice<f32>,
+    out_idx: CudaSlice<u32>,
+    out_val: CudaSlice<f32>,
+    out16: CudaSlice<u16>,
     rng: ChaCha8Rng,
 }
 
 impl std::fmt::Debug for CudaSparsifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaSparsifier").finish_non_exhaustive()
+        f.debug_struct("CudaSparsifier")
+            .field("ordinal", &self.ordinal())
+            .field("arch", &self.arch)
+            .finish_non_exhaustive()
     }
+}
+
+/// A device pointer for a kernel argument. The guard cudarc returns is dropped at once:
+/// only for the scratch buffers, which never leave this sparsifier's stream.
+fn dptr<T, B: DevicePtr<T>>(stream: &CudaStream, b: &B) -> u64 {
+    b.device_ptr(stream).0
 }
 
 impl CudaSparsifier {
@@ -130,40 +340,58 @@ impl CudaSparsifier {
         matches!(CudaContext::device_count(), Ok(n) if n > 0)
     }
 
-    /// Opens device `ordinal`, compiles the kernels (NVRTC) and allocates scratch space.
-    /// `seed` drives MSTopK's offsets.
+    /// Opens device `ordinal` on its default stream. `seed` drives MSTopK's offsets.
     pub fn new(ordinal: usize, seed: u64) -> Result<Self> {
         if !Self::available() {
             return Err(Error::Cuda("no CUDA driver or device".into()));
         }
         let ctx = CudaContext::new(ordinal).map_err(cu)?;
-        let stream = ctx.default_stream();
-        let ptx = compile_kernels().map_err(cu)?;
+        Self::with_stream(ctx.default_stream(), seed)
+    }
+
+    /// Runs on `stream` (e.g. the stream a framework's tensors live on), compiling the
+    /// kernels with NVRTC for the device's compute capability.
+    pub fn with_stream(stream: Arc<CudaStream>, seed: u64) -> Result<Self> {
+        let ctx = stream.context().clone();
+        let (major, minor) = ctx.compute_capability().map_err(cu)?;
+        if major < 7 {
+            return Err(Error::Cuda(format!(
+                "compute capability {major}.{minor}; the kernels need 7.0 or newer"
+            )));
+        }
+        let arch = format!("compute_{major}{minor}");
+        let ptx = compile_kernels(&arch).map_err(Error::Cuda)?;
         let m = ctx.load_module(ptx).map_err(cu)?;
         let f = |n: &str| m.load_function(n).map_err(cu);
         let k = Kernels {
             accumulate: f("ef_accumulate")?,
             radix_hist: f("radix_hist")?,
             radix_pick: f("radix_pick")?,
-            ms_threshold: f("ms_threshold")?,
-            ms_count: f("ms_count")?,
-            ms_decide: f("ms_decide")?,
-            ms_classes: f("ms_classes")?,
-            count_tiles: f("count_tiles")?,
-            scan_tiles: f("scan_tiles")?,
-            emit_tiles: f("emit_tiles")?,
+            compact: f("compact")?,
+            ms_rounds: f("ms_rounds")?,
+            part_argmax: f("part_argmax")?,
+            finish: f("finish")?,
+            scatter_add: f("scatter_add")?,
+            state_layout: f("state_layout")?,
         };
-        let hist = stream.alloc_zeros::<u32>(2048).map_err(cu)?;
-        let state = stream.alloc_zeros::<u64>(STATE_WORDS).map_err(cu)?;
-        let ta = stream.alloc_zeros::<u32>(1).map_err(cu)?;
-        let tb = stream.alloc_zeros::<u32>(1).map_err(cu)?;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(cu)?
+            .max(1) as u32;
+        let a = |n: usize| stream.alloc_zeros::<u64>(n).map_err(cu);
         Ok(CudaSparsifier {
+            state: a(STATE_WORDS)?,
+            hist: a(HBINS)?,
+            look: a(1)?,
+            cand_idx: stream.alloc_zeros::<u32>(1).map_err(cu)?,
+            cand_val: stream.alloc_zeros::<f32>(1).map_err(cu)?,
+            out_idx: stream.alloc_zeros::<u32>(1).map_err(cu)?,
+            out_val: stream.alloc_zeros::<f32>(1).map_err(cu)?,
+            out16: stream.alloc_zeros::<u16>(1).map_err(cu)?,
             stream,
             k,
-            hist,
-            state,
-            ta,
-            tb,
+            arch,
+            sms,
             rng: ChaCha8Rng::seed_from_u64(seed),
         })
     }
@@ -171,6 +399,35 @@ impl CudaSparsifier {
     /// The stream every operation runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.stream.context().ordinal()
+    }
+
+    /// The architecture the kernels were compiled for (`compute_90` on an H100).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn device_name(&self) -> Result<String> {
+        self.stream.context().name().map_err(cu)
+    }
+
+    /// Peak memory bandwidth in bytes/s from the driver's memory clock and bus width
+    /// (double data rate), or `None` when the driver does not report them.
+    pub fn peak_bandwidth(&self) -> Option<f64> {
+        let ctx = self.stream.context();
+        let clock_khz = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
+            .ok()?;
+        let bus_bits = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+            .ok()?;
+        (clock_khz > 0 && bus_bits > 0)
+            .then(|| 2.0 * f64::from(clock_khz) * 1e3 * f64::from(bus_bits) / 8.0)
     }
 
     /// Copies a host slice to a new device buffer.
@@ -183,6 +440,34 @@ impl CudaSparsifier {
         self.stream.clone_dtoh(x).map_err(cu)
     }
 
+    /// The kernel's `offsetof` of every `State` field (same order as [`state_layout`]),
+    /// then `sizeof(State)`, computed on the device.
+    pub fn device_state_layout(&self) -> Result<Vec<u64>> {
+        let n = state_layout().len() + 1;
+        let mut out = self.stream.alloc_zeros::<u64>(n).map_err(cu)?;
+        let sp = dptr(&self.stream, &self.state);
+        let mut b = self.stream.launch_builder(&self.k.state_layout);
+        b.arg(&sp).arg(&mut out);
+        // SAFETY: matches `state_layout(const State*, u64*)`; `out` holds one word per
+        // field plus one.
+        unsafe { b.launch(Self::cfg(1, 1)) }.map_err(cu)?;
+        self.stream.clone_dtoh(&out).map_err(cu)
+    }
+
+    fn cfg(blocks: u64, threads: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (blocks.clamp(1, i32::MAX as u64) as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Blocks for a grid-stride kernel over `n` elements: enough to fill the device.
+    fn grid(&self, n: u64) -> u64 {
+        n.div_ceil(u64::from(THREADS))
+            .clamp(1, u64::from(self.sms) * 8)
+    }
+
     fn put_state(&mut self, s: &State) -> Result<()> {
         let words: [u64; STATE_WORDS] = bytemuck::cast(*s);
         self.stream
@@ -190,6 +475,7 @@ impl CudaSparsifier {
             .map_err(cu)
     }
 
+    /// Reads the state back (waits for everything enqueued so far).
     fn get_state(&self) -> Result<State> {
         let v = self.stream.clone_dtoh(&self.state).map_err(cu)?;
         let words: [u64; STATE_WORDS] =
@@ -197,27 +483,389 @@ impl CudaSparsifier {
         Ok(bytemuck::cast(words))
     }
 
-    fn grid(n: usize) -> u32 {
-        (n.div_ceil(THREADS as usize)).clamp(1, 4096) as u32
+    fn ensure_cand(&mut self, cap: usize) -> Result<()> {
+        if self.cand_idx.len() < cap {
+            self.cand_idx = self.stream.alloc_zeros::<u32>(cap).map_err(cu)?;
+            self.cand_val = self.stream.alloc_zeros::<f32>(cap).map_err(cu)?;
+        }
+        Ok(())
     }
 
-    fn one() -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
+    fn ensure_out(&mut self, cap: usize) -> Result<()> {
+        let cap = cap.max(1);
+        if self.out_idx.len() < cap {
+            self.out_idx = self.stream.alloc_zeros::<u32>(cap).map_err(cu)?;
+            self.out_val = self.stream.alloc_zeros::<f32>(cap).map_err(cu)?;
+            self.out16 = self.stream.alloc_zeros::<u16>(cap).map_err(cu)?;
+        }
+        Ok(())
+    }
+
+    fn clear_hist(&mut self) -> Result<()> {
+        self.stream.memset_zeros(&mut self.hist).map_err(cu)
+    }
+
+    /// `r += g` (g = 0: read only) with the level-0 histogram (mode 1) and/or the |x|
+    /// statistics (mode 2).
+    fn k_accumulate(&mut self, r: u64, g: u64, n: u64, mode: i32) -> Result<()> {
+        let (sp, hp) = (
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.hist),
+        );
+        let blocks = n.div_ceil(ACC_TILE).clamp(1, u64::from(self.sms) * 4);
+        let mut b = self.stream.launch_builder(&self.k.accumulate);
+        b.arg(&r).arg(&g).arg(&n).arg(&sp).arg(&hp).arg(&mode);
+        // SAFETY: matches `ef_accumulate`; r and g hold n floats (checked by the caller).
+        unsafe { b.launch(Self::cfg(blocks, 256)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// One radix level's bin search (mode 0: middle, 1: level 0 sets the candidates,
+    /// 2: last level sets the emission classes).
+    fn k_pick(&mut self, shift: i32, width: i32, mode: i32) -> Result<()> {
+        let (sp, hp) = (
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.hist),
+        );
+        let mut b = self.stream.launch_builder(&self.k.radix_pick);
+        b.arg(&hp).arg(&sp).arg(&shift).arg(&width).arg(&mode);
+        // SAFETY: matches `radix_pick`; one block of 1024 threads, hist holds 2048 bins.
+        unsafe { b.launch(Self::cfg(1, 1024)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// Histogram of a finer radix level over the candidates.
+    fn k_radix_hist(&mut self, shift: i32, width: i32) -> Result<()> {
+        self.clear_hist()?;
+        let cap = self.cand_val.len() as u64;
+        let (xp, sp, hp) = (
+            dptr(&self.stream, &self.cand_val),
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.hist),
+        );
+        let mut b = self.stream.launch_builder(&self.k.radix_hist);
+        b.arg(&xp)
+            .arg(&cap)
+            .arg(&sp)
+            .arg(&hp)
+            .arg(&shift)
+            .arg(&width);
+        // SAFETY: matches `radix_hist`; it reads at most `cap` candidates.
+        unsafe { b.launch(Self::cfg(self.grid(cap), THREADS)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// Ordered compaction of `x[0..n)` (see `compact` in kernels.cu). `cand_input`: x is
+    /// the candidate buffer (n = its capacity, indices from `cand_idx`); otherwise x = `r`.
+    /// `target`: 0 candidates, 1 output, 2 count only.
+    fn k_compact(&mut self, r: u64, g: u64, n: u64, cand_input: bool, target: i32) -> Result<()> {
+        let (x, xidx, n) = if cand_input {
+            (
+                dptr(&self.stream, &self.cand_val),
+                dptr(&self.stream, &self.cand_idx),
+                self.cand_val.len() as u64,
+            )
+        } else {
+            (r, 0u64, n)
+        };
+        let ntiles = n.div_ceil(COMPACT_TILE).max(1);
+        let words = 1 + 2 * ntiles as usize;
+        if self.look.len() < words {
+            self.look = self.stream.alloc_zeros::<u64>(words).map_err(cu)?;
+        } else {
+            let mut v = self.look.slice_mut(..words);
+            self.stream.memset_zeros(&mut v).map_err(cu)?;
+        }
+        let (sp, lp) = (
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.look),
+        );
+        let (oi, ov) = if target == 0 {
+            (
+                dptr(&self.stream, &self.cand_idx),
+                dptr(&self.stream, &self.cand_val),
+            )
+        } else {
+            (
+                dptr(&self.stream, &self.out_idx),
+                dptr(&self.stream, &self.out_val),
+            )
+        };
+        let mut b = self.stream.launch_builder(&self.k.compact);
+        b.arg(&x).arg(&g).arg(&xidx).arg(&n).arg(&sp).arg(&lp);
+        b.arg(&ntiles).arg(&oi).arg(&ov).arg(&target);
+        // SAFETY: matches `compact`; one block per tile, `look` holds 1 + 2·ntiles zeroed
+        // words, and the kernel writes outputs only below the capacity recorded in the state.
+        unsafe { b.launch(Self::cfg(ntiles, 256)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// Zeroes (or rounds to the wire type) the emitted entries of `r`, unless the call failed.
+    fn k_finish(&mut self, r: u64, wire: i32) -> Result<()> {
+        let cap = self.out_idx.len() as u64;
+        let (ip, vp, hp, sp) = (
+            dptr(&self.stream, &self.out_idx),
+            dptr(&self.stream, &self.out_val),
+            dptr(&self.stream, &self.out16),
+            dptr(&self.stream, &self.state),
+        );
+        let mut b = self.stream.launch_builder(&self.k.finish);
+        b.arg(&r).arg(&ip).arg(&vp).arg(&hp).arg(&sp).arg(&wire);
+        // SAFETY: matches `finish`; it touches at most `count <= out_cap` entries.
+        unsafe { b.launch(Self::cfg(self.grid(cap), THREADS)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// The typed error for a non-finite value at `index` of `r` (reads the value back).
+    fn bad(&self, r: u64, index: u64) -> Error {
+        let mut v = [f32::NAN];
+        // SAFETY: index < n was recorded by a kernel reading r[index]; one float is copied
+        // into `v`, which lives until the synchronize below.
+        let ok = unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut v[..],
+                r + 4 * index,
+                self.stream.cu_stream(),
+            )
+        }
+        .is_ok()
+            && self.stream.synchronize().is_ok();
+        Error::NonFinite {
+            index: index as usize,
+            value: if ok { v[0] } else { f32::NAN },
         }
     }
 
-    fn cfg(blocks: u32) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (blocks.max(1), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+    /// Exact top-k of `r + g` for `0 < k < n` (see the module docs); on return the output
+    /// buffers hold the `k` entries and `r` is finished (or an error is returned).
+    fn run_exact(&mut self, r: u64, mut g: u64, n: u64, k: u64, wire: i32) -> Result<State> {
+        self.ensure_out(k as usize)?;
+        let mut cap = (4 * k + 65_536).min(n) as usize;
+        loop {
+            self.ensure_cand(cap)?;
+            let mut s = State::fresh(n);
+            s.k_rem = k;
+            s.cand_cap = self.cand_idx.len() as u64;
+            s.out_cap = k;
+            self.put_state(&s)?;
+            self.clear_hist()?;
+            self.k_accumulate(r, g, n, 1)?;
+            self.k_pick(20, 11, 1)?;
+            self.k_compact(r, 0, n, false, 0)?;
+            for (li, &(shift, width)) in FINE_LEVELS.iter().enumerate() {
+                self.k_radix_hist(shift, width)?;
+                self.k_pick(shift, width, if li == 1 { 2 } else { 0 })?;
+            }
+            self.k_compact(r, 0, 0, true, 1)?;
+            self.k_finish(r, wire)?;
+            let st = self.get_state()?;
+            if st.first_bad != NONE {
+                return Err(self.bad(r, st.first_bad));
+            }
+            if st.n_cand <= st.cand_cap {
+                return Ok(st);
+            }
+            // More candidates than room (a wide level-0 bin): grow and select again from
+            // the accumulated residual, read only.
+            cap = (st.n_cand + st.n_cand / 4).min(n) as usize;
+            g = 0;
         }
     }
 
-    fn check_lens(residual: &CudaSlice<f32>, grad: &CudaSlice<f32>) -> Result<u32> {
+    /// MSTopK of `r + g` for `0 < k < n`.
+    fn run_mstopk(
+        &mut self,
+        r: u64,
+        mut g: u64,
+        n: u64,
+        k: u64,
+        rounds: usize,
+        wire: i32,
+    ) -> Result<State> {
+        self.ensure_out(k as usize)?;
+        let rounds = i32::try_from(rounds)
+            .map_err(|_| Error::InvalidArgument(format!("{rounds} MSTopK rounds")))?;
+        let mut cap = (4 * k + 65_536).min(n) as usize;
+        let mut st = loop {
+            self.ensure_cand(cap)?;
+            let mut s = State::fresh(n);
+            // Candidates: at or above the bin of the (k+1)-th largest, so more than k of
+            // them and every round below their floor has more than k entries above it.
+            s.k_rem = k + 1;
+            s.cand_cap = self.cand_idx.len() as u64;
+            s.out_cap = k;
+            self.put_state(&s)?;
+            self.clear_hist()?;
+            self.k_accumulate(r, g, n, 3)?;
+            self.k_pick(20, 11, 1)?;
+            self.k_compact(r, 0, n, false, 0)?;
+            let (cp, sp) = (
+                dptr(&self.stream, &self.cand_val),
+                dptr(&self.stream, &self.state),
+            );
+            let ccap = self.cand_val.len() as u64;
+            let mut b = self.stream.launch_builder(&self.k.ms_rounds);
+            b.arg(&cp).arg(&ccap).arg(&sp).arg(&n).arg(&k).arg(&rounds);
+            // SAFETY: matches `ms_rounds`; one block of 1024 threads over the candidates.
+            unsafe { b.launch(Self::cfg(1, 1024)) }.map_err(cu)?;
+            let st = self.get_state()?;
+            if st.first_bad != NONE {
+                return Err(self.bad(r, st.first_bad));
+            }
+            if st.n_cand <= st.cand_cap {
+                break st;
+            }
+            cap = (st.n_cand + st.n_cand / 4).min(n) as usize;
+            g = 0;
+        };
+        let from_cand = st.from_cand == 1;
+        if !from_cand {
+            // thres2 fell below the candidates: count class B over the whole vector.
+            self.k_compact(r, 0, n, false, 2)?;
+            st = self.get_state()?;
+            st.len2 = st.total_b;
+        }
+        let need = (k - st.k1) as usize;
+        // Drawn exactly like the CPU's MsTopK (same stream, same range), once per call.
+        let start = self
+            .rng
+            .gen_range(0..=(st.len2 as usize).saturating_sub(need));
+        st.b_start = start as u64;
+        st.b_need = need as u64;
+        st.count = 0;
+        self.put_state(&st)?;
+        if from_cand {
+            self.k_compact(r, 0, 0, true, 1)?;
+        } else {
+            self.k_compact(r, 0, n, false, 1)?;
+        }
+        self.k_finish(r, wire)?;
+        self.get_state()
+    }
+
+    /// Threshold selection over `part` (classes from `tbits`), fused with `r += g`; with
+    /// `fallback`, an empty result takes the partition's largest magnitude.
+    #[allow(clippy::too_many_arguments)]
+    fn run_threshold(
+        &mut self,
+        r: u64,
+        g: u64,
+        n: u64,
+        part: Range<u64>,
+        tbits: u32,
+        fallback: bool,
+        wire: i32,
+    ) -> Result<State> {
+        let mut s = State::fresh(n);
+        s.a_bits = tbits;
+        s.b_lo = tbits;
+        s.part_lo = part.start;
+        s.part_hi = part.end;
+        if self.out_idx.len() < 4096 {
+            self.ensure_out(4096.min(n as usize))?;
+        }
+        s.out_cap = self.out_idx.len() as u64;
+        self.put_state(&s)?;
+        self.k_compact(r, g, n, false, 1)?;
+        self.k_finish(r, wire)?;
+        let mut st = self.get_state()?;
+        if st.first_bad != NONE {
+            return Err(self.bad(r, st.first_bad));
+        }
+        if st.count > st.out_cap {
+            // More than the output buffers hold: grow them and emit again from the
+            // accumulated residual (nothing was zeroed).
+            self.ensure_out(st.count as usize)?;
+            s.out_cap = self.out_idx.len() as u64;
+            self.put_state(&s)?;
+            self.k_compact(r, 0, n, false, 1)?;
+            self.k_finish(r, wire)?;
+            st = self.get_state()?;
+        }
+        if fallback && st.count == 0 && part.start < part.end {
+            let sp = dptr(&self.stream, &self.state);
+            let mut b = self.stream.launch_builder(&self.k.part_argmax);
+            b.arg(&r).arg(&part.start).arg(&part.end).arg(&sp);
+            // SAFETY: matches `part_argmax`; part lies inside r (checked by the caller).
+            unsafe { b.launch(Self::cfg(self.grid(part.end - part.start), THREADS)) }
+                .map_err(cu)?;
+            st = self.get_state()?;
+            let i = u64::from(u32::MAX - (st.argmax_key & 0xffff_ffff) as u32);
+            let (ip, vp) = (
+                dptr(&self.stream, &self.out_idx),
+                dptr(&self.stream, &self.out_val),
+            );
+            let idx = [i as u32];
+            // SAFETY: out_idx and out_val hold at least one element; `idx` lives until the
+            // get_state below synchronizes the stream; i < n.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(ip, &idx[..], self.stream.cu_stream())
+                    .map_err(cu)?;
+                cudarc::driver::result::memcpy_dtod_async(
+                    vp,
+                    r + 4 * i,
+                    4,
+                    self.stream.cu_stream(),
+                )
+                .map_err(cu)?;
+            }
+            st.count = 1;
+            self.put_state(&st)?;
+            self.k_finish(r, wire)?;
+            st = self.get_state()?;
+        }
+        Ok(st)
+    }
+
+    /// Copies the `count` emitted pairs to the host as `V` values.
+    fn collect<V: Value>(&self, count: usize, n: usize) -> Result<SparseGrad<V>> {
+        if count == 0 {
+            return Ok(SparseGrad::empty(n));
+        }
+        let idx = self
+            .stream
+            .clone_dtoh(&self.out_idx.slice(..count))
+            .map_err(cu)?;
+        let val: Vec<V> = if V::CODE == f32::CODE {
+            let v = self
+                .stream
+                .clone_dtoh(&self.out_val.slice(..count))
+                .map_err(cu)?;
+            bytemuck::try_cast_slice(&v).map_err(cu)?.to_vec()
+        } else {
+            let v = self
+                .stream
+                .clone_dtoh(&self.out16.slice(..count))
+                .map_err(cu)?;
+            bytemuck::try_cast_slice(&v).map_err(cu)?.to_vec()
+        };
+        SparseGrad::new(idx, val, n)
+    }
+
+    /// Fused error feedback with any selector, on device buffers: `residual += grad`,
+    /// select, and leave `residual + grad` minus what was sent in `residual` (the selected
+    /// entries zeroed for `V = f32`; their rounding error for `f16`/`bf16`, saturating at
+    /// the type's largest finite value). Only the selected pairs are copied to the host.
+    /// As on the CPU, `k = 0` selects nothing and `k ≥ d` everything, for every selector.
+    /// `SelectInfo::threshold` is the CPU's: the smallest selected magnitude for exact
+    /// top-k and MSTopK (of the rounded values for `f16`/`bf16`), the threshold used for
+    /// the threshold selectors, 0 when nothing was selected or at the edges.
+    pub fn select_fused<V: Value, R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
+        &mut self,
+        how: &GpuSelection,
+        residual: &mut R,
+        grad: &G,
+        k: usize,
+    ) -> Result<(SparseGrad<V>, SelectInfo)> {
+        self.select_inner(how, residual, grad, Some(k))
+    }
+
+    /// Checks what every entry point checks: equal lengths, `u32`-addressable, same device.
+    fn check_buffers<R: DeviceSlice<f32>, G: DeviceSlice<f32>>(
+        &self,
+        residual: &R,
+        grad: &G,
+    ) -> Result<()> {
         if residual.len() != grad.len() {
             return Err(Error::LengthMismatch {
                 what: "residual",
@@ -225,291 +873,242 @@ impl CudaSparsifier {
                 expected: grad.len(),
             });
         }
-        u32::try_from(grad.len()).map_err(|_| Error::TooLong(grad.len()))
-    }
-
-    /// `r += g` with the level-0 histogram and/or the |x| statistics.
-    fn accumulate(
-        &mut self,
-        r: &mut CudaSlice<f32>,
-        g: &CudaSlice<f32>,
-        n: u32,
-        hist: bool,
-        stats: bool,
-    ) -> Result<()> {
-        let (h, s) = (i32::from(hist), i32::from(stats));
-        let mut b = self.stream.launch_builder(&self.k.accumulate);
-        b.arg(r)
-            .arg(g)
-            .arg(&n)
-            .arg(&mut self.state)
-            .arg(&mut self.hist);
-        b.arg(&h).arg(&s);
-        // SAFETY: arguments match `ef_accumulate`'s signature; buffers hold n elements.
-        unsafe { b.launch(Self::cfg(Self::grid(n as usize))) }.map_err(cu)?;
+        let d = grad.len();
+        if d as u64 > u64::from(u32::MAX) + 1 {
+            return Err(Error::TooLong(d));
+        }
+        for (what, ord) in [
+            ("residual", residual.stream().context().ordinal()),
+            ("gradient", grad.stream().context().ordinal()),
+        ] {
+            if ord != self.ordinal() {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} is on device {ord}, this sparsifier on device {}",
+                    self.ordinal()
+                )));
+            }
+        }
         Ok(())
     }
 
-    /// Ordered emission of the classes set in the state; returns the host result.
-    fn emit(
+    /// `k = None`: no edge rules (the plain threshold of [`Self::threshold_fused`]).
+    fn select_inner<V: Value, R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
         &mut self,
-        r: &mut CudaSlice<f32>,
-        n: u32,
-        known: Option<usize>,
-    ) -> Result<SparseGrad<f32>> {
-        let tiles = (n as usize).div_ceil(TILE).max(1);
-        if self.ta.len() < tiles {
-            self.ta = self.stream.alloc_zeros::<u32>(tiles).map_err(cu)?;
-            self.tb = self.stream.alloc_zeros::<u32>(tiles).map_err(cu)?;
+        how: &GpuSelection,
+        residual: &mut R,
+        grad: &G,
+        k: Option<usize>,
+    ) -> Result<(SparseGrad<V>, SelectInfo)> {
+        self.check_buffers(residual, grad)?;
+        let d = grad.len();
+        let wire = match V::CODE {
+            c if c == f32::CODE => 0,
+            c if c == half::f16::CODE => 1,
+            c if c == half::bf16::CODE => 2,
+            c => return Err(Error::InvalidArgument(format!("wire type code {c}"))),
+        };
+        if let GpuSelection::Threshold(t) = how {
+            if !(t.is_finite() && *t >= 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "threshold must be finite and ≥ 0, got {t}"
+                )));
+            }
         }
-        let t32 = tiles as u32;
-        let mut b = self.stream.launch_builder(&self.k.count_tiles);
-        b.arg(&*r)
-            .arg(&n)
-            .arg(&self.state)
-            .arg(&mut self.ta)
-            .arg(&mut self.tb);
-        // SAFETY: matches `count_tiles`; one block per tile.
-        unsafe { b.launch(Self::cfg(t32)) }.map_err(cu)?;
-        let mut b = self.stream.launch_builder(&self.k.scan_tiles);
-        b.arg(&mut self.ta)
-            .arg(&mut self.tb)
-            .arg(&t32)
-            .arg(&mut self.state);
-        // SAFETY: matches `scan_tiles`; single thread.
-        unsafe { b.launch(Self::one()) }.map_err(cu)?;
-        // Output capacity: known exactly (k) for exact-count selectors; otherwise read the
-        // count the scan produced (threshold selection).
-        let cap = match known {
-            Some(c) => c,
-            None => {
-                let s = self.get_state()?;
-                if s.first_bad != u32::MAX {
-                    return Err(self.bad(r, s.first_bad));
+        let part = match how {
+            GpuSelection::ExDyna {
+                range: Some(range), ..
+            } => {
+                if range.start > range.end || range.end > d {
+                    return Err(Error::InvalidArgument(format!(
+                        "partition {}..{} outside the dense length {d}",
+                        range.start, range.end
+                    )));
                 }
-                s.count as usize
+                range.start as u64..range.end as u64
+            }
+            _ => 0..d as u64,
+        };
+        if d == 0 {
+            return Ok((SparseGrad::empty(0), SelectInfo::default()));
+        }
+        let stream = self.stream.clone();
+        // The user's buffers: hold cudarc's guards for the whole call, so other streams
+        // using them wait for (and are waited on by) this one.
+        let (r, _rg) = residual.device_ptr_mut(&stream);
+        let (g, _gg) = grad.device_ptr(&stream);
+        let n = d as u64;
+        let edge = match k {
+            Some(0) => Some(u32::MAX),
+            Some(k) if k >= d => Some(0),
+            _ => None,
+        };
+        let (st, threshold) = match (how, edge) {
+            (_, Some(t)) => (
+                self.run_threshold(r, g, n, 0..n, t, false, wire)?,
+                Some(0.0),
+            ),
+            (GpuSelection::Exact, None) => {
+                let k = k.unwrap_or(d) as u64;
+                let st = self.run_exact(r, g, n, k, wire)?;
+                (st, Some(f32::from_bits(st.prefix)))
+            }
+            (GpuSelection::MsTopK { rounds }, None) => {
+                let k = k.unwrap_or(d) as u64;
+                (self.run_mstopk(r, g, n, k, *rounds, wire)?, None)
+            }
+            (GpuSelection::Threshold(t), None) => {
+                let st = self.run_threshold(r, g, n, 0..n, ge_bits(*t), false, wire)?;
+                (st, Some(*t))
+            }
+            (GpuSelection::ExDyna { threshold, .. }, None) => {
+                let tb = ge_bits(*threshold);
+                (
+                    self.run_threshold(r, g, n, part, tb, true, wire)?,
+                    Some(*threshold),
+                )
             }
         };
-        let mut out_idx = self.stream.alloc_zeros::<u32>(cap.max(1)).map_err(cu)?;
-        let mut out_val = self.stream.alloc_zeros::<f32>(cap.max(1)).map_err(cu)?;
-        let mut b = self.stream.launch_builder(&self.k.emit_tiles);
-        b.arg(&mut *r)
-            .arg(&n)
-            .arg(&self.state)
-            .arg(&self.ta)
-            .arg(&self.tb);
-        b.arg(&mut out_idx).arg(&mut out_val);
-        // SAFETY: matches `emit_tiles`; the outputs hold `count <= cap` entries.
-        unsafe { b.launch(Self::cfg(t32)) }.map_err(cu)?;
-        let s = self.get_state()?;
-        if s.first_bad != u32::MAX {
-            return Err(self.bad(r, s.first_bad));
-        }
-        let count = (s.count as usize).min(cap);
-        let mut idx = self.stream.clone_dtoh(&out_idx).map_err(cu)?;
-        let mut val = self.stream.clone_dtoh(&out_val).map_err(cu)?;
-        idx.truncate(count);
-        val.truncate(count);
-        SparseGrad::new(idx, val, n as usize)
+        let sg = self.collect::<V>(st.count as usize, d)?;
+        let threshold = match (threshold, sg.nnz()) {
+            (_, 0) => 0.0,
+            (Some(t), _) => t,
+            (None, _) => sg
+                .values()
+                .iter()
+                .map(|v| v.to_f32().abs())
+                .fold(f32::INFINITY, f32::min),
+        };
+        let info = SelectInfo {
+            threshold,
+            selected: sg.nnz(),
+        };
+        Ok((sg, info))
     }
 
-    /// The typed error for a non-finite value at `index` (reads the value back).
-    fn bad(&self, r: &CudaSlice<f32>, index: u32) -> Error {
-        let value = self
-            .stream
-            .clone_dtoh(&r.slice(index as usize..index as usize + 1))
-            .ok()
-            .and_then(|v| v.first().copied())
-            .unwrap_or(f32::NAN);
-        Error::NonFinite {
-            index: index as usize,
-            value,
-        }
-    }
-
-    /// Fused error feedback + exact top-k (ties: lower index): `residual += grad`, select
-    /// exactly `min(k, d)` entries, zero them in `residual`.
-    pub fn topk_fused(
+    /// Fused error feedback + exact top-k (ties: lower index), `f32` values.
+    pub fn topk_fused<R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
         &mut self,
-        residual: &mut CudaSlice<f32>,
-        grad: &CudaSlice<f32>,
+        residual: &mut R,
+        grad: &G,
         k: usize,
     ) -> Result<SparseGrad<f32>> {
-        let n = Self::check_lens(residual, grad)?;
-        let k = k.min(n as usize);
-        let mut s = State::fresh();
-        s.k_rem = k as u64;
-        if k == 0 || k == n as usize {
-            s.a_bits = if k == 0 { u32::MAX } else { 0 };
-            s.b_lo = s.a_bits;
-            self.put_state(&s)?;
-            self.accumulate(residual, grad, n, false, false)?;
-            return self.emit(residual, n, Some(k));
-        }
-        self.put_state(&s)?;
-        self.accumulate(residual, grad, n, true, false)?;
-        // Levels: bits 30..20 (histogram built while accumulating), 19..9, 8..0.
-        let levels: [(i32, i32); 3] = [(20, 11), (9, 11), (0, 9)];
-        for (li, &(shift, width)) in levels.iter().enumerate() {
-            if li > 0 {
-                let mut b = self.stream.launch_builder(&self.k.radix_hist);
-                b.arg(&*residual)
-                    .arg(&n)
-                    .arg(&self.state)
-                    .arg(&mut self.hist);
-                b.arg(&shift).arg(&width);
-                // SAFETY: matches `radix_hist`.
-                unsafe { b.launch(Self::cfg(Self::grid(n as usize))) }.map_err(cu)?;
-            }
-            let last = i32::from(li == 2);
-            let mut b = self.stream.launch_builder(&self.k.radix_pick);
-            b.arg(&mut self.hist)
-                .arg(&mut self.state)
-                .arg(&shift)
-                .arg(&width)
-                .arg(&last);
-            // SAFETY: matches `radix_pick`; single thread.
-            unsafe { b.launch(Self::one()) }.map_err(cu)?;
-        }
-        self.emit(residual, n, Some(k))
+        self.select_fused(&GpuSelection::Exact, residual, grad, k)
+            .map(|r| r.0)
     }
 
-    /// Fused error feedback + MSTopK with `rounds` rounds (paper 001 Algorithm 1).
-    pub fn mstopk_fused(
+    /// Fused error feedback + MSTopK with `rounds` rounds, `f32` values.
+    pub fn mstopk_fused<R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
         &mut self,
-        residual: &mut CudaSlice<f32>,
-        grad: &CudaSlice<f32>,
+        residual: &mut R,
+        grad: &G,
         k: usize,
         rounds: usize,
     ) -> Result<SparseGrad<f32>> {
-        let n = Self::check_lens(residual, grad)?;
-        let k = k.min(n as usize);
-        if k == 0 || k == n as usize {
-            return self.topk_fused(residual, grad, k);
-        }
-        let mut s = State::fresh();
-        s.rand = self.rng.gen();
-        self.put_state(&s)?;
-        self.accumulate(residual, grad, n, false, true)?;
-        let (n64, k64) = (u64::from(n), k as u64);
-        for _ in 0..rounds {
-            let mut b = self.stream.launch_builder(&self.k.ms_threshold);
-            b.arg(&mut self.state).arg(&n64);
-            // SAFETY: matches `ms_threshold`; single thread.
-            unsafe { b.launch(Self::one()) }.map_err(cu)?;
-            let mut b = self.stream.launch_builder(&self.k.ms_count);
-            b.arg(&*residual).arg(&n).arg(&mut self.state);
-            // SAFETY: matches `ms_count`.
-            unsafe { b.launch(Self::cfg(Self::grid(n as usize))) }.map_err(cu)?;
-            let mut b = self.stream.launch_builder(&self.k.ms_decide);
-            b.arg(&mut self.state).arg(&k64);
-            // SAFETY: matches `ms_decide`; single thread.
-            unsafe { b.launch(Self::one()) }.map_err(cu)?;
-        }
-        let mut b = self.stream.launch_builder(&self.k.ms_classes);
-        b.arg(&mut self.state).arg(&k64);
-        // SAFETY: matches `ms_classes`; single thread.
-        unsafe { b.launch(Self::one()) }.map_err(cu)?;
-        self.emit(residual, n, Some(k))
+        self.select_fused(&GpuSelection::MsTopK { rounds }, residual, grad, k)
+            .map(|r| r.0)
     }
 
-    /// Fused error feedback + hard threshold: every `|acc| ≥ threshold`.
-    pub fn threshold_fused(
+    /// Fused error feedback + hard threshold: every `|acc| ≥ threshold`, `f32` values.
+    pub fn threshold_fused<R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
         &mut self,
-        residual: &mut CudaSlice<f32>,
-        grad: &CudaSlice<f32>,
+        residual: &mut R,
+        grad: &G,
         threshold: f32,
     ) -> Result<SparseGrad<f32>> {
-        let n = Self::check_lens(residual, grad)?;
-        if !(threshold.is_finite() && threshold >= 0.0) {
-            return Err(Error::InvalidArgument(format!("threshold {threshold}")));
+        self.select_inner(&GpuSelection::Threshold(threshold), residual, grad, None)
+            .map(|r| r.0)
+    }
+
+    /// Restarts MSTopK's offset stream from `seed`.
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = ChaCha8Rng::seed_from_u64(seed);
+    }
+
+    /// `residual += grad` only (no selection), checking for non-finite values: one pass
+    /// of 12 bytes per element, the memory floor every fused selector is measured against.
+    pub fn accumulate<R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
+        &mut self,
+        residual: &mut R,
+        grad: &G,
+    ) -> Result<()> {
+        self.check_buffers(residual, grad)?;
+        if grad.is_empty() {
+            return Ok(());
         }
-        let mut s = State::fresh();
-        s.a_bits = threshold.to_bits() & 0x7fff_ffff;
-        s.b_lo = s.a_bits;
-        self.put_state(&s)?;
-        self.accumulate(residual, grad, n, false, false)?;
-        self.emit(residual, n, None)
+        let stream = self.stream.clone();
+        let (r, _rg) = residual.device_ptr_mut(&stream);
+        let (g, _gg) = grad.device_ptr(&stream);
+        self.put_state(&State::fresh(grad.len() as u64))?;
+        self.k_accumulate(r, g, grad.len() as u64, 0)?;
+        let st = self.get_state()?;
+        if st.first_bad != NONE {
+            return Err(self.bad(r, st.first_bad));
+        }
+        Ok(())
+    }
+
+    /// Applies a sparse update on the device: `dst[i] += alpha · v` for every (i, v) of
+    /// `update` (e.g. the aggregated result of a sparse allreduce, with `alpha = −lr`).
+    /// Uploads only the pairs.
+    pub fn apply_sparse<V: Value, D: DevicePtrMut<f32>>(
+        &mut self,
+        dst: &mut D,
+        update: &SparseGrad<V>,
+        alpha: f32,
+    ) -> Result<()> {
+        if update.len() != dst.len() {
+            return Err(Error::LengthMismatch {
+                what: "sparse update",
+                got: update.len(),
+                expected: dst.len(),
+            });
+        }
+        let nnz = update.nnz();
+        if nnz == 0 {
+            return Ok(());
+        }
+        let vals: Vec<f32> = update.values().iter().map(|v| v.to_f32()).collect();
+        let idx = self.stream.clone_htod(update.indices()).map_err(cu)?;
+        let val = self.stream.clone_htod(&vals).map_err(cu)?;
+        let stream = self.stream.clone();
+        let (dp, _dg) = dst.device_ptr_mut(&stream);
+        let (ip, vp) = (dptr(&stream, &idx), dptr(&stream, &val));
+        let n = nnz as u64;
+        let mut b = self.stream.launch_builder(&self.k.scatter_add);
+        b.arg(&dp).arg(&ip).arg(&vp).arg(&n).arg(&alpha);
+        // SAFETY: matches `scatter_add`; SparseGrad's indices are unique and < dst.len().
+        unsafe { b.launch(Self::cfg(self.grid(n), THREADS)) }.map_err(cu)?;
+        // idx and val are freed on drop; the stream orders the free after the kernel.
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exact::reference_topk;
-    use crate::exact::tests::gen_vec;
 
-    /// Runs `body` on the GPU when there is one; otherwise says it skipped.
-    fn with_gpu(body: impl FnOnce(&mut CudaSparsifier)) {
-        if !CudaSparsifier::available() {
-            println!("skipped: no CUDA device");
-            return;
-        }
-        let mut g = CudaSparsifier::new(0, 7).expect("device opens");
-        body(&mut g);
-    }
-
-    /// The kernel source compiles to PTX with NVRTC. Needs only libnvrtc (no GPU, no
-    /// driver), so it runs wherever NVRTC is installed, e.g. from the
-    /// `nvidia-cuda-nvrtc-cu12` wheel with its `lib` folder on `LD_LIBRARY_PATH`.
     #[test]
-    fn kernels_compile_with_nvrtc() {
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("skipped: libnvrtc not found");
-            return;
+    fn state_has_no_padding_and_known_size() {
+        let layout = state_layout();
+        let mut end = 0;
+        for w in layout.windows(2) {
+            assert!(w[0].1 < w[1].1, "fields in declaration order: {w:?}");
         }
-        let ptx = compile_kernels().expect("kernels.cu compiles with NVRTC");
-        let text = ptx.to_src();
-        for entry in ["ef_accumulate", "radix_hist", "emit_tiles", ".entry"] {
-            assert!(text.contains(entry), "PTX lacks {entry}");
+        for (name, off) in &layout {
+            assert_eq!(off % 4, 0, "{name}");
+            end = end.max(*off);
         }
+        assert_eq!(state_size(), 160);
+        assert_eq!(STATE_WORDS * 8, state_size());
+        assert!(end < state_size());
     }
 
     #[test]
-    fn state_layout_matches_the_kernel() {
-        assert_eq!(std::mem::size_of::<State>(), 136);
-        assert!(KERNELS.contains("struct State"));
-    }
-
-    #[test]
-    fn gpu_topk_matches_reference_and_conserves_mass() {
-        with_gpu(|gpu| {
-            for (seed, d, kind) in [
-                (1u64, 0usize, 0u8),
-                (2, 1000, 1),
-                (3, 100_000, 0),
-                (4, 70_001, 3),
-            ] {
-                let g = gen_vec(seed, d, kind);
-                let r0 = gen_vec(seed + 9, d, 0);
-                let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
-                for k in [0, 1, d / 100, d / 3, d] {
-                    let mut r = gpu.upload(&r0).unwrap();
-                    let gd = gpu.upload(&g).unwrap();
-                    let sg = gpu.topk_fused(&mut r, &gd, k).unwrap();
-                    assert_eq!(sg.indices(), &reference_topk(&acc, k)[..]);
-                    let mut back = gpu.download(&r).unwrap();
-                    sg.scatter_add_into(&mut back).unwrap();
-                    assert_eq!(back, acc);
-                    let mut r = gpu.upload(&r0).unwrap();
-                    let ms = gpu.mstopk_fused(&mut r, &gd, k, 30).unwrap();
-                    assert_eq!(ms.nnz(), k.min(d));
-                    let mut r = gpu.upload(&r0).unwrap();
-                    let th = gpu.threshold_fused(&mut r, &gd, 0.5).unwrap();
-                    let want: Vec<u32> = (0..d as u32)
-                        .filter(|&i| acc[i as usize].abs() >= 0.5)
-                        .collect();
-                    assert_eq!(th.indices(), &want[..]);
-                }
-            }
-            let mut bad = vec![0.0f32; 5000];
-            bad[1234] = f32::NAN;
-            let mut r = gpu.upload(&vec![0.0; 5000]).unwrap();
-            let gd = gpu.upload(&bad).unwrap();
-            assert!(matches!(
-                gpu.topk_fused(&mut r, &gd, 10),
-                Err(Error::NonFinite { index: 1234, .. })
-            ));
-        });
+    fn ge_bits_matches_the_cpu_rule() {
+        assert_eq!(ge_bits(0.0), 0);
+        assert_eq!(ge_bits(-1.0), 0);
+        assert_eq!(ge_bits(f32::NAN), 0);
+        assert_eq!(ge_bits(1.5), 1.5f32.to_bits());
+        assert_eq!(ge_bits(f32::INFINITY), 0x7f80_0000);
     }
 }

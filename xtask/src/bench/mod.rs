@@ -5,7 +5,12 @@
 //! On one machine the communicating suites run on `ThreadComm` with `--ranks P` ranks;
 //! `--mpi -n P [--hostfile F]` rebuilds this tool with the `mpi` feature and relaunches it
 //! under `mpirun`, where the communicating suites run on `MpiComm` (with the MPI library's own
-//! collective measured in the same run) and the local suites on rank 0.
+//! collective measured in the same run) and the local suites on rank 0. Started by an MPI
+//! launcher directly (`mpirun -n P xtask bench`), it joins the MPI world as if relaunched,
+//! or, built without the `mpi` feature, refuses instead of running P thread benches that
+//! would all write one report. A rank whose suite fails under MPI prints the error and
+//! ends the whole job (`MPI_Abort`): returning would finalise MPI, which waits for peers
+//! that may have stalled.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,7 +31,7 @@ pub use report::{Headline, Record, SuiteOutput};
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every suite, in report order.
-pub const SUITES: [&str; 9] = [
+pub const SUITES: [&str; 10] = [
     "topk",
     "allreduce",
     "allgather",
@@ -36,6 +41,7 @@ pub const SUITES: [&str; 9] = [
     "train",
     "lars",
     "datacache",
+    "gpu",
 ];
 
 fn known_suites() -> &'static [&'static str] {
@@ -52,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Suites to run (default: all): topk, allreduce, allgather, sparse, simulate, plan,
-    /// train, lars, datacache.
+    /// train, lars, datacache, gpu (needs the `cuda` feature and a device; skipped otherwise).
     #[arg(long = "suite", num_args = 1..)]
     suites: Vec<String>,
     /// Ranks of the communicating suites on the thread transport.
@@ -121,12 +127,48 @@ impl Ctx {
     }
 }
 
+/// Environment variables by which MPI launchers announce a job: Open MPI's `mpirun`,
+/// MPICH/Hydra and Slurm's PMI, and PMIx (Open MPI 5, Slurm).
+const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
+
+/// The variable (and its value) showing that an MPI launcher started this process, if any.
+pub fn mpi_launcher() -> Option<(&'static str, String)> {
+    LAUNCHER_VARS
+        .iter()
+        .find_map(|&v| std::env::var(v).ok().map(|x| (v, x)))
+}
+
+/// Why a process started by an MPI launcher refuses to run `what`.
+pub fn refuse_under_launcher(what: &str, (var, value): (&str, String)) -> String {
+    format!(
+        "`{what}` was started by an MPI launcher ({var}={value}), where every rank would run \
+         it independently and write the same outputs. Use `cargo xtask bench --mpi -n P` or \
+         `cargo xtask calibrate --mpi` (built with `--features mpi`) for MPI runs, and run \
+         everything else without mpirun."
+    )
+}
+
 /// Runs `cargo xtask bench`.
-pub fn run(args: Args) -> CliResult {
+pub fn run(mut args: Args) -> CliResult {
     // Everything a user can get wrong is checked before any long work starts.
     let suites = select_suites(&args.suites)?;
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
+    }
+    if let Some(launcher) = mpi_launcher() {
+        if !cfg!(feature = "mpi") {
+            let (var, value) = launcher;
+            return Err(format!(
+                "`xtask bench` was started by an MPI launcher ({var}={value}), but this xtask \
+                 was built without the `mpi` feature: it cannot join the MPI world, and every \
+                 rank would run its own thread bench and write the same report. Run \
+                 `cargo xtask bench --mpi -n P`, which builds xtask with MPI and starts \
+                 mpirun itself."
+            )
+            .into());
+        }
+        // Started by mpirun by hand: take part in the MPI world, as a relaunched child does.
+        args.mpi_child = true;
     }
     if cfg!(debug_assertions) && !args.mpi_child && std::env::var_os("XTASK_BENCH_DEBUG").is_none()
     {
@@ -142,17 +184,27 @@ pub fn run(args: Args) -> CliResult {
         .unwrap_or_else(|| crate::ci::workspace_root().join("target/bench-report"));
     check_writable(&out)?;
     let ctx = make_ctx(&args, out)?;
+    let result = run_suites(&ctx, &suites);
+    #[cfg(feature = "mpi")]
+    if let (Err(e), Some(comm)) = (&result, &ctx.mpi) {
+        comm.abort_on_fatal(e, 1);
+    }
+    result
+}
+
+/// Runs the suites on the context's world; rank 0 writes the report.
+fn run_suites(ctx: &Ctx, suites: &[String]) -> CliResult {
     let leader = ctx.rank() == 0;
     let start = Instant::now();
     let mut sections = Vec::new();
-    for name in &suites {
+    for name in suites {
         let pb = if leader {
             progress(name)
         } else {
             ProgressBar::hidden()
         };
         let t = Instant::now();
-        let result = suites::run(name, &ctx, &pb);
+        let result = suites::run(name, ctx, &pb);
         pb.finish_and_clear();
         match result {
             Ok(Some(out)) => {
@@ -300,7 +352,13 @@ fn rerun_in_release() -> CliResult {
     eprintln!("building xtask in release mode for meaningful timings ...");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["run", "--release", "-q", "-p", "xtask", "--"])
+            .args(["run", "--release", "-q", "-p", "xtask"])
+            .args(if cfg!(feature = "cuda") {
+                &["--features", "cuda"][..]
+            } else {
+                &[]
+            })
+            .arg("--")
             .args(std::env::args_os().skip(1))
             .current_dir(&root)
             .status()?;

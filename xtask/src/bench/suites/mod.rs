@@ -7,6 +7,7 @@ use super::{BoxErr, Ctx, SuiteOutput};
 
 mod datacache;
 mod dense;
+mod gpu;
 mod lars;
 mod plan;
 mod simulate;
@@ -31,6 +32,7 @@ pub fn run(name: &str, ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput
         "train" => train::run(ctx, pb).map(Some),
         "lars" => lars::run(ctx, pb).map(Some),
         "datacache" => datacache::run(ctx, pb).map(Some),
+        "gpu" => gpu::run(ctx, pb).map(Some),
         other => Err(format!("unknown suite {other}").into()),
     }
 }

@@ -1,0 +1,65 @@
+# Peer top-k timings for the `topk` bench suite: the same error-feedback step as ours
+# (r += g; select the k largest |r|; zero them in r) with numpy.argpartition and torch.topk,
+# on the gradient the suite wrote as raw little-endian f32.
+#
+# argv: path d reps k1,k2,... peer1,peer2,...
+# stdout: one JSON object per (peer, k): {"peer", "k", "time_s", "threads"}.
+import json
+import sys
+import time
+
+import numpy as np
+
+path, d, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ks = [int(v) for v in sys.argv[4].split(",")]
+peers = sys.argv[5].split(",")
+g = np.fromfile(path, dtype=np.float32, count=d)
+assert g.size == d, "short gradient file"
+
+
+def median_time(setup, step):
+    setup()
+    step()
+    ts = []
+    for _ in range(max(reps, 1)):
+        setup()
+        t = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+for k in ks:
+    if "numpy" in peers:
+        r = np.zeros(d, dtype=np.float32)
+
+        def np_step():
+            np.add(r, g, out=r)
+            idx = np.argpartition(np.abs(r), d - k)[d - k:]
+            vals = r[idx]
+            r[idx] = 0.0
+            return vals
+
+        t = median_time(lambda: r.fill(0.0), np_step)
+        print(json.dumps({"peer": "numpy", "k": k, "time_s": t, "threads": 1}))
+    if "torch" in peers:
+        import torch
+
+        rt = torch.zeros(d, dtype=torch.float32)
+        gt = torch.from_numpy(g)
+
+        def torch_step():
+            rt.add_(gt)
+            _, idx = torch.topk(rt.abs(), k, sorted=False)
+            vals = rt[idx]
+            rt[idx] = 0.0
+            return vals
+
+        t = median_time(lambda: rt.zero_(), torch_step)
+        print(
+            json.dumps(
+                {"peer": "torch", "k": k, "time_s": t, "threads": torch.get_num_threads()}
+            )
+        )
+    sys.stdout.flush()
