@@ -265,18 +265,12 @@ fn urls_without_their_feature_or_malformed_are_typed_errors() {
             "{url}"
         );
     }
-    for (url, feature) in [
-        ("s3://bucket/prefix", "aws"),
-        ("gs://bucket/prefix", "gcp"),
-        ("az://container/prefix", "azure"),
-        ("http://127.0.0.1:9/prefix", "http"),
+    for (url, feature, on) in [
+        ("s3://bucket/prefix", "aws", cfg!(feature = "aws")),
+        ("gs://bucket/prefix", "gcp", cfg!(feature = "gcp")),
+        ("az://container/prefix", "azure", cfg!(feature = "azure")),
+        ("http://127.0.0.1:9/prefix", "http", cfg!(feature = "http")),
     ] {
-        let on = match feature {
-            "aws" => cfg!(feature = "aws"),
-            "gcp" => cfg!(feature = "gcp"),
-            "azure" => cfg!(feature = "azure"),
-            _ => cfg!(feature = "http"),
-        };
         match store_for_url(url, &quick()) {
             Err(Error::Url { reason, .. }) if !on => assert!(reason.contains(feature), "{reason}"),
             Ok((_, path)) if on => assert_eq!(path.as_ref(), "prefix"),

@@ -13,7 +13,6 @@
 //! ```
 #![deny(missing_docs)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use collectives::{ThreadComm, ThreadConfig};
@@ -195,56 +194,6 @@ pub fn snap_noise(v: &mut [f64], eps: f64) {
     for x in v.iter_mut() {
         if x.abs() <= eps {
             *x = 0.0;
-        }
-    }
-}
-
-/// A `pipeline` data set served by a `datacache` [`DataCache`](datacache::DataCache):
-/// sample `i` is the cache's decoded tensor, flattened, and its label. This is how a real
-/// training job plugs the cache into `pipeline::train`.
-pub struct CacheDataset {
-    cache: Arc<datacache::DataCache>,
-    dim: usize,
-    classes: usize,
-}
-
-impl CacheDataset {
-    /// Wraps `cache`; every sample must decode to `dim` values and carry a label below
-    /// `classes` (checked when a sample is read).
-    pub fn new(cache: Arc<datacache::DataCache>, dim: usize, classes: usize) -> Self {
-        CacheDataset {
-            cache,
-            dim,
-            classes,
-        }
-    }
-}
-
-impl pipeline::data::Dataset for CacheDataset {
-    fn len(&self) -> usize {
-        self.cache.len()
-    }
-    fn input_dim(&self) -> usize {
-        self.dim
-    }
-    fn classes(&self) -> usize {
-        self.classes
-    }
-    fn sample(&self, i: usize, out: &mut [f32]) -> pipeline::Result<usize> {
-        let bad = |m: String| pipeline::Error::InvalidArgument(m);
-        let s = self.cache.get(i).map_err(|e| bad(e.to_string()))?;
-        if s.tensor.data.len() != self.dim || out.len() != self.dim {
-            return Err(bad(format!(
-                "sample {i}: {} values into a buffer of {} (dimension {})",
-                s.tensor.data.len(),
-                out.len(),
-                self.dim
-            )));
-        }
-        out.copy_from_slice(&s.tensor.data);
-        match s.label {
-            Some(l) if (l as usize) < self.classes => Ok(l as usize),
-            other => Err(bad(format!("sample {i}: label {other:?}"))),
         }
     }
 }

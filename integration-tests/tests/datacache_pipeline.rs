@@ -4,10 +4,9 @@
 //! data-parallel step of a `pipeline` model through the `Reducer` (sparse TopK all-gather
 //! with error feedback, merge plan from the exact planner) over `ThreadComm`.
 //!
-//! `pipeline::train` does its own (strided) sharding over a `pipeline::data::Dataset`, so
-//! it cannot take a `datacache::Loader`; the loader + model steps are therefore driven
-//! here directly, as a framework's training loop would, and a second test plugs the cache
-//! into `pipeline::train` through the `CacheDataset` adapter.
+//! The loader + candle model steps (stage-wise backward into the `Reducer`) are driven
+//! here directly, as a framework's training loop would; a second test runs
+//! `pipeline::train`, which reads IDX files through its own `DataCache` and loaders.
 //!
 //! Checked: every rank sees exactly its shard once per epoch (and only its shard), the
 //! shards are disjoint and cover the data set, every delivered sample carries the pixels
@@ -21,8 +20,8 @@ use collectives::Communicator;
 use datacache::{
     formats, DataCache, Loader, LoaderConfig, MnistSource, ShardMode, ShardPlan, U8Decoder,
 };
-use integration_tests::{flatten, run_ranks, AnyResult, CacheDataset};
-use pipeline::models::{softmax_xent, Mlp, Model};
+use integration_tests::{flatten, run_ranks, AnyResult};
+use pipeline::staged::{self, Staged, Stages};
 use pipeline::{LayerProfile, Planner, SimpleCosts, TopkAllgather};
 
 const N: usize = 96;
@@ -92,9 +91,22 @@ fn run_sharded(p: usize, mode: ShardMode) -> Vec<RankOut> {
         };
         let loader = Loader::new(cache.clone(), plan, cfg)?;
 
-        let mut model = Mlp::new(&[dim, 16, CLASSES], 42)?;
-        let sizes = model.param_sizes();
-        let profile: LayerProfile = model.profile(BATCH, pipeline::zoo::DEVICE_FLOPS)?;
+        let mut model = Stages::new("mlp", 42);
+        model.push("hidden", |vb| {
+            let l = candle_nn::linear(dim, 16, vb)?;
+            Ok(candle_nn::func_t(move |x, _| {
+                candle_core::Module::forward(&l, &x.flatten_from(1)?)?.relu()
+            }))
+        })?;
+        model.push("out", |vb| candle_nn::linear(16, CLASSES, vb))?;
+        let sizes = staged::layer_sizes(&model);
+        // FLOP-proportional backward times at the zoo's device speed.
+        let bw: Vec<f64> = sizes
+            .iter()
+            .map(|&n| 4.0 * (BATCH * n) as f64 / pipeline::zoo::DEVICE_FLOPS)
+            .collect();
+        let profile: LayerProfile =
+            LayerProfile::from_sizes("mlp", &sizes)?.with_backward_times(0.0, &bw)?;
         let costs = SimpleCosts {
             gamma: 1e-8,
             alpha: 1e-3,
@@ -122,24 +134,21 @@ fn run_sharded(p: usize, mode: ShardMode) -> Vec<RankOut> {
                     }
                 }
                 idx.extend(batch.indices());
-                let x = batch.stack()?;
-                let y: Vec<usize> = batch
-                    .labels()
-                    .iter()
-                    .map(|l| l.map_or(usize::MAX, |v| v as usize))
-                    .collect();
+                let (x, y) = pipeline::data::batch_tensors(&batch, &candle_core::Device::Cpu)?;
                 red.begin()?;
-                let logits = model.forward(&x.data, y.len())?;
-                let (loss, _correct, dl) = softmax_xent(&logits, &y, CLASSES)?;
+                let fwd = staged::forward_train(&model, &x)?;
+                let loss = model.loss(fwd.logits(), &y)?;
                 red.forward_done()?;
-                model.backward(&dl, &mut |t, g| red.ready(t, g))?;
+                staged::backward_staged(&model, &fwd, &loss, &mut |t, g| red.ready(t, g))?;
                 let grads = red.finish()?;
-                for (w, g) in model.params_mut().iter_mut().zip(&grads) {
+                let mut w = staged::get_params(&model)?;
+                for (w, g) in w.iter_mut().zip(&grads) {
                     for (wi, gi) in w.iter_mut().zip(g) {
                         *wi -= 0.1 * gi;
                     }
                 }
-                losses.push(loss);
+                staged::set_params(&model, &w)?;
+                losses.push(loss.to_scalar::<f32>()?);
             }
             if epoch == 1 {
                 memory_hits_epoch1 = cache.stats().since(&before).memory_hits;
@@ -150,7 +159,7 @@ fn run_sharded(p: usize, mode: ShardMode) -> Vec<RankOut> {
         Ok(RankOut {
             seen,
             shard: plan.indices(),
-            params: flatten(model.params()),
+            params: flatten(&staged::get_params(&model)?),
             losses,
             memory_hits_epoch1,
             source_reads: cache.stats().source_reads,
@@ -227,22 +236,38 @@ fn sharded_loader_feeds_data_parallel_steps() {
 }
 
 #[test]
-fn cache_as_a_pipeline_dataset_trains() {
+fn pipeline_train_reads_idx_files_through_its_cache() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (images, labels) = write_mnist(tmp.path());
-    let cache = open_cache(&images, &labels, &tmp.path().join("cache")).expect("cache");
-    let data = CacheDataset::new(cache.clone(), (SIDE * SIDE) as usize, CLASSES);
+    write_mnist(tmp.path());
+    // The same samples as the test split.
+    let px: Vec<u8> = (0..N).flat_map(pixels).collect();
+    let lb: Vec<u8> = (0..N).map(label).collect();
+    formats::write_mnist(
+        &tmp.path().join("t10k-images-idx3-ubyte"),
+        &tmp.path().join("t10k-labels-idx1-ubyte"),
+        SIDE,
+        SIDE,
+        &px,
+        &lb,
+    )
+    .expect("write test split");
+    let data = pipeline::data::ImageData::digits(tmp.path(), &Default::default()).expect("open");
     let cfg = pipeline::TrainConfig {
-        scheme: pipeline::SchemeKind::TopK,
+        scheme: pipeline::SchemeKind::Topk,
         ranks: 2,
         density: 0.1,
-        epochs: 1,
+        epochs: 2,
         batch: BATCH,
+        profile_iters: 2,
+        check_params: true,
         ..pipeline::TrainConfig::default()
     };
-    let report = pipeline::train(&cfg, &data, &data, None).expect("train over the cache");
-    assert_eq!(report.epochs.len(), 1);
+    let report = pipeline::train(&cfg, &data, None).expect("train over the cache");
+    assert_eq!(report.epochs.len(), 2);
+    assert_eq!(report.params_checked_steps, 2 * (N / 2 / BATCH));
     assert!((0.0..=100.0).contains(&report.test_acc));
-    // Every sample was read from the source exactly once (the rest from memory).
-    assert_eq!(cache.stats().source_reads as usize, N);
+    // Every training sample was read once per epoch, the second from memory.
+    let stats = data.train_stats();
+    assert_eq!(stats.source_reads as usize, N);
+    assert!(stats.memory_hits as usize >= N);
 }

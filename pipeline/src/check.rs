@@ -14,11 +14,11 @@ use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::{Link, Topology};
 use serde::{Deserialize, Serialize};
 
-use crate::models::{softmax_xent, EmulatedDevice, Mlp, Model};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
 use crate::runtime::Reducer;
 use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather, HEADER_BYTES};
+use crate::staged::{self, Stages};
 use crate::timeline::{predict, StepCosts, Timeline};
 use crate::{Error, Result};
 
@@ -131,8 +131,36 @@ pub struct CheckRow {
     pub rel_error: f64,
 }
 
-fn mlp() -> Result<Box<dyn Model>> {
-    Ok(Box::new(Mlp::new(&[64, 256, 256, 10], 3)?))
+/// The checked model: a candle MLP 64 → 256 → 256 → 10, one stage per linear layer.
+fn mlp() -> Result<Stages> {
+    let mut m = Stages::new("mlp", 3);
+    for (i, (a, b)) in [(64, 256), (256, 256), (256, 10)].into_iter().enumerate() {
+        m.push(&format!("fc{i}"), move |vb| {
+            let l = candle_nn::linear(a, b, vb)?;
+            Ok(candle_nn::func_t(move |x, _| {
+                let y = candle_core::Module::forward(&l, x)?;
+                if i < 2 {
+                    y.relu()
+                } else {
+                    Ok(y)
+                }
+            }))
+        })?;
+    }
+    Ok(m)
+}
+
+/// Its profile with FLOP-proportional backward times (`4·batch` FLOPs per weight).
+fn mlp_profile(batch: usize) -> Result<LayerProfile> {
+    let sizes = staged::layer_sizes(&mlp()?);
+    let bw: Vec<f64> = sizes.iter().map(|&n| 4.0 * (batch * n) as f64).collect();
+    LayerProfile::from_sizes("mlp", &sizes)?.with_backward_times(bw.iter().sum::<f64>() / 2.0, &bw)
+}
+
+fn sleep_s(t: f64) {
+    if t > 0.0 && t.is_finite() {
+        std::thread::sleep(std::time::Duration::from_secs_f64(t));
+    }
 }
 
 /// Runs `iterations` (+2 warm-up) iterations with `scheme` and `plan` and returns rank 0's
@@ -150,20 +178,29 @@ fn run(
         |comm| -> Result<Vec<Timeline>> {
             let sim = SimComm::new(comm, topo, ClockMode::RealTime)?;
             let rank = sim.rank();
-            let mut model = EmulatedDevice::new(mlp()?, emu)?;
-            let mut reducer = Reducer::new(sim, &model.param_sizes(), plan.clone(), scheme)?;
-            let dim = model.input_dim();
-            let x: Vec<f32> = (0..cfg.batch * dim)
+            // Emulated device: the real candle gradients, plus the profile's forward and
+            // per-layer backward times as sleeps before each hook fires.
+            let model = mlp()?;
+            let mut reducer =
+                Reducer::new(sim, &staged::layer_sizes(&model), plan.clone(), scheme)?;
+            let bw: Vec<f64> = emu.layers().iter().map(|l| l.backward_s).collect();
+            let x: Vec<f32> = (0..cfg.batch * 64)
                 .map(|i| ((i * 7 + rank * 13) % 17) as f32 / 17.0 - 0.5)
                 .collect();
-            let y: Vec<usize> = (0..cfg.batch).map(|i| (i + rank) % 10).collect();
+            let x = candle_core::Tensor::from_vec(x, (cfg.batch, 64), &candle_core::Device::Cpu)?;
+            let y: Vec<u32> = (0..cfg.batch).map(|i| ((i + rank) % 10) as u32).collect();
+            let y = candle_core::Tensor::from_vec(y, cfg.batch, &candle_core::Device::Cpu)?;
             let mut out = Vec::new();
             for it in 0..cfg.iterations + 2 {
                 reducer.begin()?;
-                let logits = model.forward(&x, cfg.batch)?;
-                let (_, _, dl) = softmax_xent(&logits, &y, 10)?;
+                let fwd = staged::forward_train(&model, &x)?;
+                let loss = staged::Staged::loss(&model, fwd.logits(), &y)?;
+                sleep_s(emu.forward_s());
                 reducer.forward_done()?;
-                model.backward(&dl, &mut |t, g| reducer.ready(t, g))?;
+                staged::backward_staged(&model, &fwd, &loss, &mut |l, g| {
+                    sleep_s(bw.get(l).copied().unwrap_or(0.0));
+                    reducer.ready(l, g)
+                })?;
                 reducer.finish()?;
                 if it >= 2 {
                     if let Some(t) = reducer.last_timeline() {
@@ -206,7 +243,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     let topo = preset.topology()?;
     let link = topo.inter;
     // Emulated device: the MLP's FLOP profile scaled to `backward_s` in total.
-    let flop_profile = mlp()?.profile(cfg.batch, 1.0)?;
+    let flop_profile = mlp_profile(cfg.batch)?;
     let emu = flop_profile.scaled(cfg.backward_s / flop_profile.total_backward_s())?;
     let l_count = emu.len();
     let sparse = TopkAllgather {

@@ -136,6 +136,44 @@ pub enum Error {
     /// Drawing a chart.
     #[error("plot: {0}")]
     Plot(String),
+    /// The candle model failed (shape error, non-finite gradient, ...).
+    #[error("model: {0}")]
+    Model(String),
+    /// Reading the training data failed (missing or corrupt files, ...).
+    #[error("data: {0}")]
+    Data(String),
+    /// The optimizer (LARS/LAMB with PTO) failed.
+    #[error("optimizer: {0}")]
+    Optimizer(String),
+    /// Ranks disagree on what must be the same everywhere (model, configuration, or the
+    /// parameters after a step).
+    #[error("rank {rank} disagrees with rank {peer} on {what}")]
+    RankMismatch {
+        /// This rank.
+        rank: usize,
+        /// The first rank that differs.
+        peer: usize,
+        /// What differs.
+        what: String,
+    },
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Model(e.to_string())
+    }
+}
+
+impl From<datacache::Error> for Error {
+    fn from(e: datacache::Error) -> Self {
+        Error::Data(e.to_string())
+    }
+}
+
+impl From<lars_pto::Error> for Error {
+    fn from(e: lars_pto::Error) -> Self {
+        Error::Optimizer(e.to_string())
+    }
 }
 
 impl From<cost_model::Error> for Error {

@@ -17,23 +17,28 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod candle_models;
 pub mod check;
 pub mod data;
 mod error;
 pub mod gantt;
-pub mod models;
+pub mod optimizer;
 pub mod plan;
 pub mod profile;
+pub mod reduction;
 pub mod runtime;
 pub mod schemes;
+pub mod staged;
 pub mod timeline;
+pub mod trace;
 pub mod train;
 pub mod zoo;
 
 pub use error::{Error, Result};
 pub use plan::{MergePlan, Planner};
 pub use profile::{Layer, LayerProfile};
+pub use reduction::SchemeKind;
 pub use runtime::Reducer;
 pub use schemes::{CollectiveScheme, DenseAllreduce, Scheme, SelectorAllgather, TopkAllgather};
 pub use timeline::{predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline};
-pub use train::{train, train_suite, SchemeKind, SuiteResult, TrainConfig, TrainReport};
+pub use train::{train, train_suite, SuiteResult, TrainConfig, TrainReport};

@@ -1,165 +1,73 @@
-//! Data-parallel training of the built-in models with any scheme (BSP-SGD, paper 004
-//! Algorithms 1-3; OMGS-SGD, paper 000 Algorithm 2): every rank runs forward and a
-//! layer-wise backward whose hooks feed a [`Reducer`]; the averaged gradients drive SGD
-//! with momentum and weight decay, linear LR warm-up and optional density warm-up.
+//! Data-parallel training of a candle model with any scheme: every rank reads its shard
+//! through `datacache`, runs forward, then a stage-by-stage backward whose stages hand
+//! their gradients to the [`Reducer`] as soon as they are ready (wait-free backpropagation,
+//! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
+//! [`Optimizer`] (SGD, or LARS/LAMB with PTO).
 //!
-//! Schemes: `dense` (ring all-reduce, MG-WFBP merge), `topk` (TopK-SGD, one group),
-//! `lags` (layer-wise), `mgs` (threshold 8192), `omgs` (the optimal plan), and the
-//! `collectives` sparse all-reduces `spardl`, `exdyna`, `hitopk` (and any other of
-//! `collectives::sparse::SparseAlgo`), one group each.
+//! **Profile, then plan** (as OMGS-SGD does): the first `profile_iters` iterations run as
+//! dense SGD with one group, so backward is not disturbed by communication; their per-layer
+//! backward times (per-hook timestamps) form the [`LayerProfile`], rank 0's times are
+//! broadcast so every rank plans the same, and the scheme's planner plans the merge under
+//! the cost model: the emulated link's own costs on `SimComm`, a calibration file, or the
+//! OMGS 1 GbE preset. The report carries the plan and its predicted iteration time next to
+//! the measured breakdown.
+//!
+//! Ranks check that they agree before training (model layers, initial weights,
+//! configuration) and, with `check_params`, that the parameters are bit-identical after
+//! every step; a disagreement is [`Error::RankMismatch`] on every rank.
 
-use std::str::FromStr;
 use std::time::Instant;
 
-use collectives::sparse::SparseAlgo;
+use candle_core::{Device, Tensor};
+use collectives::dense::{self, AllgatherAlgo, BroadcastAlgo, DenseOptions};
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{synthetic, Dataset};
-use crate::models::{softmax_xent, Mlp, Model, SmallCnn};
+use crate::data::{batch_tensors, ImageData};
+use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
-use crate::profile::LayerProfile;
+use crate::profile::{average_backward, LayerProfile};
+use crate::reduction::{self, SchemeKind};
 use crate::runtime::Reducer;
-use crate::schemes::{CollectiveScheme, DenseAllreduce, Scheme, TopkAllgather};
-use crate::timeline::{DenseCosts, OmgsCosts, SimpleCosts, StepCosts};
+use crate::staged::{self, Staged};
+use crate::timeline::{predict, Timeline};
+use crate::trace::{self, TraceEvent};
 use crate::{Error, Result};
 
-/// A training scheme (how gradients are merged, compressed and communicated).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SchemeKind {
-    /// Dense SGD: ring all-reduce per MG-WFBP group.
-    Dense,
-    /// TopK-SGD: one group, top-k with error feedback, all-gather.
-    TopK,
-    /// LAGS-SGD: layer-wise groups.
-    Lags,
-    /// MGS-SGD: threshold-merged groups (8192).
-    Mgs,
-    /// OMGS-SGD: the optimal plan of the timeline model.
-    Omgs,
-    /// A `collectives::sparse` algorithm with default options (`spardl`, `exdyna`, `hitopk`,
-    /// ...; by name in JSON).
-    Collective(#[serde(with = "algo_name")] SparseAlgo),
+/// Which built-in model to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum ModelKind {
+    /// ResNet-20 (any square input side ≥ 4).
+    Resnet20,
+    /// VGG-16 with batch norm (input side a multiple of 32).
+    Vgg16Bn,
 }
 
-/// A [`SparseAlgo`] in JSON: its name (default options).
-mod algo_name {
-    use collectives::sparse::SparseAlgo;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(a: &SparseAlgo, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(a.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SparseAlgo, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-impl FromStr for SchemeKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "dense" => SchemeKind::Dense,
-            "topk" => SchemeKind::TopK,
-            "lags" => SchemeKind::Lags,
-            "mgs" => SchemeKind::Mgs,
-            "omgs" => SchemeKind::Omgs,
-            other => SchemeKind::Collective(other.parse().map_err(|_| {
-                let known: Vec<&str> = SparseAlgo::ALL.iter().map(|a| a.name()).collect();
-                Error::InvalidArgument(format!(
-                    "unknown scheme `{other}`; known: dense, topk, lags, mgs, omgs, {}",
-                    known.join(", ")
-                ))
-            })?),
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModelKind::Resnet20 => "resnet20",
+            ModelKind::Vgg16Bn => "vgg16_bn",
         })
     }
 }
 
-impl std::fmt::Display for SchemeKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SchemeKind::Dense => write!(f, "dense"),
-            SchemeKind::TopK => write!(f, "topk"),
-            SchemeKind::Lags => write!(f, "lags"),
-            SchemeKind::Mgs => write!(f, "mgs"),
-            SchemeKind::Omgs => write!(f, "omgs"),
-            SchemeKind::Collective(n) => write!(f, "{n}"),
-        }
-    }
-}
-
-impl SchemeKind {
-    /// The planner this scheme uses by default.
-    pub fn default_planner(&self) -> Planner {
-        match self {
-            SchemeKind::Dense => Planner::MgWfbp,
-            SchemeKind::TopK | SchemeKind::Collective(_) => Planner::TopK,
-            SchemeKind::Lags => Planner::Lags,
-            SchemeKind::Mgs => Planner::Threshold(crate::plan::DEFAULT_THRESHOLD),
-            SchemeKind::Omgs => Planner::Exact,
-        }
-    }
-
-    /// The reduction scheme at `density`.
-    pub fn scheme(&self, density: f64) -> Box<dyn Scheme> {
-        match self {
-            SchemeKind::Dense => Box::new(DenseAllreduce),
-            SchemeKind::Collective(algo) => Box::new(CollectiveScheme {
-                algo: *algo,
-                density,
-            }),
-            _ => Box::new(TopkAllgather { density }),
-        }
-    }
-
-    /// True for the dense scheme.
-    pub fn is_dense(&self) -> bool {
-        matches!(self, SchemeKind::Dense)
-    }
-}
-
-/// Which built-in model to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ModelKind {
-    /// MLP `dim → 128 → 128 → classes`.
-    Mlp,
-    /// [`SmallCnn`] on `1 × √dim × √dim` inputs.
-    Cnn,
-}
-
-impl FromStr for ModelKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "mlp" => Ok(ModelKind::Mlp),
-            "cnn" => Ok(ModelKind::Cnn),
-            o => Err(Error::InvalidArgument(format!(
-                "unknown model `{o}` (mlp or cnn)"
-            ))),
-        }
-    }
-}
-
 impl ModelKind {
-    /// A fresh model for `dim` inputs and `classes`, initialised from `seed`.
-    pub fn build(&self, dim: usize, classes: usize, seed: u64) -> Result<Box<dyn Model>> {
+    /// A fresh model for `[channels, side, side]` inputs and `classes`, from `seed`.
+    pub fn build(&self, shape: [usize; 3], classes: usize, seed: u64) -> Result<Box<dyn Staged>> {
+        if shape[1] != shape[2] {
+            return Err(Error::InvalidArgument(format!(
+                "square images expected, got {shape:?}"
+            )));
+        }
         Ok(match self {
-            ModelKind::Mlp => Box::new(Mlp::new(&[dim, 128, 128, classes], seed)?),
-            ModelKind::Cnn => {
-                let side = (dim as f64).sqrt().round() as usize;
-                if side * side != dim {
-                    return Err(Error::InvalidArgument(format!(
-                        "CNN needs a square input, got {dim} features"
-                    )));
-                }
-                Box::new(SmallCnn::new(1, side, classes, seed)?)
-            }
+            ModelKind::Resnet20 => Box::new(crate::candle_models::resnet20(
+                shape[0], shape[1], classes, seed,
+            )?),
+            ModelKind::Vgg16Bn => Box::new(crate::candle_models::vgg16_bn(
+                shape[0], shape[1], classes, 1, seed,
+            )?),
         })
     }
 }
@@ -181,9 +89,11 @@ pub struct TrainConfig {
     pub scheme: SchemeKind,
     /// Merge planner (`None`: the scheme's default).
     pub planner: Option<Planner>,
+    /// An explicit merge plan (groups of layer indices), checked against the model.
+    pub groups: Option<Vec<Vec<usize>>>,
     /// Model.
     pub model: ModelKind,
-    /// Ranks P.
+    /// Ranks P (threads; under MPI the world size must equal it).
     pub ranks: usize,
     /// Density ρ of the sparse schemes.
     pub density: f64,
@@ -193,14 +103,25 @@ pub struct TrainConfig {
     pub batch: usize,
     /// Learning rate after warm-up.
     pub lr: f32,
-    /// Momentum (0.9, PAPERS.md).
+    /// Momentum (0.9).
     pub momentum: f32,
-    /// Weight decay (1e-4, PAPERS.md).
+    /// Weight decay (1e-4).
     pub weight_decay: f32,
     /// Linear LR warm-up length in epochs (fractional allowed).
     pub warmup_epochs: f64,
-    /// Density warm-up: the DGC schedule 25%, 6.25%, 1.5625%, ... down to ρ, one step per epoch.
-    pub density_warmup: bool,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// Iterations at the start profiled (dense, one group) before planning; ≥ 2.
+    pub profile_iters: usize,
+    /// Epochs of MSTopK + HiTopKComm before the switch to the dense 2D torus
+    /// ([`SchemeKind::Switch`]).
+    pub switch_epochs: usize,
+    /// Check after every step that the parameters are bit-identical on every rank.
+    pub check_params: bool,
+    /// A calibration JSON for the planning costs (else the link's or the preset's).
+    pub calibration: Option<std::path::PathBuf>,
+    /// Iterations of rank 0 recorded in the Chrome trace.
+    pub trace_iters: usize,
     /// Seed for data order and initialisation.
     pub seed: u64,
     /// Transport.
@@ -212,24 +133,29 @@ impl Default for TrainConfig {
         TrainConfig {
             scheme: SchemeKind::Omgs,
             planner: None,
-            model: ModelKind::Mlp,
+            groups: None,
+            model: ModelKind::Resnet20,
             ranks: 4,
             density: 0.01,
             epochs: 10,
             batch: 32,
-            lr: 0.05,
+            lr: 0.1,
             momentum: 0.9,
             weight_decay: 1e-4,
             warmup_epochs: 1.0,
-            density_warmup: false,
+            optimizer: OptimizerKind::Sgd,
+            profile_iters: 4,
+            switch_epochs: 1,
+            check_params: false,
+            calibration: None,
+            trace_iters: 20,
             seed: 1,
             transport: Transport::Thread,
         }
     }
 }
 
-/// One epoch's numbers (rank 0's loss and training accuracy; test accuracy of the model,
-/// which is identical on every rank).
+/// One epoch's numbers (rank 0's loss and training accuracy; its test accuracy).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EpochStats {
     /// Epoch (from 1).
@@ -260,6 +186,32 @@ pub enum TrainEvent {
     Epoch(EpochStats),
 }
 
+/// Mean per-iteration times of rank 0 after planning (the first iteration of each reducer
+/// excluded), beside the timeline's prediction for the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// Forward, seconds.
+    pub forward_s: f64,
+    /// Backward (sum of the per-layer spans), seconds.
+    pub backward_s: f64,
+    /// Selection / compression on the compute thread, seconds.
+    pub selection_s: f64,
+    /// Communication (sum of the groups' spans on the communication thread), seconds.
+    pub comm_s: f64,
+    /// Communication not hidden behind compute, seconds.
+    pub non_overlapped_comm_s: f64,
+    /// Forward start to the last group's arrival, seconds.
+    pub iteration_s: f64,
+    /// The optimizer step (and parameter write-back), seconds.
+    pub optimizer_s: f64,
+    /// The timeline's predicted iteration time for the plan.
+    pub predicted_iteration_s: f64,
+    /// The timeline's predicted non-overlapped communication.
+    pub predicted_non_overlapped_s: f64,
+    /// Iterations averaged.
+    pub samples: usize,
+}
+
 /// What a run produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainReport {
@@ -269,73 +221,49 @@ pub struct TrainReport {
     pub planner: String,
     /// Model name.
     pub model: String,
+    /// Data set name.
+    pub data: String,
+    /// Optimizer.
+    pub optimizer: String,
+    /// Transport backend.
+    pub backend: String,
     /// Ranks.
     pub ranks: usize,
     /// Density.
     pub density: f64,
     /// The plan's groups (layer indices, forward order).
     pub groups: Vec<Vec<usize>>,
+    /// Measured per-layer backward times of the profile, seconds (forward order).
+    pub profile_backward_s: Vec<f64>,
     /// Per-epoch numbers.
     pub epochs: Vec<EpochStats>,
     /// Final test accuracy, %.
     pub test_acc: f64,
     /// Training wall time (evaluation excluded), seconds.
     pub time_s: f64,
-    /// Payload bytes each rank sent, averaged over ranks.
+    /// Payload bytes each rank sent in gradient exchanges, averaged over ranks.
     pub bytes_per_rank: f64,
-    /// Mean measured iteration time of the reducer (begin → finish), seconds.
-    pub mean_iteration_s: f64,
+    /// Measured and predicted iteration times.
+    pub breakdown: Breakdown,
+    /// Steps whose parameters were checked bit-identical on every rank.
+    pub params_checked_steps: usize,
+    /// Rank 0's measured timeline as Chrome trace events.
+    #[serde(skip)]
+    pub trace: Vec<TraceEvent>,
 }
 
-/// Costs used to plan for `ranks`: the OMGS 1 GbE preset where it exists (P = 2, 4, 8,
-/// 16), otherwise a 1 GbE-like α-β with the preset's top-k model.
-pub fn planning_costs(ranks: usize, dense: bool) -> Box<dyn StepCosts + Send + Sync> {
-    if dense {
-        match DenseCosts::preset(ranks.clamp(2, 16).next_power_of_two().min(16)) {
-            Ok(c) => Box::new(c),
-            Err(_) => Box::new(SimpleCosts {
-                gamma: 0.0,
-                alpha: 1e-4,
-                beta: 3.2e-8,
-            }),
-        }
-    } else {
-        match OmgsCosts::preset(ranks) {
-            Ok(c) => Box::new(c),
-            Err(_) => Box::new(SimpleCosts {
-                gamma: cost_model::presets::OMGS_TOPK_GAMMA_RHO,
-                alpha: 5e-3,
-                beta: 8e-8 * ranks as f64 * cost_model::presets::OMGS_DENSITY,
-            }),
-        }
-    }
-}
-
-/// The profile (FLOP-based backward times at the paper's device speed) and the plan.
-pub fn plan_for(
-    cfg: &TrainConfig,
-    model: &dyn Model,
-) -> Result<(LayerProfile, MergePlan, Planner)> {
-    let profile = model.profile(cfg.batch, crate::zoo::DEVICE_FLOPS)?;
-    let planner = cfg.planner.unwrap_or_else(|| cfg.scheme.default_planner());
-    let costs = planning_costs(cfg.ranks, cfg.scheme.is_dense());
-    let plan = planner.plan(&profile, &&*costs)?;
-    Ok((profile, plan, planner))
-}
-
-fn density_at(cfg: &TrainConfig, epoch: usize) -> f64 {
-    if !cfg.density_warmup {
-        return cfg.density;
-    }
-    // DGC warm-up: 25%, 6.25%, 1.5625%, ... then ρ.
-    (0.25f64 * 0.25f64.powi(epoch as i32)).max(cfg.density)
-}
-
-fn validate(cfg: &TrainConfig, train: &dyn Dataset, test: &dyn Dataset) -> Result<()> {
+fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
     if cfg.ranks == 0 || cfg.batch == 0 || cfg.epochs == 0 {
-        return Err(Error::InvalidArgument(
-            "ranks, batch and epochs must be positive".into(),
-        ));
+        return Err(Error::InvalidArgument(format!(
+            "ranks ({}), batch ({}) and epochs ({}) must be positive",
+            cfg.ranks, cfg.batch, cfg.epochs
+        )));
+    }
+    if world != cfg.ranks {
+        return Err(Error::InvalidArgument(format!(
+            "configured for {} ranks, the communicator has {world}",
+            cfg.ranks
+        )));
     }
     if !(cfg.density.is_finite() && cfg.density > 0.0 && cfg.density <= 1.0) {
         return Err(Error::InvalidArgument(format!(
@@ -350,115 +278,298 @@ fn validate(cfg: &TrainConfig, train: &dyn Dataset, test: &dyn Dataset) -> Resul
             "learning rate must be positive and warm-up ≥ 0".into(),
         ));
     }
-    if train.len() / cfg.ranks < cfg.batch {
+    if cfg.profile_iters < 2 {
+        return Err(Error::InvalidArgument(
+            "profile_iters must be ≥ 2 (the first is warm-up)".into(),
+        ));
+    }
+    let iters = data.train_len() / cfg.ranks / cfg.batch;
+    if iters == 0 {
         return Err(Error::InvalidArgument(format!(
             "{} training samples over {} ranks do not fill one batch of {}",
-            train.len(),
+            data.train_len(),
             cfg.ranks,
             cfg.batch
         )));
     }
-    if test.is_empty() || train.input_dim() != test.input_dim() || train.classes() != test.classes()
-    {
-        return Err(Error::InvalidArgument(
-            "train and test sets disagree or test is empty".into(),
-        ));
+    if iters * cfg.epochs <= cfg.profile_iters {
+        return Err(Error::InvalidArgument(format!(
+            "{} iterations in all leave none after the {}-iteration profile",
+            iters * cfg.epochs,
+            cfg.profile_iters
+        )));
     }
     Ok(())
 }
 
-/// Test accuracy, %.
-pub fn evaluate(model: &mut dyn Model, data: &dyn Dataset) -> Result<f64> {
-    let dim = data.input_dim();
-    let mut correct = 0;
-    let chunk = 256;
-    let mut x = vec![0.0; chunk * dim];
-    let mut y = vec![0usize; chunk];
-    let mut i = 0;
-    while i < data.len() {
-        let b = chunk.min(data.len() - i);
-        for j in 0..b {
-            y[j] = data.sample(i + j, &mut x[j * dim..(j + 1) * dim])?;
+/// FNV-1a over the bit patterns of every value.
+fn hash_params(values: &[Vec<f32>]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in values {
+        for x in v {
+            h = (h ^ u64::from(x.to_bits())).wrapping_mul(0x100_0000_01b3);
         }
-        let logits = model.forward(&x[..b * dim], b)?;
-        correct += softmax_xent(&logits, &y[..b], model.classes())?.1;
+        h = (h ^ v.len() as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// All-gathers `value`; any rank whose value differs is [`Error::RankMismatch`] on every
+/// rank (every rank sees every value).
+fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
+    let mut all = vec![0u64; comm.size()];
+    dense::allgather(
+        comm,
+        &[value],
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default(),
+    )?;
+    if let Some(peer) = all.iter().position(|&v| v != all[0]) {
+        return Err(Error::RankMismatch {
+            rank: comm.rank(),
+            peer,
+            what: what.into(),
+        });
+    }
+    Ok(())
+}
+
+/// What every rank must agree on: the configuration (transport aside) and the layers.
+fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64 {
+    let text = format!(
+        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}",
+        cfg.scheme,
+        cfg.planner,
+        cfg.groups,
+        cfg.model,
+        cfg.ranks,
+        cfg.density,
+        cfg.epochs,
+        cfg.batch,
+        cfg.lr,
+        cfg.momentum,
+        cfg.weight_decay,
+        cfg.optimizer,
+        cfg.profile_iters,
+        cfg.switch_epochs,
+        cfg.seed,
+        layers
+    );
+    let bytes: Vec<Vec<f32>> = vec![text.bytes().map(f32::from).collect()];
+    hash_params(&bytes)
+}
+
+/// Test accuracy, %, in chunks of 256.
+pub fn evaluate(model: &dyn Staged, x: &Tensor, y: &Tensor) -> Result<f64> {
+    let n = x.dim(0)?;
+    let mut right = 0;
+    let mut i = 0;
+    while i < n {
+        let b = 256.min(n - i);
+        let logits = staged::forward(model, &x.narrow(0, i, b)?, false)?;
+        right += staged::correct(&logits, &y.narrow(0, i, b)?)?;
         i += b;
     }
-    Ok(100.0 * correct as f64 / data.len() as f64)
+    Ok(100.0 * right as f64 / n.max(1) as f64)
 }
 
+/// Per-rank result.
 struct RankOut {
-    epochs: Vec<EpochStats>,
-    time_s: f64,
-    bytes: u64,
-    mean_iter_s: f64,
+    report: TrainReport,
 }
 
-fn run_rank<C: Communicator + 'static>(
+struct Accum {
+    sum: Breakdown,
+}
+
+impl Accum {
+    fn add(&mut self, t: &Timeline, opt_s: f64) {
+        let s = &mut self.sum;
+        s.forward_s += t.forward.len();
+        s.backward_s += t.backward.iter().map(|b| b.len()).sum::<f64>();
+        s.selection_s += t.total_sparsify_s();
+        s.comm_s += t.total_comm_s();
+        s.non_overlapped_comm_s += t.non_overlapped_comm_s;
+        s.iteration_s += t.iteration_s;
+        s.optimizer_s += opt_s;
+        s.samples += 1;
+    }
+    fn mean(&self, predicted: &Timeline) -> Breakdown {
+        let n = self.sum.samples.max(1) as f64;
+        let s = &self.sum;
+        Breakdown {
+            forward_s: s.forward_s / n,
+            backward_s: s.backward_s / n,
+            selection_s: s.selection_s / n,
+            comm_s: s.comm_s / n,
+            non_overlapped_comm_s: s.non_overlapped_comm_s / n,
+            iteration_s: s.iteration_s / n,
+            optimizer_s: s.optimizer_s / n,
+            predicted_iteration_s: predicted.iteration_s,
+            predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
+            samples: s.samples,
+        }
+    }
+}
+
+/// Trains on one rank of `comm` (threads, `SimComm` or `MpiComm`): the whole job of one
+/// rank. Rank 0's report holds the epochs; every rank returns the same plan, bytes and
+/// agreement results. `topology` is the emulated network when `comm` is a `SimComm` (its
+/// link prices the plan).
+pub fn run_rank<C: Communicator + 'static>(
     comm: C,
     cfg: &TrainConfig,
-    train: &dyn Dataset,
-    test: &dyn Dataset,
-    plan: &MergePlan,
+    data: &ImageData,
+    topology: Option<&Topology>,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
-) -> Result<RankOut> {
+) -> Result<TrainReport> {
+    validate(cfg, data, comm.size())?;
     let rank = comm.rank();
     let p = comm.size();
+    let backend = comm.backend();
+    let device = Device::Cpu;
+    let model = cfg.model.build(data.shape, data.classes, cfg.seed)?;
+    let layers = staged::layers(&*model);
+    let sizes = staged::layer_sizes(&*model);
+    let l_count = sizes.len();
+    // A second communicator for the optimizer and the agreement checks: the reducer's
+    // moves into its communication thread.
+    let ctrl = comm.split(0, rank as u32)?;
+    agree_u64(
+        &*ctrl,
+        config_fingerprint(cfg, &layers),
+        "the model or the configuration",
+    )?;
+    let mut weights = staged::get_params(&*model)?;
+    agree_u64(&*ctrl, hash_params(&weights), "the initial parameters")?;
+    let named: Vec<(String, usize)> = layers
+        .iter()
+        .zip(&sizes)
+        .map(|((n, _), &k)| (n.clone(), k))
+        .collect();
+    let mut opt = optimizer::build(
+        cfg.optimizer,
+        &*ctrl,
+        &named,
+        cfg.momentum,
+        cfg.weight_decay,
+    )?;
+    let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
+    let iters = data.train_len() / p / cfg.batch;
+    let (test_x, test_y) = if rank == 0 {
+        let (x, y) = data.test_tensors(&device)?;
+        (Some(x), Some(y))
+    } else {
+        (None, None)
+    };
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
-    let mut model = cfg
-        .model
-        .build(train.input_dim(), train.classes(), cfg.seed)?;
-    let sizes = model.param_sizes();
-    let scheme = cfg.scheme.scheme(cfg.density);
-    let mut reducer = Reducer::new(counting, &sizes, plan.clone(), &*scheme)?;
-    let mut velocity: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
-    let shard: Vec<usize> = (rank..train.len()).step_by(p).collect();
-    let iters = train.len() / p / cfg.batch;
-    let dim = train.input_dim();
-    let mut x = vec![0.0; cfg.batch * dim];
-    let mut y = vec![0usize; cfg.batch];
+    // Profiling phase: dense, one group.
+    let mut reducer = Reducer::new(
+        counting,
+        &sizes,
+        MergePlan::single(l_count),
+        &*reduction::profiling_scheme(),
+    )?;
+    let mut phase = Phase::Profile(Vec::new());
+    let mut plan = MergePlan::single(l_count);
+    let mut planner_name = String::from("profile");
+    let mut predicted: Option<Timeline> = None;
+    let mut profile_bw = Vec::new();
+    let mut accum = Accum {
+        sum: Breakdown::default(),
+    };
     let mut epochs = Vec::new();
+    let mut trace_events = Vec::new();
+    let mut checked = 0usize;
     let mut train_time = 0.0;
-    let mut iter_sum = 0.0;
-    let mut iter_count = 0usize;
     let warmup_iters = cfg.warmup_epochs * iters as f64;
     let mut step = 0usize;
+    let mut since_rebuild = 0usize;
+    let t_run = Instant::now();
     for epoch in 0..cfg.epochs {
+        // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
+        if matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch) {
+            let (r, pl, name) = rebuild(
+                reducer,
+                cfg,
+                epoch,
+                &sizes,
+                profile_for(&*model, &profile_bw)?,
+                topology,
+                &predicted,
+            )?;
+            reducer = r.0;
+            predicted = Some(r.1);
+            plan = pl;
+            planner_name = name;
+            since_rebuild = 0;
+        }
         let t_epoch = Instant::now();
-        reducer.set_density(density_at(cfg, epoch))?;
-        let mut order = shard.clone();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-            cfg.seed ^ ((epoch as u64 + 1) * 0x9E37_79B9) ^ rank as u64,
-        );
-        order.shuffle(&mut rng);
-        let (mut loss_sum, mut correct) = (0.0f32, 0usize);
+        let (mut loss_sum, mut right) = (0.0f32, 0usize);
+        let mut batches = loader.epoch(epoch as u64);
         for it in 0..iters {
-            for j in 0..cfg.batch {
-                y[j] = train.sample(order[it * cfg.batch + j], &mut x[j * dim..(j + 1) * dim])?;
-            }
+            let batch = batches.next().ok_or_else(|| {
+                Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
+            })??;
+            let (x, y) = batch_tensors(&batch, &device)?;
+            let t_start = t_run.elapsed().as_secs_f64();
             reducer.begin()?;
-            let logits = model.forward(&x, cfg.batch)?;
-            let (loss, c, dl) = softmax_xent(&logits, &y, model.classes())?;
-            loss_sum += loss;
-            correct += c;
+            let fwd = staged::forward_train(&*model, &x)?;
+            let loss = model.loss(fwd.logits(), &y)?;
             reducer.forward_done()?;
-            model.backward(&dl, &mut |t, g| reducer.ready(t, g))?;
+            staged::backward_staged(&*model, &fwd, &loss, &mut |l, g| reducer.ready(l, g))?;
             let grads = reducer.finish()?;
-            if let Some(t) = reducer.last_timeline() {
-                iter_sum += t.iteration_s;
-                iter_count += 1;
-            }
+            loss_sum += loss.to_scalar::<f32>()?;
+            right += staged::correct(fwd.logits(), &y)?;
+            let t_opt = Instant::now();
             let lr = if warmup_iters > 0.0 {
                 cfg.lr * ((step + 1) as f64 / warmup_iters).min(1.0) as f32
             } else {
                 cfg.lr
             };
+            opt.step(&*ctrl, &mut weights, &grads, lr)?;
+            staged::set_params(&*model, &weights)?;
+            let opt_s = t_opt.elapsed().as_secs_f64();
             step += 1;
-            for ((w, g), v) in model.params_mut().iter_mut().zip(&grads).zip(&mut velocity) {
-                for ((wi, gi), vi) in w.iter_mut().zip(g).zip(v.iter_mut()) {
-                    *vi = cfg.momentum * *vi + gi + cfg.weight_decay * *wi;
-                    *wi -= lr * *vi;
+            since_rebuild += 1;
+            if cfg.check_params {
+                agree_u64(
+                    &*ctrl,
+                    hash_params(&weights),
+                    &format!("the parameters after step {step}"),
+                )?;
+                checked += 1;
+            }
+            let tl = reducer
+                .last_timeline()
+                .cloned()
+                .ok_or_else(|| Error::CommThread("no timeline recorded".into()))?;
+            if rank == 0 && trace_events.len() < cfg.trace_iters * (l_count + 8) {
+                trace_events.extend(trace::iteration_events(rank, step, t_start, &tl, opt_s));
+            }
+            match &mut phase {
+                Phase::Profile(samples) => {
+                    samples.push(tl);
+                    if samples.len() == cfg.profile_iters {
+                        let samples = std::mem::take(samples);
+                        profile_bw = shared_backward_times(&*ctrl, &samples)?;
+                        let profile = profile_for(&*model, &profile_bw)?;
+                        let (r, pl, name) =
+                            rebuild(reducer, cfg, epoch, &sizes, profile, topology, &None)?;
+                        reducer = r.0;
+                        predicted = Some(r.1);
+                        plan = pl;
+                        planner_name = name;
+                        since_rebuild = 0;
+                        phase = Phase::Planned(());
+                    }
+                }
+                Phase::Planned(()) => {
+                    if since_rebuild > 1 {
+                        accum.add(&tl, opt_s);
+                    }
                 }
             }
             if rank == 0 {
@@ -471,13 +582,14 @@ fn run_rank<C: Communicator + 'static>(
                 }
             }
         }
+        drop(batches);
         train_time += t_epoch.elapsed().as_secs_f64();
-        if rank == 0 {
+        if let (Some(x), Some(y)) = (&test_x, &test_y) {
             let stats = EpochStats {
                 epoch: epoch + 1,
-                loss: loss_sum / iters.max(1) as f32,
-                train_acc: 100.0 * correct as f64 / (iters * cfg.batch).max(1) as f64,
-                test_acc: evaluate(&mut *model, test)?,
+                loss: loss_sum / iters as f32,
+                train_acc: 100.0 * right as f64 / (iters * cfg.batch) as f64,
+                test_acc: evaluate(&*model, x, y)?,
                 elapsed_s: train_time,
             };
             if let Some(f) = progress {
@@ -487,76 +599,165 @@ fn run_rank<C: Communicator + 'static>(
         }
     }
     drop(reducer.shutdown()?);
-    Ok(RankOut {
+    // Bytes per rank, averaged over ranks.
+    let mine = meter.counts().bytes_sent as f64;
+    let mut all = vec![0.0f64; p];
+    dense::allgather(
+        &*ctrl,
+        &[mine],
+        &mut all,
+        AllgatherAlgo::Bruck,
+        &DenseOptions::default(),
+    )?;
+    let predicted = predicted.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{} iterations do not finish the {}-iteration profile",
+            iters * cfg.epochs,
+            cfg.profile_iters
+        ))
+    })?;
+    Ok(TrainReport {
+        scheme: cfg.scheme.to_string(),
+        planner: planner_name,
+        model: model.name(),
+        data: data.name.clone(),
+        optimizer: opt.name(),
+        backend,
+        ranks: p,
+        density: cfg.density,
+        groups: plan.groups(),
+        profile_backward_s: profile_bw,
+        test_acc: epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
         epochs,
         time_s: train_time,
-        bytes: meter.counts().bytes_sent,
-        mean_iter_s: iter_sum / iter_count.max(1) as f64,
+        bytes_per_rank: all.iter().sum::<f64>() / p as f64,
+        breakdown: accum.mean(&predicted),
+        params_checked_steps: checked,
+        trace: trace_events,
     })
 }
 
-/// Trains `cfg.model` on `train` with `cfg.ranks` thread ranks; evaluates on `test` each
-/// epoch. `progress` is called by rank 0.
+enum Phase {
+    Profile(Vec<Timeline>),
+    Planned(()),
+}
+
+/// Rank 0's mean per-layer backward times (first profiled iteration skipped as warm-up),
+/// broadcast so that every rank plans the same.
+fn shared_backward_times(ctrl: &dyn Communicator, samples: &[Timeline]) -> Result<Vec<f64>> {
+    let per_iter: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|t| t.backward.iter().map(|s| s.len()).collect())
+        .collect();
+    let mut bw = average_backward(&per_iter, 1)?;
+    let fwd = samples.iter().skip(1).map(|t| t.forward.len()).sum::<f64>()
+        / (samples.len() - 1).max(1) as f64;
+    bw.push(fwd);
+    dense::broadcast(
+        ctrl,
+        &mut bw,
+        0,
+        BroadcastAlgo::Binomial,
+        &DenseOptions::default(),
+    )?;
+    Ok(bw)
+}
+
+/// The profile from measured backward times (`times` = per-layer times then forward).
+fn profile_for(model: &dyn Staged, times: &[f64]) -> Result<LayerProfile> {
+    let sizes = staged::layer_sizes(model);
+    let Some((&fwd, bw)) = times.split_last() else {
+        return Err(Error::InvalidArgument("no profile yet".into()));
+    };
+    LayerProfile::from_sizes(model.name(), &sizes)?.with_backward_times(fwd, bw)
+}
+
+/// Rank 0's plan on every rank: the costs include times measured on each rank (the top-k
+/// fit), so plans computed locally could differ, and ranks must merge alike.
+fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
+    let l = plan.num_layers();
+    let mut starts = vec![u64::MAX; l];
+    for (i, &s) in plan.starts().iter().enumerate() {
+        starts[i] = s as u64;
+    }
+    dense::broadcast(
+        comm,
+        &mut starts,
+        0,
+        BroadcastAlgo::Binomial,
+        &DenseOptions::default(),
+    )?;
+    let starts: Vec<usize> = starts
+        .into_iter()
+        .take_while(|&s| s != u64::MAX)
+        .map(|s| s as usize)
+        .collect();
+    MergePlan::from_starts(l, starts)
+}
+
+type Rebuilt<C> = ((Reducer<C>, Timeline), MergePlan, String);
+
+/// Shuts `reducer` down and builds the reducer of `cfg`'s scheme at `epoch` with its plan.
+fn rebuild<C: Communicator + 'static>(
+    reducer: Reducer<C>,
+    cfg: &TrainConfig,
+    epoch: usize,
+    sizes: &[usize],
+    profile: LayerProfile,
+    topology: Option<&Topology>,
+    _previous: &Option<Timeline>,
+) -> Result<Rebuilt<C>> {
+    let comm = reducer.shutdown()?;
+    let (scheme, planner, costs) = reduction::for_epoch(cfg, epoch, comm.size(), sizes, topology)?;
+    let plan = match &cfg.groups {
+        Some(g) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
+            Error::InvalidPlan(format!(
+                "the plan does not fit the model's {} layers: {e}",
+                sizes.len()
+            ))
+        })?,
+        None => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
+    };
+    reduction::check_density(cfg, epoch, &plan, sizes)?;
+    let predicted = predict(&profile, &plan, &&*costs)?;
+    let r = Reducer::new(comm, sizes, plan.clone(), &*scheme)?;
+    let name = if cfg.groups.is_some() {
+        "given".to_string()
+    } else {
+        planner.to_string()
+    };
+    Ok(((r, predicted), plan, name))
+}
+
+/// Trains with `cfg.ranks` thread ranks (over `SimComm` for [`Transport::Sim`]); rank 0's
+/// report, with the trace.
 pub fn train(
     cfg: &TrainConfig,
-    train: &dyn Dataset,
-    test: &dyn Dataset,
+    data: &ImageData,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
-    validate(cfg, train, test)?;
-    let probe = cfg
-        .model
-        .build(train.input_dim(), train.classes(), cfg.seed)?;
-    let (_, plan, planner) = plan_for(cfg, &*probe)?;
-    let model_name = probe.name();
-    drop(probe);
-    let outs = ThreadComm::run_with(
-        cfg.ranks,
-        ThreadConfig::default(),
-        |comm| -> Result<RankOut> {
-            match cfg.transport {
-                Transport::Thread => run_rank(comm, cfg, train, test, &plan, progress),
-                Transport::Sim(topo, mode) => {
-                    let sim = SimComm::new(comm, topo, mode)?;
-                    run_rank(sim, cfg, train, test, &plan, progress)
-                }
+    validate(cfg, data, cfg.ranks)?;
+    let outs = ThreadComm::run_with(cfg.ranks, ThreadConfig::default(), |comm| {
+        match cfg.transport {
+            Transport::Thread => run_rank(comm, cfg, data, None, progress),
+            Transport::Sim(topo, mode) => {
+                let sim = SimComm::new(comm, topo, mode)?;
+                run_rank(sim, cfg, data, Some(&topo), progress)
             }
-        },
-    )
+        }
+        .map(|report| RankOut { report })
+    })
     .map_err(|e| match e {
         collectives::RunError::Failed { error, .. } => error,
         other => Error::CommThread(other.to_string()),
     })?;
-    let first = outs
-        .first()
-        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))?;
-    let bytes_per_rank = outs.iter().map(|o| o.bytes as f64).sum::<f64>() / outs.len() as f64;
-    Ok(TrainReport {
-        scheme: cfg.scheme.to_string(),
-        planner: planner.to_string(),
-        model: model_name,
-        ranks: cfg.ranks,
-        density: cfg.density,
-        groups: plan.groups(),
-        epochs: first.epochs.clone(),
-        test_acc: first.epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
-        time_s: outs.iter().map(|o| o.time_s).fold(0.0, f64::max),
-        bytes_per_rank,
-        mean_iteration_s: first.mean_iter_s,
-    })
+    outs.into_iter()
+        .next()
+        .map(|o| o.report)
+        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
 }
 
-/// Samples of the generated task used by [`train_suite`] and `cargo xtask train`.
-pub const SUITE_TRAIN_SAMPLES: usize = 8192;
-/// Test samples of the generated task.
-pub const SUITE_TEST_SAMPLES: usize = 2048;
-
-/// The generated classification task (64 features, 10 classes) of the train suite.
-pub fn suite_data(seed: u64) -> Result<(crate::data::InMemory, crate::data::InMemory)> {
-    synthetic(SUITE_TRAIN_SAMPLES, SUITE_TEST_SAMPLES, 64, 10, seed)
-}
-
-/// What the bench's `train` suite records.
+/// The rank-0 numbers the bench's `train` suite records.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SuiteResult {
     /// Final test accuracy, %.
@@ -565,67 +766,135 @@ pub struct SuiteResult {
     pub time_s: f64,
     /// Payload bytes sent per rank.
     pub bytes_per_rank: f64,
+    /// Mean measured iteration time, seconds.
+    pub iteration_s: f64,
+    /// Its prediction, seconds.
+    pub predicted_s: f64,
 }
 
-/// For the bench's `train` suite: trains the MLP on the generated task with `scheme`
-/// (dense, topk, lags, mgs, omgs, spardl, exdyna, hitopk, ...) on `ranks` thread ranks for
-/// `epochs` at density 0.01.
-pub fn train_suite(scheme: &str, ranks: usize, epochs: usize) -> Result<SuiteResult> {
-    let (tr, te) = suite_data(7)?;
+/// For the bench's `train` suite: ResNet-20 on the shipped digits with `scheme` on `ranks`
+/// thread ranks for `epochs` at density 0.01.
+pub fn train_suite(scheme: SchemeKind, ranks: usize, epochs: usize) -> Result<SuiteResult> {
+    let data = ImageData::digits(&crate::data::digits_dir(), &Default::default())?;
     let cfg = TrainConfig {
-        scheme: scheme.parse()?,
+        scheme,
         ranks,
         epochs,
         ..TrainConfig::default()
     };
-    let r = train(&cfg, &tr, &te, None)?;
+    let r = train(&cfg, &data, None)?;
     Ok(SuiteResult {
         test_acc: r.test_acc,
         time_s: r.time_s,
         bytes_per_rank: r.bytes_per_rank,
+        iteration_s: r.breakdown.iteration_s,
+        predicted_s: r.breakdown.predicted_iteration_s,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::{digits_dir, CacheOptions};
 
-    #[test]
-    fn short_runs_learn_and_agree() {
-        let (tr, te) = synthetic(1024, 256, 16, 4, 5).unwrap();
-        for scheme in ["dense", "omgs"] {
-            let cfg = TrainConfig {
-                scheme: scheme.parse().unwrap(),
-                ranks: 2,
-                epochs: 2,
-                batch: 16,
-                lr: 0.05,
-                density: 0.05,
-                ..TrainConfig::default()
-            };
-            let r = train(&cfg, &tr, &te, None).unwrap();
-            assert_eq!(r.epochs.len(), 2);
-            assert!(r.test_acc > 40.0, "{scheme}: {}", r.test_acc);
-            assert!(r.bytes_per_rank > 0.0);
-        }
+    fn digits() -> ImageData {
+        ImageData::digits(&digits_dir(), &CacheOptions::default()).unwrap()
     }
 
     #[test]
-    fn bad_configs_are_errors() {
-        let (tr, te) = synthetic(64, 16, 4, 2, 5).unwrap();
+    fn a_short_run_learns_and_keeps_ranks_identical() {
+        let data = digits();
         let cfg = TrainConfig {
-            ranks: 4,
-            batch: 32,
+            scheme: SchemeKind::Omgs,
+            ranks: 2,
+            epochs: 1,
+            batch: 64,
+            density: 0.05,
+            check_params: true,
+            profile_iters: 2,
             ..TrainConfig::default()
         };
+        let r = train(&cfg, &data, None).unwrap();
+        assert_eq!(r.epochs.len(), 1);
+        assert_eq!(r.params_checked_steps, 1437 / 2 / 64);
+        assert!(r.test_acc > 20.0, "{}", r.test_acc);
+        assert!(r.bytes_per_rank > 0.0);
+        assert!(r.breakdown.samples > 0);
+        assert!(!r.trace.is_empty());
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        let data = digits();
+        let base = TrainConfig {
+            ranks: 2,
+            epochs: 1,
+            batch: 64,
+            ..TrainConfig::default()
+        };
+        for cfg in [
+            TrainConfig {
+                ranks: 0,
+                ..base.clone()
+            },
+            TrainConfig {
+                density: 0.0,
+                ..base.clone()
+            },
+            TrainConfig {
+                density: 1.5,
+                ..base.clone()
+            },
+            TrainConfig {
+                batch: 5000,
+                ..base.clone()
+            },
+        ] {
+            assert!(
+                matches!(train(&cfg, &data, None), Err(Error::InvalidArgument(_))),
+                "{cfg:?}"
+            );
+        }
+        let cfg = TrainConfig {
+            groups: Some(vec![vec![0, 1]]),
+            ..base.clone()
+        };
         assert!(matches!(
-            train(&cfg, &tr, &te, None),
+            train(&cfg, &data, None),
+            Err(Error::InvalidPlan(_))
+        ));
+        // A density that selects nothing from a group of a collective algorithm.
+        let cfg = TrainConfig {
+            scheme: SchemeKind::Spardl,
+            density: 1e-7,
+            ..base.clone()
+        };
+        assert!(matches!(
+            train(&cfg, &data, None),
             Err(Error::InvalidArgument(_))
         ));
-        assert!("sgd".parse::<SchemeKind>().is_err());
-        assert_eq!(
-            "spardl".parse::<SchemeKind>().unwrap(),
-            SchemeKind::Collective("spardl".parse().unwrap())
-        );
+    }
+
+    #[test]
+    fn a_rank_with_another_configuration_is_reported_on_every_rank() {
+        let data = digits();
+        let res = ThreadComm::run_all(
+            2,
+            ThreadConfig::with_timeout(std::time::Duration::from_secs(5)),
+            |comm| {
+                let cfg = TrainConfig {
+                    ranks: 2,
+                    epochs: 1,
+                    batch: 64,
+                    lr: if comm.rank() == 1 { 0.2 } else { 0.1 },
+                    ..TrainConfig::default()
+                };
+                run_rank(comm, &cfg, &data, None, None)
+            },
+        )
+        .unwrap();
+        for r in res {
+            assert!(matches!(r, Err(Error::RankMismatch { .. })), "{r:?}");
+        }
     }
 }

@@ -83,8 +83,12 @@ fn add(a: &[f32], b: &[f32]) -> Vec<f32> {
     a.iter().zip(b).map(|(x, y)| x + y).collect()
 }
 
+/// Bit patterns for exact comparison, with every NaN as one pattern: the GPU's arithmetic
+/// returns the canonical NaN (0x7fffffff) where the CPU keeps the operand's payload.
 fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+    x.iter()
+        .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
+        .collect()
 }
 
 /// The CPU step: (selected, residual after) from `sel` fused with error feedback.
@@ -413,6 +417,10 @@ fn kernels_compile_with_nvrtc() {
             "part_argmax",
             "finish",
             "scatter_add",
+            "sample_abs",
+            "ef_candidates",
+            "mark_classes",
+            "emit_marked",
             "state_layout",
         ] {
             assert!(
@@ -429,7 +437,7 @@ fn kernels_compile_with_nvrtc() {
 #[test]
 fn state_layout_matches_the_kernel() {
     let host = cuda::state_layout();
-    assert_eq!(host.len(), 24);
+    assert_eq!(host.len(), 25);
     let want: Vec<u64> = host
         .iter()
         .map(|(_, o)| *o as u64)
@@ -458,5 +466,38 @@ fn state_layout_matches_the_kernel() {
             want,
             "device layout vs host"
         );
+    }
+}
+
+/// `select_fused_into` reuses the caller's `SparseGrad` across calls of different sizes and
+/// selectors and gives what `select_fused` gives; the device-time split is filled in.
+#[test]
+fn select_into_reuses_and_matches() {
+    let Some(mut gpu) = gpu() else {
+        return;
+    };
+    let mut out = SparseGrad::<f32>::empty(0);
+    for (seed, d, k) in [
+        (1u64, 100_000usize, 1_000usize),
+        (2, 3_000, 2_999),
+        (3, 1 << 20, 10),
+    ] {
+        let g = gen_vec(seed, d, 0);
+        let r0 = gen_vec(seed ^ 7, d, 0);
+        for how in [GpuSelection::Exact, GpuSelection::Threshold(0.5)] {
+            let want = gpu_step::<f32>(&mut gpu, &how, &r0, &g, k).unwrap();
+            let mut r = gpu.upload(&r0).unwrap();
+            let gd = gpu.upload(&g).unwrap();
+            gpu.select_fused_into(&how, &mut r, &gd, k, &mut out)
+                .unwrap();
+            assert_eq!(out.indices(), want.0.indices(), "{how:?} d {d}");
+            assert_eq!(bits(out.values()), bits(want.0.values()), "{how:?} d {d}");
+            assert_eq!(bits(&gpu.download(&r).unwrap()), bits(&want.1));
+            assert!(out.nnz() > 0, "not vacuous");
+            let t = gpu.last_call_times();
+            // CUDA events sit inside the wall-clock interval (their resolution is about 0.5 µs).
+            let slack = std::time::Duration::from_micros(50);
+            assert!(t.device > std::time::Duration::ZERO && t.device <= t.to_state + slack);
+        }
     }
 }

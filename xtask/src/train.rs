@@ -1,25 +1,41 @@
-//! `cargo xtask train`: data-parallel training of a built-in model on the generated
-//! classification task, with loss and accuracy per epoch to JSON and an SVG plot; and
-//! `--check-timeline`, the runtime-versus-prediction check over a real-time SimComm.
+//! `cargo xtask train`: data-parallel training of a candle model (ResNet-20 or VGG-16-BN)
+//! on real data through `datacache` (the shipped digits by default, CIFAR-10 with
+//! `--data DIR`, or generated CIFAR-10-format files), one run per scheme; writes loss and
+//! test accuracy per epoch (train.json, train.svg), the measured iteration breakdown next
+//! to the timeline's prediction, and each scheme's Chrome trace (trace_SCHEME.json).
+//! `--mpi -n P` relaunches itself under mpirun (MpiComm); threads are the default.
+//! `--check-timeline` is the runtime-versus-prediction check over a real-time SimComm.
+
+use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pipeline::check::{runtime_vs_timeline, same_ranking, CheckConfig};
-use pipeline::data::Dataset;
-use pipeline::train::{
-    suite_data, train, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport,
-};
+use pipeline::data::{digits_dir, CacheOptions, DataSpec, ImageData};
+use pipeline::optimizer::OptimizerKind;
+use pipeline::train::{ModelKind, TrainConfig, TrainEvent, TrainReport, Transport};
 use pipeline::{Planner, SchemeKind};
 use plotters::prelude::*;
 
 use crate::CliResult;
 
+/// How ranks talk.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportArg {
+    /// Threads at memory speed.
+    Thread,
+    /// SimComm on the OMGS 1 GbE preset, logical clock (accounting only).
+    Sim,
+    /// SimComm on the 1 GbE preset in real time (every message takes its modelled time).
+    SimRealtime,
+}
+
 /// Options of `cargo xtask train`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Schemes, comma-separated: dense, topk, lags, mgs, omgs, spardl, exdyna, hitopk.
-    #[arg(long, default_value = "dense,omgs")]
-    pub scheme: String,
-    /// Ranks P.
+    /// Schemes, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "dense,omgs")]
+    pub scheme: Vec<SchemeKind>,
+    /// Ranks P (threads).
     #[arg(long, default_value_t = 4)]
     pub ranks: usize,
     /// Density of the sparse schemes.
@@ -32,26 +48,63 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.1)]
     pub lr: f32,
-    /// Model: mlp or cnn.
-    #[arg(long, default_value = "mlp")]
-    pub model: String,
-    /// Transport: thread, sim (logical clock, 1 GbE preset) or sim-realtime.
-    #[arg(long, default_value = "thread")]
-    pub transport: String,
+    /// LR warm-up, epochs.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup_epochs: f64,
+    /// Model.
+    #[arg(long, value_enum, default_value = "resnet20")]
+    pub model: ModelKind,
+    /// Optimizer.
+    #[arg(long, value_enum, default_value = "sgd")]
+    pub optimizer: OptimizerKind,
+    /// The CIFAR-10 binary release folder (data_batch_1.bin ... test_batch.bin). Default:
+    /// the real digits shipped in data/digits.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// MNIST IDX folder instead of the shipped digits.
+    #[arg(long, conflicts_with = "data")]
+    pub idx: Option<PathBuf>,
+    /// Generate this many CIFAR-10-format training samples (throughput runs).
+    #[arg(long, conflicts_with_all = ["data", "idx"])]
+    pub generated: Option<usize>,
+    /// Disk level of the data cache (raw bytes kept across runs).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Transport.
+    #[arg(long, value_enum, default_value = "thread")]
+    pub transport: TransportArg,
     /// Merge planner (default: the scheme's own).
     #[arg(long)]
     pub planner: Option<String>,
-    /// DGC-style density warm-up.
+    /// Calibration JSON (from `cargo xtask calibrate`) for the planning costs.
     #[arg(long)]
-    pub density_warmup: bool,
+    pub calibration: Option<PathBuf>,
+    /// Iterations profiled before planning.
+    #[arg(long, default_value_t = 4)]
+    pub profile_iters: usize,
+    /// Epochs of HiTopKComm before the switch to the dense torus (scheme `switch`).
+    #[arg(long, default_value_t = 1)]
+    pub switch_epochs: usize,
+    /// Check after every step that the parameters are bit-identical on every rank.
+    #[arg(long)]
+    pub check_params: bool,
     /// Seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Output directory for train.json and train.svg.
+    /// Output directory.
     #[arg(long, default_value = "target/train")]
-    pub out: std::path::PathBuf,
+    pub out: PathBuf,
+    /// Run under mpirun with MpiComm (rebuilds xtask with the `mpi` feature).
+    #[arg(long)]
+    pub mpi: bool,
+    /// MPI processes with --mpi.
+    #[arg(short = 'n', long = "np", default_value_t = 4)]
+    pub np: usize,
+    /// Internal: set when this process was started by mpirun.
+    #[arg(long, hide = true)]
+    pub mpi_child: bool,
     /// Instead of training: measure the runtime over a real-time SimComm of the 1 GbE
     /// preset and compare each scheme with the timeline's prediction.
     #[arg(long)]
@@ -61,18 +114,17 @@ pub struct Args {
     pub check_iterations: usize,
 }
 
-fn transport(name: &str, ranks: usize) -> Result<Transport, Box<dyn std::error::Error>> {
+fn transport(t: TransportArg, ranks: usize) -> Result<Transport, Box<dyn std::error::Error>> {
     let topo = || -> Result<cost_model::Topology, Box<dyn std::error::Error>> {
         Ok(match cost_model::presets::omgs_1gbe(ranks) {
             Ok(p) => p.topology()?,
             Err(_) => cost_model::Topology::flat(ranks, cost_model::Link::from_gbit(50e-6, 1.0))?,
         })
     };
-    Ok(match name {
-        "thread" => Transport::Thread,
-        "sim" => Transport::Sim(topo()?, collectives::ClockMode::Logical),
-        "sim-realtime" => Transport::Sim(topo()?, collectives::ClockMode::RealTime),
-        o => return Err(format!("unknown transport `{o}` (thread, sim, sim-realtime)").into()),
+    Ok(match t {
+        TransportArg::Thread => Transport::Thread,
+        TransportArg::Sim => Transport::Sim(topo()?, collectives::ClockMode::Logical),
+        TransportArg::SimRealtime => Transport::Sim(topo()?, collectives::ClockMode::RealTime),
     })
 }
 
@@ -173,36 +225,119 @@ fn check(args: &Args) -> CliResult {
     }
 }
 
+/// The configuration of one scheme's run.
+fn config(
+    args: &Args,
+    scheme: SchemeKind,
+    ranks: usize,
+) -> Result<TrainConfig, Box<dyn std::error::Error>> {
+    Ok(TrainConfig {
+        scheme,
+        planner: args
+            .planner
+            .as_deref()
+            .map(str::parse::<Planner>)
+            .transpose()?,
+        model: args.model,
+        ranks,
+        density: args.density,
+        epochs: args.epochs,
+        batch: args.batch,
+        lr: args.lr,
+        warmup_epochs: args.warmup_epochs,
+        optimizer: args.optimizer,
+        profile_iters: args.profile_iters,
+        switch_epochs: args.switch_epochs,
+        check_params: args.check_params,
+        calibration: args.calibration.clone(),
+        seed: args.seed,
+        transport: transport(args.transport, ranks)?,
+        ..TrainConfig::default()
+    })
+}
+
+fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
+    let opts = CacheOptions {
+        disk: args.cache_dir.clone(),
+        memory_bytes: 0,
+    };
+    let spec = match (&args.data, &args.idx, args.generated) {
+        (Some(d), _, _) => DataSpec::Cifar10(d.clone()),
+        (_, Some(d), _) => DataSpec::Idx(d.clone()),
+        (_, _, Some(n)) => DataSpec::GeneratedCifar10 {
+            dir: args.out.join("generated-cifar10"),
+            train: n,
+            test: (n / 5).max(10),
+        },
+        _ => DataSpec::Idx(digits_dir()),
+    };
+    Ok(ImageData::open(&spec, &opts)?)
+}
+
+fn print_report(r: &TrainReport) {
+    let b = &r.breakdown;
+    println!(
+        "{:<8} test {:.2}%  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked {} steps",
+        r.scheme,
+        r.test_acc,
+        r.time_s,
+        r.bytes_per_rank,
+        r.groups.len(),
+        r.planner,
+        r.params_checked_steps
+    );
+    println!(
+        "         per iteration (ms): forward {:.2}  backward {:.2}  selection {:.2}  comm {:.2}  non-overlapped comm {:.2} (predicted {:.2})  iteration {:.2} (predicted {:.2}, {:+.1}%)  optimizer {:.2}",
+        b.forward_s * 1e3,
+        b.backward_s * 1e3,
+        b.selection_s * 1e3,
+        b.comm_s * 1e3,
+        b.non_overlapped_comm_s * 1e3,
+        b.predicted_non_overlapped_s * 1e3,
+        b.iteration_s * 1e3,
+        b.predicted_iteration_s * 1e3,
+        (b.iteration_s / b.predicted_iteration_s - 1.0) * 100.0,
+        b.optimizer_s * 1e3
+    );
+}
+
+/// Writes train.json, train.svg and one trace per scheme.
+fn write_outputs(args: &Args, reports: &[TrainReport]) -> CliResult {
+    std::fs::create_dir_all(&args.out)?;
+    for r in reports {
+        pipeline::trace::write(&args.out.join(format!("trace_{}.json", r.scheme)), &r.trace)?;
+    }
+    let json = args.out.join("train.json");
+    std::fs::write(&json, serde_json::to_string_pretty(reports)?)?;
+    let svg = args.out.join("train.svg");
+    plot(reports, &svg)?;
+    println!(
+        "wrote {}, {} and trace_<scheme>.json in {}",
+        json.display(),
+        svg.display(),
+        args.out.display()
+    );
+    Ok(())
+}
+
 /// Runs `cargo xtask train`.
 pub fn run(args: Args) -> CliResult {
     if args.check_timeline {
         return check(&args);
     }
-    let (tr, te) = suite_data(args.seed)?;
-    let model: ModelKind = args.model.parse()?;
-    let planner: Option<Planner> = args.planner.as_deref().map(str::parse).transpose()?;
+    if args.mpi && !args.mpi_child {
+        let mut child: Vec<std::ffi::OsString> = vec!["train".into(), "--mpi-child".into()];
+        child.extend(std::env::args_os().skip(2));
+        return crate::bench::mpirun_xtask(args.np, None, &child);
+    }
+    if args.mpi_child {
+        return run_mpi(&args);
+    }
+    let data = data(&args)?;
     let mut reports = Vec::new();
-    for scheme in args
-        .scheme
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let cfg = TrainConfig {
-            scheme: scheme.parse::<SchemeKind>()?,
-            planner,
-            model,
-            ranks: args.ranks,
-            density: args.density,
-            epochs: args.epochs,
-            batch: args.batch,
-            lr: args.lr,
-            density_warmup: args.density_warmup,
-            seed: args.seed,
-            transport: transport(&args.transport, args.ranks)?,
-            ..TrainConfig::default()
-        };
-        let iters = (tr.len() / args.ranks / args.batch) as u64;
+    for &scheme in &args.scheme {
+        let cfg = config(&args, scheme, args.ranks)?;
+        let iters = (data.train_len() / args.ranks.max(1) / args.batch.max(1)) as u64;
         let bar = ProgressBar::new(iters * args.epochs as u64);
         bar.set_style(
             ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {msg}")
@@ -217,24 +352,43 @@ pub fn run(args: Args) -> CliResult {
                 s.epoch, s.loss, s.test_acc
             )),
         };
-        let report = train(&cfg, &tr, &te, Some(&on_event))?;
+        let report = pipeline::train(&cfg, &data, Some(&on_event))?;
         bar.finish();
-        println!(
-            "{:<8} test accuracy {:.2}%  time {:.2} s  bytes/rank {:.3e}  groups {}  mean iteration {:.2} ms",
-            report.scheme,
-            report.test_acc,
-            report.time_s,
-            report.bytes_per_rank,
-            report.groups.len(),
-            report.mean_iteration_s * 1e3
-        );
+        print_report(&report);
         reports.push(report);
     }
-    std::fs::create_dir_all(&args.out)?;
-    let json = args.out.join("train.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&reports)?)?;
-    let svg = args.out.join("train.svg");
-    plot(&reports, &svg)?;
-    println!("wrote {} and {}", json.display(), svg.display());
+    write_outputs(&args, &reports)
+}
+
+/// One process of an mpirun job: the world is `MpiComm`; rank 0 reports.
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &Args) -> CliResult {
+    use collectives::Communicator;
+    let data = data(args)?;
+    let world = collectives::MpiComm::world()?;
+    let rank = world.rank();
+    let mut reports = Vec::new();
+    for &scheme in &args.scheme {
+        let comm = world.split(0, rank as u32)?;
+        let cfg = config(args, scheme, comm.size())?;
+        let cfg = TrainConfig {
+            transport: Transport::Thread,
+            ..cfg
+        };
+        let report = pipeline::train::run_rank(comm, &cfg, &data, None, None)?;
+        if rank == 0 {
+            print_report(&report);
+            reports.push(report);
+        }
+    }
+    if !reports.is_empty() {
+        write_outputs(args, &reports)?;
+    }
     Ok(())
+}
+
+/// Without the `mpi` feature there is no MPI world to join.
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_args: &Args) -> CliResult {
+    Err("this xtask was built without the `mpi` feature".into())
 }

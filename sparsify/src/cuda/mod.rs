@@ -35,10 +35,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -123,6 +123,7 @@ struct State {
     from_cand: u32,
     k1: u64,
     len2: u64,
+    k_sel: u64,
 }
 
 const STATE_WORDS: usize = std::mem::size_of::<State>() / 8;
@@ -157,6 +158,7 @@ pub fn state_layout() -> Vec<(&'static str, usize)> {
         ("from_cand", offset_of!(State, from_cand)),
         ("k1", offset_of!(State, k1)),
         ("len2", offset_of!(State, len2)),
+        ("k_sel", offset_of!(State, k_sel)),
     ]
 }
 
@@ -247,6 +249,20 @@ fn ge_bits(t: f32) -> u32 {
     }
 }
 
+/// Where one selection's time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CallTimes {
+    /// Device time from the call's first operation to its last kernel, measured with CUDA
+    /// events (as `torch.cuda.Event` times torch's kernels): launch gaps included, the copy
+    /// of the pairs to the host not.
+    pub device: std::time::Duration,
+    /// Wall-clock time until the state and the pairs were on the host (launches, device
+    /// work, copies, synchronisation).
+    pub to_state: std::time::Duration,
+    /// Wall-clock time to turn the staged pairs into the `SparseGrad` (copy and validation).
+    pub host_build: std::time::Duration,
+}
+
 /// Which selector [`CudaSparsifier::select_fused`] runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuSelection {
@@ -284,6 +300,10 @@ struct Kernels {
     finish: CudaFunction,
     scatter_add: CudaFunction,
     state_layout: CudaFunction,
+    sample_abs: CudaFunction,
+    ef_candidates: CudaFunction,
+    mark_classes: CudaFunction,
+    emit_marked: CudaFunction,
 }
 
 /// Threads per block of the grid-stride kernels.
@@ -296,6 +316,25 @@ const COMPACT_TILE: u64 = 256 * 16;
 const HBINS: usize = 2048;
 /// Radix levels below level 0: (shift, width) of bits 19..9 and 8..0.
 const FINE_LEVELS: [(i32, i32); 2] = [(9, 11), (0, 9)];
+/// All three radix levels, level 0 (bits 30..20) first.
+const LEVELS: [(i32, i32); 3] = [(20, 11), (9, 11), (0, 9)];
+/// Samples of `r + g` that place the one-pass path's candidate bound.
+const SAMPLES: u64 = 1 << 16;
+/// Threads per block of the fused candidate pass (`FT` in kernels.cu).
+const FUSED_THREADS: u32 = 256;
+/// Offset of the output indices in the page-locked staging (after the state).
+const STAGE_PAIRS: usize = 256;
+/// Words per tile of the bitmap emission (`ETILE` in kernels.cu).
+const EMIT_TILE: u64 = 256 * 4;
+
+/// The sample rank whose value bounds the candidates for `k` of `n` entries with `s`
+/// samples: k's expected share of the sample plus four standard deviations and a floor,
+/// so that fewer than `k` entries reach it only with negligible probability (the host
+/// checks, and falls back to the two-pass path, when it happens).
+fn sample_rank(k: u64, n: u64, s: u64) -> u64 {
+    let share = k as f64 * s as f64 / n as f64;
+    ((share + 4.0 * share.sqrt() + 16.0).ceil() as u64).clamp(1, s)
+}
 
 /// Device-side selectors on one CUDA stream, with their scratch buffers (grown on demand
 /// and kept between calls).
@@ -312,6 +351,23 @@ pub struct CudaSparsifier {
     out_idx: CudaSlice<u32>,
     out_val: CudaSlice<f32>,
     out16: CudaSlice<u16>,
+    /// Two class bitmaps of ⌈d/32⌉ words each, zero between calls (the emission clears
+    /// what it reads; `bitmap_dirty` says a call may have stopped before that).
+    bitmap: CudaSlice<u32>,
+    bitmap_dirty: bool,
+    fallbacks: u64,
+    /// Page-locked staging for the state and the output pairs.
+    pinned: Option<PinnedHostSlice<u8>>,
+    /// (pairs, wire type, value offset) the last state read staged.
+    staged: (usize, i32, usize),
+    last_times: CallTimes,
+    /// CUDA events around the device work of the last selection.
+    events: Option<(CudaEvent, CudaEvent)>,
+    /// Page-locked source of state writes, and whether one may still be in flight.
+    pinned_put: Option<PinnedHostSlice<u64>>,
+    put_pending: bool,
+    /// The histogram may hold counts (see `clear_hist`).
+    hist_dirty: bool,
     rng: ChaCha8Rng,
 }
 
@@ -373,6 +429,10 @@ impl CudaSparsifier {
             finish: f("finish")?,
             scatter_add: f("scatter_add")?,
             state_layout: f("state_layout")?,
+            sample_abs: f("sample_abs")?,
+            ef_candidates: f("ef_candidates")?,
+            mark_classes: f("mark_classes")?,
+            emit_marked: f("emit_marked")?,
         };
         let sms = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -388,12 +448,33 @@ impl CudaSparsifier {
             out_idx: stream.alloc_zeros::<u32>(1).map_err(cu)?,
             out_val: stream.alloc_zeros::<f32>(1).map_err(cu)?,
             out16: stream.alloc_zeros::<u16>(1).map_err(cu)?,
+            bitmap: stream.alloc_zeros::<u32>(2).map_err(cu)?,
+            bitmap_dirty: false,
+            fallbacks: 0,
+            pinned: None,
+            staged: (0, 0, 0),
+            last_times: CallTimes::default(),
+            events: None,
+            pinned_put: None,
+            put_pending: false,
+            hist_dirty: true,
             stream,
             k,
             arch,
             sms,
             rng: ChaCha8Rng::seed_from_u64(seed),
         })
+    }
+
+    /// How many exact top-k and MSTopK calls so far fell back to the two-pass path because
+    /// the sampled bound let too few or too many candidates through (benches report it).
+    pub fn two_pass_fallbacks(&self) -> u64 {
+        self.fallbacks
+    }
+
+    /// Where the last selection's time went (see [`CallTimes`]).
+    pub fn last_call_times(&self) -> CallTimes {
+        self.last_times
     }
 
     /// The stream every operation runs on.
@@ -468,19 +549,96 @@ impl CudaSparsifier {
             .clamp(1, u64::from(self.sms) * 8)
     }
 
+    /// Writes the state (asynchronously, from page-locked memory: the host waits first if
+    /// the previous write may still be reading it).
     fn put_state(&mut self, s: &State) -> Result<()> {
+        if self.put_pending {
+            self.stream.synchronize().map_err(cu)?;
+        }
+        if self.pinned_put.is_none() {
+            let ctx = self.stream.context().clone();
+            // SAFETY: written below before any copy reads it.
+            let p = unsafe { ctx.alloc_pinned_with_flags::<u64>(STATE_WORDS, 0) }.map_err(cu)?;
+            self.pinned_put = Some(p);
+        }
+        let p = self.pinned_put.as_mut().expect("allocated above");
         let words: [u64; STATE_WORDS] = bytemuck::cast(*s);
-        self.stream
-            .memcpy_htod(&words[..], &mut self.state)
-            .map_err(cu)
+        p.as_mut_slice().map_err(cu)?.copy_from_slice(&words);
+        let dst = dptr(&self.stream, &self.state);
+        let src = p.as_slice().map_err(cu)?;
+        // SAFETY: `state` holds STATE_WORDS words; the page-locked source stays untouched
+        // until a later put_state, which waits for this copy (put_pending) first.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(cu)?;
+        self.put_pending = true;
+        Ok(())
     }
 
     /// Reads the state back (waits for everything enqueued so far).
-    fn get_state(&self) -> Result<State> {
-        let v = self.stream.clone_dtoh(&self.state).map_err(cu)?;
-        let words: [u64; STATE_WORDS] =
-            v.try_into().map_err(|_| Error::Cuda("state size".into()))?;
-        Ok(bytemuck::cast(words))
+    fn get_state(&mut self) -> Result<State> {
+        self.get_state_with(0, 0)
+    }
+
+    /// Page-locked host memory of at least `bytes` (cacheable: the host reads it), grown
+    /// on demand and kept.
+    fn staging(&mut self, bytes: usize) -> Result<*mut u8> {
+        if self.pinned.as_ref().is_none_or(|p| p.len() < bytes) {
+            self.pinned = None;
+            let ctx = self.stream.context().clone();
+            // SAFETY: the memory is only read after the copies below have written it.
+            let p = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.next_power_of_two(), 0) }
+                .map_err(cu)?;
+            self.pinned = Some(p);
+        }
+        let p = self.pinned.as_mut().expect("allocated above");
+        p.as_mut_ptr().map_err(cu)
+    }
+
+    /// Reads the state back and, with `expect > 0`, the first `expect` output pairs (values
+    /// in the wire format `wire`) in the same synchronisation, into page-locked memory that
+    /// [`Self::collect`] reads when the call emitted at most that many.
+    fn get_state_with(&mut self, expect: u64, wire: i32) -> Result<State> {
+        let expect = expect.min(self.out_idx.len() as u64) as usize;
+        let vsize = if wire == 0 { 4 } else { 2 };
+        let vo = STAGE_PAIRS + (4 * expect).next_multiple_of(256);
+        let base = self.staging(vo + vsize * expect)?;
+        if let Some((_, end)) = &self.events {
+            // The device work ends here: what follows is the copy to the host.
+            end.record(&self.stream).map_err(cu)?;
+        }
+        let cs = self.stream.cu_stream();
+        let copy = |off: usize, src: u64, bytes: usize| {
+            // SAFETY: `base` holds at least `vo + vsize·expect` bytes, every region copied
+            // into lies inside it, and each source buffer holds `bytes` bytes; the host
+            // reads them only after the synchronize below.
+            unsafe {
+                let dst = std::slice::from_raw_parts_mut(base.add(off), bytes);
+                cudarc::driver::result::memcpy_dtoh_async(dst, src, cs)
+            }
+            .map_err(cu)
+        };
+        copy(
+            0,
+            dptr(&self.stream, &self.state),
+            std::mem::size_of::<State>(),
+        )?;
+        if expect > 0 {
+            copy(STAGE_PAIRS, dptr(&self.stream, &self.out_idx), 4 * expect)?;
+            let vp = if wire == 0 {
+                dptr(&self.stream, &self.out_val)
+            } else {
+                dptr(&self.stream, &self.out16)
+            };
+            copy(vo, vp, vsize * expect)?;
+        }
+        self.stream.synchronize().map_err(cu)?;
+        self.put_pending = false;
+        // Every histogram written so far was read and zeroed by its bin search.
+        self.hist_dirty = false;
+        self.staged = (expect, wire, vo);
+        // SAFETY: the state's bytes were copied above and the stream has synchronised;
+        // State is Pod, and read_unaligned needs no alignment.
+        Ok(unsafe { std::ptr::read_unaligned(base as *const State) })
     }
 
     fn ensure_cand(&mut self, cap: usize) -> Result<()> {
@@ -501,8 +659,14 @@ impl CudaSparsifier {
         Ok(())
     }
 
+    /// Zeroes the histogram unless it is known to be zero (every bin search zeroes the
+    /// bins it read; a call that stopped between a histogram and its search leaves it dirty).
     fn clear_hist(&mut self) -> Result<()> {
-        self.stream.memset_zeros(&mut self.hist).map_err(cu)
+        if self.hist_dirty {
+            self.stream.memset_zeros(&mut self.hist).map_err(cu)?;
+        }
+        self.hist_dirty = true;
+        Ok(())
     }
 
     /// `r += g` (g = 0: read only) with the level-0 histogram (mode 1) and/or the |x|
@@ -535,8 +699,9 @@ impl CudaSparsifier {
     }
 
     /// Histogram of a finer radix level over the candidates.
+    /// The histogram is zero on entry: cleared at the start of a call, and each bin
+    /// search zeroes the bins it read.
     fn k_radix_hist(&mut self, shift: i32, width: i32) -> Result<()> {
-        self.clear_hist()?;
         let cap = self.cand_val.len() as u64;
         let (xp, sp, hp) = (
             dptr(&self.stream, &self.cand_val),
@@ -569,17 +734,8 @@ impl CudaSparsifier {
             (r, 0u64, n)
         };
         let ntiles = n.div_ceil(COMPACT_TILE).max(1);
-        let words = 1 + 2 * ntiles as usize;
-        if self.look.len() < words {
-            self.look = self.stream.alloc_zeros::<u64>(words).map_err(cu)?;
-        } else {
-            let mut v = self.look.slice_mut(..words);
-            self.stream.memset_zeros(&mut v).map_err(cu)?;
-        }
-        let (sp, lp) = (
-            dptr(&self.stream, &self.state),
-            dptr(&self.stream, &self.look),
-        );
+        let lp = self.zeroed_look(ntiles)?;
+        let sp = dptr(&self.stream, &self.state);
         let (oi, ov) = if target == 0 {
             (
                 dptr(&self.stream, &self.cand_idx),
@@ -636,9 +792,175 @@ impl CudaSparsifier {
         }
     }
 
+    /// Bitmaps for `n` entries, zeroed.
+    fn ensure_bitmap(&mut self, n: u64) -> Result<()> {
+        let words = 2 * n.div_ceil(32) as usize;
+        if self.bitmap.len() < words {
+            self.bitmap = self.stream.alloc_zeros::<u32>(words).map_err(cu)?;
+            self.bitmap_dirty = false;
+        } else if self.bitmap_dirty {
+            self.stream.memset_zeros(&mut self.bitmap).map_err(cu)?;
+            self.bitmap_dirty = false;
+        }
+        Ok(())
+    }
+
+    /// `samples` strided values of `r + g` into the candidate buffer (read only).
+    fn k_sample(&mut self, r: u64, g: u64, n: u64, samples: u64) -> Result<()> {
+        let cp = dptr(&self.stream, &self.cand_val);
+        let mut b = self.stream.launch_builder(&self.k.sample_abs);
+        b.arg(&r).arg(&g).arg(&n).arg(&samples).arg(&cp);
+        // SAFETY: matches `sample_abs`; every index read is < n, and the candidate buffer
+        // holds at least `samples` floats (checked by the caller).
+        unsafe { b.launch(Self::cfg(self.grid(samples), THREADS)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// The sample's `k_rem`-th largest value becomes `t_low` (the select then restarts for
+    /// `k_sel`). `tight = false`: only its level-0 bin (bits 30..20, 1/8 of an octave), whose
+    /// lower edge lets more candidates through but saves four launches, which suits exact
+    /// top-k; `tight`: the value itself, for MSTopK, whose rounds scan the candidates in one
+    /// block and so cost in proportion to their number.
+    fn sampled_bound(&mut self, tight: bool) -> Result<()> {
+        let levels = if tight { &LEVELS[..] } else { &LEVELS[..1] };
+        for (i, &(shift, width)) in levels.iter().enumerate() {
+            self.k_radix_hist(shift, width)?;
+            self.k_pick(shift, width, if i + 1 == levels.len() { 3 } else { 0 })?;
+        }
+        Ok(())
+    }
+
+    /// The fused pass: `r += g` (g = 0: read only), the non-finite check, and every entry
+    /// at or above `t_low` inside the partition appended to the candidates; mode 2 adds
+    /// the |x| statistics.
+    fn k_fused(&mut self, r: u64, g: u64, n: u64, mode: i32) -> Result<()> {
+        let (sp, ip, vp) = (
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.cand_idx),
+            dptr(&self.stream, &self.cand_val),
+        );
+        let vec = i32::from(r.is_multiple_of(16) && g.is_multiple_of(16));
+        // One wave: four resident blocks per SM (`__launch_bounds__(FT, 4)`).
+        let blocks = n
+            .div_ceil(8 * u64::from(FUSED_THREADS))
+            .clamp(1, u64::from(self.sms) * 4);
+        let mut b = self.stream.launch_builder(&self.k.ef_candidates);
+        b.arg(&r).arg(&g).arg(&n).arg(&sp).arg(&ip).arg(&vp);
+        b.arg(&mode).arg(&vec);
+        // SAFETY: matches `ef_candidates`; r and g hold n floats (checked by the caller),
+        // float4 access only when both are 16-byte aligned, and candidates are written
+        // only below the capacity recorded in the state.
+        unsafe { b.launch(Self::cfg(blocks, FUSED_THREADS)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// Zeroed look-back words for `ntiles` tiles.
+    fn zeroed_look(&mut self, ntiles: u64) -> Result<u64> {
+        let words = 1 + 2 * ntiles as usize;
+        if self.look.len() < words {
+            self.look = self.stream.alloc_zeros::<u64>(words).map_err(cu)?;
+        } else {
+            let mut v = self.look.slice_mut(..words);
+            self.stream.memset_zeros(&mut v).map_err(cu)?;
+        }
+        Ok(dptr(&self.stream, &self.look))
+    }
+
+    /// Marks the candidates' classes in the bitmaps, then emits the marked entries of `r`
+    /// in index order into the output buffers (clearing the bitmaps) and, when the call
+    /// succeeded, finishes them in `r` for the wire type (no separate `finish`).
+    fn k_mark_and_emit(&mut self, r: u64, n: u64, wire: i32) -> Result<()> {
+        let words = n.div_ceil(32);
+        self.bitmap_dirty = true;
+        let cap = self.cand_val.len() as u64;
+        let (ip, vp, sp, bp) = (
+            dptr(&self.stream, &self.cand_idx),
+            dptr(&self.stream, &self.cand_val),
+            dptr(&self.stream, &self.state),
+            dptr(&self.stream, &self.bitmap),
+        );
+        let mut b = self.stream.launch_builder(&self.k.mark_classes);
+        b.arg(&ip).arg(&vp).arg(&sp).arg(&bp).arg(&words);
+        // SAFETY: matches `mark_classes`; candidate indices are < n, and the bitmap holds
+        // 2·⌈n/32⌉ words (ensure_bitmap).
+        unsafe { b.launch(Self::cfg(self.grid(cap), THREADS)) }.map_err(cu)?;
+        let ntiles = words.div_ceil(EMIT_TILE).max(1);
+        let lp = self.zeroed_look(ntiles)?;
+        let (oi, ov, oh) = (
+            dptr(&self.stream, &self.out_idx),
+            dptr(&self.stream, &self.out_val),
+            dptr(&self.stream, &self.out16),
+        );
+        let mut b = self.stream.launch_builder(&self.k.emit_marked);
+        b.arg(&bp).arg(&words).arg(&r).arg(&sp).arg(&lp);
+        b.arg(&ntiles).arg(&oi).arg(&ov).arg(&oh).arg(&wire);
+        // SAFETY: matches `emit_marked`; one block per tile, `look` holds 1 + 2·ntiles
+        // zeroed words, and outputs are written only below `out_cap`.
+        unsafe { b.launch(Self::cfg(ntiles, 256)) }.map_err(cu)?;
+        Ok(())
+    }
+
     /// Exact top-k of `r + g` for `0 < k < n` (see the module docs); on return the output
     /// buffers hold the `k` entries and `r` is finished (or an error is returned).
-    fn run_exact(&mut self, r: u64, mut g: u64, n: u64, k: u64, wire: i32) -> Result<State> {
+    fn run_exact(&mut self, r: u64, g: u64, n: u64, k: u64, wire: i32) -> Result<State> {
+        match self.exact_one_pass(r, g, n, k, wire)? {
+            Some(st) => Ok(st),
+            // r holds r + g now and nothing was zeroed: select again from it, read only.
+            None => {
+                self.fallbacks += 1;
+                self.exact_two_pass(r, 0, n, k, wire)
+            }
+        }
+    }
+
+    /// A state for the one-pass path: the sample in the candidate buffer, its rank
+    /// `sample_rank(need)`, and `need` entries to find among the candidates.
+    fn one_pass_state(&mut self, n: u64, k: u64, need: u64) -> Result<(State, u64)> {
+        self.ensure_out(k as usize)?;
+        let samples = SAMPLES.min(n);
+        let cap = (4 * k + 65_536).min(n).max(samples);
+        self.ensure_cand(cap as usize)?;
+        self.ensure_bitmap(n)?;
+        let mut s = State::fresh(n);
+        s.k_rem = sample_rank(need, n, samples);
+        s.n_cand = samples;
+        s.cand_cap = self.cand_idx.len() as u64;
+        s.out_cap = k;
+        s.k_sel = need;
+        Ok((s, samples))
+    }
+
+    /// The one-pass exact top-k; `None` when the sampled bound let too few or too many
+    /// candidates through (then `r` holds `r + g`, untouched otherwise).
+    fn exact_one_pass(
+        &mut self,
+        r: u64,
+        g: u64,
+        n: u64,
+        k: u64,
+        wire: i32,
+    ) -> Result<Option<State>> {
+        let (s, samples) = self.one_pass_state(n, k, k)?;
+        self.put_state(&s)?;
+        self.clear_hist()?;
+        self.k_sample(r, g, n, samples)?;
+        self.sampled_bound(false)?;
+        self.k_fused(r, g, n, 0)?;
+        for (i, &(shift, width)) in LEVELS.iter().enumerate() {
+            self.k_radix_hist(shift, width)?;
+            self.k_pick(shift, width, if i == 2 { 2 } else { 0 })?;
+        }
+        self.k_mark_and_emit(r, n, wire)?;
+        let st = self.get_state_with(k, wire)?;
+        self.bitmap_dirty = false;
+        if st.first_bad != NONE {
+            return Err(self.bad(r, st.first_bad));
+        }
+        Ok((st.n_cand >= k && st.n_cand <= st.cand_cap).then_some(st))
+    }
+
+    /// The two-pass exact top-k (histogram pass, ordered compaction of the dense vector).
+    fn exact_two_pass(&mut self, r: u64, mut g: u64, n: u64, k: u64, wire: i32) -> Result<State> {
         self.ensure_out(k as usize)?;
         let mut cap = (4 * k + 65_536).min(n) as usize;
         loop {
@@ -658,7 +980,7 @@ impl CudaSparsifier {
             }
             self.k_compact(r, 0, 0, true, 1)?;
             self.k_finish(r, wire)?;
-            let st = self.get_state()?;
+            let st = self.get_state_with(k, wire)?;
             if st.first_bad != NONE {
                 return Err(self.bad(r, st.first_bad));
             }
@@ -676,51 +998,81 @@ impl CudaSparsifier {
     fn run_mstopk(
         &mut self,
         r: u64,
-        mut g: u64,
+        g: u64,
         n: u64,
         k: u64,
         rounds: usize,
         wire: i32,
     ) -> Result<State> {
-        self.ensure_out(k as usize)?;
         let rounds = i32::try_from(rounds)
             .map_err(|_| Error::InvalidArgument(format!("{rounds} MSTopK rounds")))?;
+        // Candidates: more than k of them, so every round below their floor has more than
+        // k entries above it.
+        let (s, samples) = self.one_pass_state(n, k, k + 1)?;
+        self.put_state(&s)?;
+        self.clear_hist()?;
+        self.k_sample(r, g, n, samples)?;
+        self.sampled_bound(true)?;
+        self.k_fused(r, g, n, 2)?;
+        self.k_ms_rounds(n, k, rounds)?;
+        let st = self.get_state()?;
+        if st.first_bad != NONE {
+            return Err(self.bad(r, st.first_bad));
+        }
+        let st = if st.n_cand > k && st.n_cand <= st.cand_cap {
+            st
+        } else {
+            // The sampled bound missed: the two-pass candidates from r (= r + g now).
+            self.fallbacks += 1;
+            self.mstopk_two_pass_candidates(r, n, k, rounds)?
+        };
+        self.mstopk_emit(r, n, k, st, wire)
+    }
+
+    fn k_ms_rounds(&mut self, n: u64, k: u64, rounds: i32) -> Result<()> {
+        let (cp, sp) = (
+            dptr(&self.stream, &self.cand_val),
+            dptr(&self.stream, &self.state),
+        );
+        let ccap = self.cand_val.len() as u64;
+        let mut b = self.stream.launch_builder(&self.k.ms_rounds);
+        b.arg(&cp).arg(&ccap).arg(&sp).arg(&n).arg(&k).arg(&rounds);
+        // SAFETY: matches `ms_rounds`; one block of 1024 threads over the candidates.
+        unsafe { b.launch(Self::cfg(1, 1024)) }.map_err(cu)?;
+        Ok(())
+    }
+
+    /// MSTopK's candidates and rounds on the two-pass path, from `r` read only.
+    fn mstopk_two_pass_candidates(&mut self, r: u64, n: u64, k: u64, rounds: i32) -> Result<State> {
         let mut cap = (4 * k + 65_536).min(n) as usize;
-        let mut st = loop {
+        loop {
             self.ensure_cand(cap)?;
             let mut s = State::fresh(n);
-            // Candidates: at or above the bin of the (k+1)-th largest, so more than k of
-            // them and every round below their floor has more than k entries above it.
+            // At or above the bin of the (k+1)-th largest.
             s.k_rem = k + 1;
             s.cand_cap = self.cand_idx.len() as u64;
             s.out_cap = k;
             self.put_state(&s)?;
             self.clear_hist()?;
-            self.k_accumulate(r, g, n, 3)?;
+            self.k_accumulate(r, 0, n, 3)?;
             self.k_pick(20, 11, 1)?;
             self.k_compact(r, 0, n, false, 0)?;
-            let (cp, sp) = (
-                dptr(&self.stream, &self.cand_val),
-                dptr(&self.stream, &self.state),
-            );
-            let ccap = self.cand_val.len() as u64;
-            let mut b = self.stream.launch_builder(&self.k.ms_rounds);
-            b.arg(&cp).arg(&ccap).arg(&sp).arg(&n).arg(&k).arg(&rounds);
-            // SAFETY: matches `ms_rounds`; one block of 1024 threads over the candidates.
-            unsafe { b.launch(Self::cfg(1, 1024)) }.map_err(cu)?;
+            self.k_ms_rounds(n, k, rounds)?;
             let st = self.get_state()?;
-            if st.first_bad != NONE {
-                return Err(self.bad(r, st.first_bad));
-            }
             if st.n_cand <= st.cand_cap {
-                break st;
+                return Ok(st);
             }
             cap = (st.n_cand + st.n_cand / 4).min(n) as usize;
-            g = 0;
-        };
+        }
+    }
+
+    /// MSTopK's emission once the rounds have run: all of class A (≥ thres1) and a window
+    /// of class B ([thres2, thres1)) from a random offset drawn like the CPU's.
+    fn mstopk_emit(&mut self, r: u64, n: u64, k: u64, mut st: State, wire: i32) -> Result<State> {
         let from_cand = st.from_cand == 1;
         if !from_cand {
             // thres2 fell below the candidates: count class B over the whole vector.
+            self.put_state(&st)?;
             self.k_compact(r, 0, n, false, 2)?;
             st = self.get_state()?;
             st.len2 = st.total_b;
@@ -733,14 +1085,18 @@ impl CudaSparsifier {
         st.b_start = start as u64;
         st.b_need = need as u64;
         st.count = 0;
+        st.k_sel = 0;
         self.put_state(&st)?;
         if from_cand {
-            self.k_compact(r, 0, 0, true, 1)?;
+            self.ensure_bitmap(n)?;
+            self.k_mark_and_emit(r, n, wire)?;
         } else {
             self.k_compact(r, 0, n, false, 1)?;
+            self.k_finish(r, wire)?;
         }
-        self.k_finish(r, wire)?;
-        self.get_state()
+        let st = self.get_state_with(k, wire)?;
+        self.bitmap_dirty = false;
+        Ok(st)
     }
 
     /// Threshold selection over `part` (classes from `tbits`), fused with `r += g`; with
@@ -749,39 +1105,43 @@ impl CudaSparsifier {
     fn run_threshold(
         &mut self,
         r: u64,
-        g: u64,
+        mut g: u64,
         n: u64,
         part: Range<u64>,
         tbits: u32,
         fallback: bool,
         wire: i32,
     ) -> Result<State> {
-        let mut s = State::fresh(n);
-        s.a_bits = tbits;
-        s.b_lo = tbits;
-        s.part_lo = part.start;
-        s.part_hi = part.end;
-        if self.out_idx.len() < 4096 {
-            self.ensure_out(4096.min(n as usize))?;
-        }
-        s.out_cap = self.out_idx.len() as u64;
-        self.put_state(&s)?;
-        self.k_compact(r, g, n, false, 1)?;
-        self.k_finish(r, wire)?;
-        let mut st = self.get_state()?;
-        if st.first_bad != NONE {
-            return Err(self.bad(r, st.first_bad));
-        }
-        if st.count > st.out_cap {
-            // More than the output buffers hold: grow them and emit again from the
-            // accumulated residual (nothing was zeroed).
-            self.ensure_out(st.count as usize)?;
+        let mut cap = self.cand_idx.len().max(4096.min(n as usize));
+        let mut st = loop {
+            self.ensure_cand(cap)?;
+            self.ensure_out(cap)?;
+            self.ensure_bitmap(n)?;
+            let mut s = State::fresh(n);
+            s.t_low = tbits;
+            s.a_bits = tbits;
+            s.b_lo = tbits;
+            s.part_lo = part.start;
+            s.part_hi = part.end;
+            // Every candidate is emitted, so the output holds as many as the candidates.
+            s.cand_cap = self.cand_idx.len().min(self.out_idx.len()) as u64;
             s.out_cap = self.out_idx.len() as u64;
             self.put_state(&s)?;
-            self.k_compact(r, 0, n, false, 1)?;
-            self.k_finish(r, wire)?;
-            st = self.get_state()?;
-        }
+            self.k_fused(r, g, n, 0)?;
+            self.k_mark_and_emit(r, n, wire)?;
+            let st = self.get_state()?;
+            self.bitmap_dirty = false;
+            if st.first_bad != NONE {
+                return Err(self.bad(r, st.first_bad));
+            }
+            if st.n_cand <= st.cand_cap {
+                break st;
+            }
+            // More than the buffers hold: grow them and select again from the accumulated
+            // residual, read only (nothing was zeroed).
+            cap = (st.n_cand + st.n_cand / 4).min(n) as usize;
+            g = 0;
+        };
         if fallback && st.count == 0 && part.start < part.end {
             let sp = dptr(&self.stream, &self.state);
             let mut b = self.stream.launch_builder(&self.k.part_argmax);
@@ -817,29 +1177,34 @@ impl CudaSparsifier {
         Ok(st)
     }
 
-    /// Copies the `count` emitted pairs to the host as `V` values.
-    fn collect<V: Value>(&self, count: usize, n: usize) -> Result<SparseGrad<V>> {
+    /// Appends the `count` emitted pairs as `V` values to `idx` and `val`: from the
+    /// page-locked copy when the last state read brought them, else copied now.
+    fn collect_into<V: Value>(
+        &mut self,
+        count: usize,
+        wire: i32,
+        idx: &mut Vec<u32>,
+        val: &mut Vec<V>,
+    ) -> Result<()> {
         if count == 0 {
-            return Ok(SparseGrad::empty(n));
+            return Ok(());
         }
-        let idx = self
-            .stream
-            .clone_dtoh(&self.out_idx.slice(..count))
-            .map_err(cu)?;
-        let val: Vec<V> = if V::CODE == f32::CODE {
-            let v = self
-                .stream
-                .clone_dtoh(&self.out_val.slice(..count))
-                .map_err(cu)?;
-            bytemuck::try_cast_slice(&v).map_err(cu)?.to_vec()
-        } else {
-            let v = self
-                .stream
-                .clone_dtoh(&self.out16.slice(..count))
-                .map_err(cu)?;
-            bytemuck::try_cast_slice(&v).map_err(cu)?.to_vec()
-        };
-        SparseGrad::new(idx, val, n)
+        if !(self.staged.0 >= count && self.staged.1 == wire) {
+            self.get_state_with(count as u64, wire)?;
+        }
+        let vo = self.staged.2;
+        let base = self.staging(0)?;
+        // SAFETY: get_state_with copied `count` indices to STAGE_PAIRS and `count` values of
+        // V's size to `vo` (V::CODE matches `wire`) and synchronised. The page-locked block
+        // is page-aligned and both offsets are multiples of 256, so both views are aligned.
+        unsafe {
+            idx.extend_from_slice(std::slice::from_raw_parts(
+                base.add(STAGE_PAIRS) as *const u32,
+                count,
+            ));
+            val.extend_from_slice(std::slice::from_raw_parts(base.add(vo) as *const V, count));
+        }
+        Ok(())
     }
 
     /// Fused error feedback with any selector, on device buffers: `residual += grad`,
@@ -857,7 +1222,23 @@ impl CudaSparsifier {
         grad: &G,
         k: usize,
     ) -> Result<(SparseGrad<V>, SelectInfo)> {
-        self.select_inner(how, residual, grad, Some(k))
+        let mut out = SparseGrad::empty(grad.len());
+        let info = self.select_inner(how, residual, grad, Some(k), &mut out)?;
+        Ok((out, info))
+    }
+
+    /// [`Self::select_fused`] into `out`, reusing its buffers: no host allocation once they
+    /// have grown to the selection's size (the steady state of a training loop). On an
+    /// error `out` is left empty.
+    pub fn select_fused_into<V: Value, R: DevicePtrMut<f32>, G: DevicePtr<f32>>(
+        &mut self,
+        how: &GpuSelection,
+        residual: &mut R,
+        grad: &G,
+        k: usize,
+        out: &mut SparseGrad<V>,
+    ) -> Result<SelectInfo> {
+        self.select_inner(how, residual, grad, Some(k), out)
     }
 
     /// Checks what every entry point checks: equal lengths, `u32`-addressable, same device.
@@ -898,7 +1279,11 @@ impl CudaSparsifier {
         residual: &mut R,
         grad: &G,
         k: Option<usize>,
-    ) -> Result<(SparseGrad<V>, SelectInfo)> {
+        out: &mut SparseGrad<V>,
+    ) -> Result<SelectInfo> {
+        let (mut idx, mut val, _) = std::mem::replace(out, SparseGrad::empty(0)).into_parts();
+        idx.clear();
+        val.clear();
         self.check_buffers(residual, grad)?;
         let d = grad.len();
         let wire = match V::CODE {
@@ -929,7 +1314,7 @@ impl CudaSparsifier {
             _ => 0..d as u64,
         };
         if d == 0 {
-            return Ok((SparseGrad::empty(0), SelectInfo::default()));
+            return Ok(SelectInfo::default());
         }
         let stream = self.stream.clone();
         // The user's buffers: hold cudarc's guards for the whole call, so other streams
@@ -942,6 +1327,18 @@ impl CudaSparsifier {
             Some(k) if k >= d => Some(0),
             _ => None,
         };
+        let t0 = std::time::Instant::now();
+        if self.events.is_none() {
+            let ctx = self.stream.context();
+            let ev = || {
+                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(cu)
+            };
+            self.events = Some((ev()?, ev()?));
+        }
+        if let Some((start, _)) = &self.events {
+            start.record(&self.stream).map_err(cu)?;
+        }
         let (st, threshold) = match (how, edge) {
             (_, Some(t)) => (
                 self.run_threshold(r, g, n, 0..n, t, false, wire)?,
@@ -968,7 +1365,19 @@ impl CudaSparsifier {
                 )
             }
         };
-        let sg = self.collect::<V>(st.count as usize, d)?;
+        let t1 = std::time::Instant::now();
+        self.collect_into::<V>(st.count as usize, wire, &mut idx, &mut val)?;
+        *out = SparseGrad::new(idx, val, d)?;
+        let device = match &self.events {
+            Some((a, b)) => a.elapsed_ms(b).map_err(cu)?,
+            None => f32::NAN,
+        };
+        self.last_times = CallTimes {
+            device: std::time::Duration::from_secs_f64(f64::from(device.max(0.0)) / 1e3),
+            to_state: t1 - t0,
+            host_build: t1.elapsed(),
+        };
+        let sg = &*out;
         let threshold = match (threshold, sg.nnz()) {
             (_, 0) => 0.0,
             (Some(t), _) => t,
@@ -978,11 +1387,10 @@ impl CudaSparsifier {
                 .map(|v| v.to_f32().abs())
                 .fold(f32::INFINITY, f32::min),
         };
-        let info = SelectInfo {
+        Ok(SelectInfo {
             threshold,
             selected: sg.nnz(),
-        };
-        Ok((sg, info))
+        })
     }
 
     /// Fused error feedback + exact top-k (ties: lower index), `f32` values.
@@ -1015,8 +1423,15 @@ impl CudaSparsifier {
         grad: &G,
         threshold: f32,
     ) -> Result<SparseGrad<f32>> {
-        self.select_inner(&GpuSelection::Threshold(threshold), residual, grad, None)
-            .map(|r| r.0)
+        let mut out = SparseGrad::empty(grad.len());
+        self.select_inner(
+            &GpuSelection::Threshold(threshold),
+            residual,
+            grad,
+            None,
+            &mut out,
+        )?;
+        Ok(out)
     }
 
     /// Restarts MSTopK's offset stream from `seed`.
@@ -1038,8 +1453,10 @@ impl CudaSparsifier {
         let stream = self.stream.clone();
         let (r, _rg) = residual.device_ptr_mut(&stream);
         let (g, _gg) = grad.device_ptr(&stream);
-        self.put_state(&State::fresh(grad.len() as u64))?;
-        self.k_accumulate(r, g, grad.len() as u64, 0)?;
+        let mut s = State::fresh(grad.len() as u64);
+        s.t_low = u32::MAX; // no candidates: the plain vectorised pass
+        self.put_state(&s)?;
+        self.k_fused(r, g, grad.len() as u64, 0)?;
         let st = self.get_state()?;
         if st.first_bad != NONE {
             return Err(self.bad(r, st.first_bad));
@@ -1098,7 +1515,7 @@ mod tests {
             assert_eq!(off % 4, 0, "{name}");
             end = end.max(*off);
         }
-        assert_eq!(state_size(), 160);
+        assert_eq!(state_size(), 168);
         assert_eq!(STATE_WORDS * 8, state_size());
         assert!(end < state_size());
     }

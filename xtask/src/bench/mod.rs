@@ -371,24 +371,48 @@ fn rerun_in_release() -> CliResult {
 
 /// Builds xtask with the `mpi` feature (release) and runs it under mpirun.
 fn relaunch_under_mpirun(args: &Args) -> CliResult {
-    let mpirun = crate::ci::mpirun().ok_or(
-        "--mpi needs `mpirun` on the PATH: install an MPI library (Debian/Ubuntu: \
-         apt-get install libopenmpi-dev openmpi-bin libclang-dev)",
-    )?;
-    if args.np == 0 {
-        return Err("-n must be at least 1".into());
-    }
-    if let Some(h) = &args.hostfile {
-        if !h.is_file() {
-            return Err(format!("hostfile {} does not exist", h.display()).into());
-        }
-    }
     let root = crate::ci::workspace_root();
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| root.join("target/bench-report"));
     check_writable(&out)?;
+    let mut child: Vec<std::ffi::OsString> = vec![
+        "bench".into(),
+        "--mpi-child".into(),
+        "--out".into(),
+        out.into(),
+    ];
+    if args.quick {
+        child.push("--quick".into());
+    }
+    if !args.suites.is_empty() {
+        child.push("--suite".into());
+        child.extend(args.suites.iter().map(Into::into));
+    }
+    mpirun_xtask(args.np, args.hostfile.as_deref(), &child)
+}
+
+/// Builds xtask with the `mpi` feature (release) and runs `xtask <child_args>` as `np`
+/// processes under mpirun (shared by `bench --mpi` and `train --mpi`).
+pub fn mpirun_xtask(
+    np: usize,
+    hostfile: Option<&Path>,
+    child_args: &[std::ffi::OsString],
+) -> CliResult {
+    let mpirun = crate::ci::mpirun().ok_or(
+        "--mpi needs `mpirun` on the PATH: install an MPI library (Debian/Ubuntu: \
+         apt-get install libopenmpi-dev openmpi-bin libclang-dev)",
+    )?;
+    if np == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    if let Some(h) = hostfile {
+        if !h.is_file() {
+            return Err(format!("hostfile {} does not exist", h.display()).into());
+        }
+    }
+    let root = crate::ci::workspace_root();
     eprintln!("building xtask with --features mpi (release) ...");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -406,25 +430,20 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
     if !status.success() {
         return Err("building xtask with the mpi feature failed".into());
     }
-    let exe = root.join("target/release/xtask");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let exe = target.join("release/xtask");
     let mut cmd = std::process::Command::new(mpirun);
-    cmd.args(["-n", &args.np.to_string(), "--oversubscribe"]);
+    cmd.args(["-n", &np.to_string(), "--oversubscribe"]);
     if is_root() {
         cmd.arg("--allow-run-as-root");
     }
-    if let Some(h) = &args.hostfile {
+    if let Some(h) = hostfile {
         cmd.arg("--hostfile").arg(h);
     }
     cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
-    cmd.arg(exe)
-        .args(["bench", "--mpi-child", "--out"])
-        .arg(&out);
-    if args.quick {
-        cmd.arg("--quick");
-    }
-    if !args.suites.is_empty() {
-        cmd.arg("--suite").args(&args.suites);
-    }
+    cmd.arg(exe).args(child_args);
     let status = cmd.current_dir(&root).status()?;
     if status.success() {
         Ok(())

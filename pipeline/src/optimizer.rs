@@ -1,0 +1,230 @@
+//! One [`Optimizer`] trait for the training step: SGD with momentum and weight decay, and
+//! LARS and LAMB from `lars-pto`, whose per-layer norms and trust ratios are split across
+//! the ranks by its parallel tensor operator (PTO, MSTopK/HiTopKComm (Shi et al., MLSys
+//! 2021), §4.2) and all-gathered, bit-identical to computing every layer locally.
+//!
+//! Every rank calls `step` with the same averaged gradients, so the weights stay
+//! bit-identical; LARS/LAMB's construction is collective and checks that every rank has
+//! the same layers and hyper-parameters.
+
+use collectives::Communicator;
+use lars_pto::{Lamb, LambConfig, Lars, LarsConfig, LayerSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Updates the weights from the averaged gradients.
+pub trait Optimizer: Send {
+    /// Short name for reports.
+    fn name(&self) -> String;
+    /// One step at learning rate `lr`. Collective for the PTO optimizers: every rank calls
+    /// it with the same gradients.
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        weights: &mut [Vec<f32>],
+        grads: &[Vec<f32>],
+        lr: f32,
+    ) -> Result<()>;
+}
+
+/// Which optimizer to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+pub enum OptimizerKind {
+    /// SGD with momentum and (L2) weight decay.
+    #[default]
+    Sgd,
+    /// LARS (You et al.), trust ratios by PTO.
+    Lars,
+    /// LAMB (You et al. 2020), trust ratios by PTO.
+    Lamb,
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Lars => "lars",
+            OptimizerKind::Lamb => "lamb",
+        })
+    }
+}
+
+/// SGD with momentum: `v ← μ·v + g + λ·w`, `w ← w − lr·v` (the PyTorch form).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sgd {
+    /// Momentum μ.
+    pub momentum: f32,
+    /// Weight decay λ.
+    pub weight_decay: f32,
+    velocity: Vec<Vec<f32>>,
+}
+
+impl Sgd {
+    /// SGD with `momentum` in [0, 1) and `weight_decay` ≥ 0.
+    pub fn new(momentum: f32, weight_decay: f32) -> Result<Self> {
+        if !((0.0..1.0).contains(&momentum) && weight_decay >= 0.0 && weight_decay.is_finite()) {
+            return Err(Error::InvalidArgument(format!(
+                "momentum {momentum} outside [0, 1) or weight decay {weight_decay} < 0"
+            )));
+        }
+        Ok(Sgd {
+            momentum,
+            weight_decay,
+            velocity: Vec::new(),
+        })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn name(&self) -> String {
+        format!("sgd(μ={}, λ={})", self.momentum, self.weight_decay)
+    }
+    fn step(
+        &mut self,
+        _comm: &dyn Communicator,
+        weights: &mut [Vec<f32>],
+        grads: &[Vec<f32>],
+        lr: f32,
+    ) -> Result<()> {
+        check_shapes(weights, grads)?;
+        if self.velocity.is_empty() {
+            self.velocity = weights.iter().map(|w| vec![0.0; w.len()]).collect();
+        }
+        for ((w, g), v) in weights.iter_mut().zip(grads).zip(&mut self.velocity) {
+            for ((wi, gi), vi) in w.iter_mut().zip(g).zip(v.iter_mut()) {
+                *vi = self.momentum * *vi + gi + self.weight_decay * *wi;
+                *wi -= lr * *vi;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_shapes(weights: &[Vec<f32>], grads: &[Vec<f32>]) -> Result<()> {
+    if weights.len() != grads.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} weight tensors, {} gradients",
+            weights.len(),
+            grads.len()
+        )));
+    }
+    for (i, (w, g)) in weights.iter().zip(grads).enumerate() {
+        if w.len() != g.len() {
+            return Err(Error::GradientLength {
+                layer: i,
+                got: g.len(),
+                expected: w.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+struct LarsOpt(Lars);
+
+impl Optimizer for LarsOpt {
+    fn name(&self) -> String {
+        "lars(pto)".into()
+    }
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        weights: &mut [Vec<f32>],
+        grads: &[Vec<f32>],
+        lr: f32,
+    ) -> Result<()> {
+        self.0.step(comm, weights, grads, f64::from(lr))?;
+        Ok(())
+    }
+}
+
+struct LambOpt(Lamb);
+
+impl Optimizer for LambOpt {
+    fn name(&self) -> String {
+        "lamb(pto)".into()
+    }
+    fn step(
+        &mut self,
+        comm: &dyn Communicator,
+        weights: &mut [Vec<f32>],
+        grads: &[Vec<f32>],
+        lr: f32,
+    ) -> Result<()> {
+        self.0.step(comm, weights, grads, f64::from(lr))?;
+        Ok(())
+    }
+}
+
+/// Builds `kind` for `layers` (name, element count; forward order). SGD uses `momentum`
+/// and `weight_decay`; LARS uses them too, with the default trust coefficient; LAMB its
+/// defaults with `weight_decay`. Collective for LARS and LAMB.
+pub fn build(
+    kind: OptimizerKind,
+    comm: &dyn Communicator,
+    layers: &[(String, usize)],
+    momentum: f32,
+    weight_decay: f32,
+) -> Result<Box<dyn Optimizer>> {
+    let specs: Vec<LayerSpec> = layers
+        .iter()
+        .map(|(n, k)| LayerSpec::new(n.clone(), *k))
+        .collect();
+    Ok(match kind {
+        OptimizerKind::Sgd => Box::new(Sgd::new(momentum, weight_decay)?),
+        OptimizerKind::Lars => Box::new(LarsOpt(Lars::new(
+            comm,
+            LarsConfig {
+                momentum: f64::from(momentum),
+                weight_decay: f64::from(weight_decay),
+                ..LarsConfig::default()
+            },
+            &specs,
+        )?)),
+        OptimizerKind::Lamb => Box::new(LambOpt(Lamb::new(
+            comm,
+            LambConfig {
+                weight_decay: f64::from(weight_decay),
+                ..LambConfig::default()
+            },
+            &specs,
+        )?)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collectives::ThreadComm;
+
+    #[test]
+    fn every_optimizer_moves_downhill_identically_on_every_rank() {
+        let layers = vec![("conv.weight".to_string(), 4), ("fc.bias".to_string(), 2)];
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Lars, OptimizerKind::Lamb] {
+            let out = ThreadComm::run(3, |comm| -> Result<Vec<Vec<f32>>> {
+                let mut opt = build(kind, &comm, &layers, 0.9, 1e-4)?;
+                let mut w = vec![vec![1.0, -2.0, 0.5, 3.0], vec![0.1, 0.2]];
+                let g = vec![vec![0.5, -0.5, 0.1, 1.0], vec![0.3, -0.3]];
+                for _ in 0..3 {
+                    opt.step(&comm, &mut w, &g, 0.1)?;
+                }
+                Ok(w)
+            })
+            .unwrap();
+            assert!(out.iter().all(|w| w == &out[0]), "{kind}");
+            // Every coordinate moved against its gradient's sign.
+            assert!(
+                out[0][0][0] < 1.0 && out[0][0][1] > -2.0,
+                "{kind}: {:?}",
+                out[0]
+            );
+        }
+        assert!(Sgd::new(1.0, 0.0).is_err());
+        let bad = ThreadComm::run(1, |comm| -> Result<()> {
+            let mut opt = build(OptimizerKind::Sgd, &comm, &layers, 0.9, 0.0)?;
+            opt.step(&comm, &mut [vec![0.0; 4]], &[vec![0.0; 3]], 0.1)
+        });
+        assert!(bad.is_err());
+    }
+}

@@ -1,0 +1,450 @@
+//! The training schemes, typed for the command line, and the one place that turns a
+//! scheme into the runtime's pieces: the reduction [`Scheme`], the merge planner and the
+//! costs the planner and the timeline use.
+//!
+//! - `dense`: all-reduce per MG-WFBP group, the algorithm chosen by size per group (ring
+//!   on an emulated link, which the runtime's costs price).
+//! - `topk`, `lags`, `mgs`, `omgs`: top-k with error feedback and a sparse all-gather,
+//!   merged into one group, layer-wise, by threshold, or by the planner (OMGS-SGD (Shi et
+//!   al., INFOCOM 2020)).
+//! - every sparse all-reduce of `collectives::sparse` (SparDL (Zhao et al.), ExDyna (Yoon
+//!   & Oh, CCGrid 2024), HiTopKComm, gTop-k, ...), one group each.
+//! - `bsp1`, `bsp2`, `bsp3`: BSP-SGD of Linear Pipelining (Wang et al.), Algorithms 1-3
+//!   with LP reduce/broadcast/all-reduce (64 KiB blocks).
+//! - `switch`: MSTopK with HiTopKComm for the first epochs, then the dense 2D torus
+//!   all-reduce (MSTopK/HiTopKComm (Shi et al., MLSys 2021), §5.6).
+
+use collectives::dense::AllreduceAlgo;
+use collectives::sparse::{Sag, SelectorKind, SparseAlgo};
+use cost_model::Topology;
+use serde::{Deserialize, Serialize};
+
+use crate::check::RuntimeCosts;
+use crate::plan::{MergePlan, Planner, DEFAULT_THRESHOLD};
+use crate::schemes::{
+    CollectiveScheme, Compress, DenseAllreduce, DenseExchange, Exchange, Identity, Scheme,
+    TopkAllgather, TopkCompress,
+};
+use crate::timeline::{CalibratedCosts, DenseCosts, OmgsCosts, StepCosts};
+use crate::train::TrainConfig;
+use crate::{Error, Result};
+
+/// A training scheme (how gradients are merged, compressed and communicated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+pub enum SchemeKind {
+    /// Dense all-reduce per MG-WFBP group.
+    Dense,
+    /// TopK-SGD: one group, top-k with error feedback, all-gather.
+    Topk,
+    /// LAGS-SGD: layer-wise groups.
+    Lags,
+    /// MGS-SGD: threshold-merged groups.
+    Mgs,
+    /// OMGS-SGD: the planned merge.
+    Omgs,
+    /// TopkA (`collectives::sparse`).
+    Topka,
+    /// TopkDSA.
+    Topkdsa,
+    /// gTop-k.
+    Gtopk,
+    /// CLT-k.
+    Cltk,
+    /// SparDL (Zhao et al.).
+    Spardl,
+    /// SparDL with R-SAG.
+    #[value(name = "spardl_rsag")]
+    SpardlRsag,
+    /// SparDL with B-SAG.
+    #[value(name = "spardl_bsag")]
+    SpardlBsag,
+    /// HiTopKComm (Shi et al., MLSys 2021).
+    Hitopk,
+    /// ExDyna (Yoon & Oh, CCGrid 2024).
+    Exdyna,
+    /// MSTopK + HiTopKComm, then dense 2D torus (MLSys 2021 §5.6).
+    Switch,
+    /// BSP-SGD of Linear Pipelining (Wang et al.), Algorithm 1: per layer, an LP reduce to
+    /// the root then an LP broadcast, overlapping backward.
+    Bsp1,
+    /// BSP-SGD Algorithm 2: after backward, one LP reduce and one LP broadcast.
+    Bsp2,
+    /// BSP-SGD Algorithm 3: after backward, one LP all-reduce.
+    Bsp3,
+}
+
+impl std::fmt::Display for SchemeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        match self.to_possible_value() {
+            Some(v) => f.write_str(v.get_name()),
+            None => write!(f, "{self:?}"),
+        }
+    }
+}
+
+impl std::str::FromStr for SchemeKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        <Self as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| Error::InvalidArgument(format!("unknown scheme `{s}`")))
+    }
+}
+
+impl SchemeKind {
+    /// The `collectives::sparse` algorithm (default options), for the schemes that are one.
+    pub fn collective(&self) -> Option<SparseAlgo> {
+        let spardl = |sag| SparseAlgo::SparDl {
+            sag,
+            teams: None,
+            selector: None,
+        };
+        Some(match self {
+            SchemeKind::Topka => SparseAlgo::TopkA { selector: None },
+            SchemeKind::Topkdsa => SparseAlgo::TopkDsa { selector: None },
+            SchemeKind::Gtopk => SparseAlgo::GTopk { selector: None },
+            SchemeKind::Cltk => SparseAlgo::CltK { selector: None },
+            SchemeKind::Spardl => spardl(Sag::None),
+            SchemeKind::SpardlRsag => spardl(Sag::Recursive),
+            SchemeKind::SpardlBsag => spardl(Sag::Bruck),
+            SchemeKind::Hitopk => SparseAlgo::HiTopK {
+                ranks_per_node: None,
+                f16_wire: false,
+                selector: None,
+            },
+            SchemeKind::Exdyna => SparseAlgo::ExDyna { warm_start: false },
+            _ => return None,
+        })
+    }
+
+    /// The planner this scheme uses by default.
+    pub fn default_planner(&self) -> Planner {
+        match self {
+            SchemeKind::Dense => Planner::MgWfbp,
+            SchemeKind::Lags => Planner::Lags,
+            SchemeKind::Mgs => Planner::Threshold(DEFAULT_THRESHOLD),
+            SchemeKind::Omgs => Planner::default(),
+            SchemeKind::Bsp1 => Planner::Lags,
+            _ => Planner::TopK,
+        }
+    }
+}
+
+/// The scheme the profiling iterations run: dense, one group, so that backward is timed
+/// undisturbed.
+pub fn profiling_scheme() -> Box<dyn Scheme> {
+    Box::new(DenseAllreduce)
+}
+
+/// True when `cfg`'s scheme changes at the start of `epoch` (the §5.6 switch).
+pub fn switches_at(cfg: &TrainConfig, epoch: usize) -> bool {
+    cfg.scheme == SchemeKind::Switch && epoch == cfg.switch_epochs && epoch > 0
+}
+
+fn dense_phase(cfg: &TrainConfig, epoch: usize) -> bool {
+    matches!(
+        cfg.scheme,
+        SchemeKind::Dense | SchemeKind::Bsp1 | SchemeKind::Bsp2 | SchemeKind::Bsp3
+    ) || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
+}
+
+/// Pipeline block of the LP collectives: 64 KiB, the paper's setting.
+const LP_BLOCK: usize = 64 << 10;
+
+/// BSP-SGD's reduce + broadcast (Linear Pipelining (Wang et al.), Algorithm 2 lines 2-5):
+/// an LP reduce of the group's gradient to rank 0, then an LP broadcast of the sum, which
+/// every rank averages. (The paper's root applies the update and broadcasts the weights;
+/// broadcasting the averaged gradient instead moves as many bytes, and every rank then
+/// applies the same update to the same weights.)
+struct LpReduceBroadcast;
+
+impl Exchange for LpReduceBroadcast {
+    fn exchange(
+        &mut self,
+        comm: &dyn collectives::Communicator,
+        ctx: crate::schemes::ExchangeCtx,
+        payload: crate::schemes::Payload,
+    ) -> Result<Vec<f32>> {
+        use collectives::dense::{broadcast, reduce, BroadcastAlgo, DenseOptions, ReduceAlgo};
+        let mut data = match payload {
+            crate::schemes::Payload::Dense(d) => d,
+            crate::schemes::Payload::Sparse(s) => s.to_dense(),
+        };
+        crate::schemes::agree(comm, ctx)?;
+        let opts = DenseOptions::default().unchecked();
+        let block_bytes = LP_BLOCK;
+        reduce(
+            comm,
+            &mut data,
+            0,
+            ReduceAlgo::LinearPipeline { block_bytes },
+            &opts,
+        )?;
+        broadcast(
+            comm,
+            &mut data,
+            0,
+            BroadcastAlgo::LinearPipeline { block_bytes },
+            &opts,
+        )?;
+        let inv = 1.0 / comm.size() as f32;
+        data.iter_mut().for_each(|v| *v *= inv);
+        Ok(data)
+    }
+}
+
+/// BSP-SGD Algorithms 1 and 2's exchange as a scheme.
+struct BspReduceBroadcast;
+
+impl Scheme for BspReduceBroadcast {
+    fn name(&self) -> String {
+        "bsp-lp-reduce-broadcast".into()
+    }
+    fn group(
+        &self,
+        _index: usize,
+        _numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        Ok((Box::new(Identity), Box::new(LpReduceBroadcast)))
+    }
+}
+
+/// Dense all-reduce whose algorithm the cost model chooses per group size
+/// (`collectives::dense::choose_allreduce`).
+struct ChosenDense;
+
+impl Scheme for ChosenDense {
+    fn name(&self) -> String {
+        "dense-chosen".into()
+    }
+    fn group(
+        &self,
+        _index: usize,
+        numel: usize,
+        ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        let algo = collectives::dense::choose_allreduce(ranks, 4 * numel, None);
+        Ok((Box::new(Identity), Box::new(DenseExchange { algo })))
+    }
+}
+
+/// Dense all-reduce with a fixed algorithm (the 2D torus of the §5.6 switch).
+struct DenseAlgo(AllreduceAlgo);
+
+impl Scheme for DenseAlgo {
+    fn name(&self) -> String {
+        format!("dense-{}", self.0.name())
+    }
+    fn group(
+        &self,
+        _index: usize,
+        _numel: usize,
+        _ranks: usize,
+    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+        Ok((Box::new(Identity), Box::new(DenseExchange { algo: self.0 })))
+    }
+}
+
+/// The 2D torus's ranks per node for `p` ranks: the largest divisor ≤ √p.
+fn torus_rows(p: usize) -> usize {
+    (1..=p)
+        .filter(|d| p % d == 0 && d * d <= p)
+        .max()
+        .unwrap_or(1)
+}
+
+/// Compression time `a + b·n` of the top-k compressor on this machine: a two-point fit
+/// (the smallest and the total layer size, best of three runs each).
+fn measure_topk(sizes: &[usize], density: f64) -> Result<(f64, f64)> {
+    let small = sizes.iter().copied().min().unwrap_or(1).max(1);
+    let large = sizes.iter().sum::<usize>().max(small + 1);
+    let time = |n: usize| -> Result<f64> {
+        let mut c = TopkCompress::new(n, density);
+        let grad: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1009) as f32 - 504.0).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            c.compress(grad.clone())?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let (ts, tl) = (time(small)?, time(large)?);
+    let b = ((tl - ts) / (large - small) as f64).max(0.0);
+    Ok(((ts - b * small as f64).max(0.0), b))
+}
+
+/// A cost model behind a box.
+pub type BoxedCosts = Box<dyn StepCosts + Send + Sync>;
+
+/// The scheme, planner and costs of `cfg` at `epoch` for `p` ranks. Costs: the emulated
+/// link's own (the runtime's exchanges priced by its α, β, with top-k timed here) when a
+/// topology is given; else a calibration file; else the OMGS 1 GbE preset.
+pub fn for_epoch(
+    cfg: &TrainConfig,
+    epoch: usize,
+    p: usize,
+    sizes: &[usize],
+    topology: Option<&Topology>,
+) -> Result<(Box<dyn Scheme>, Planner, BoxedCosts)> {
+    let dense = dense_phase(cfg, epoch);
+    let scheme: Box<dyn Scheme> = if dense {
+        if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
+            Box::new(BspReduceBroadcast)
+        } else if cfg.scheme == SchemeKind::Bsp3 {
+            Box::new(DenseAlgo(AllreduceAlgo::LinearPipeline {
+                block_bytes: LP_BLOCK,
+            }))
+        } else if cfg.scheme == SchemeKind::Dense && topology.is_none() {
+            // On an emulated link the ring is what the runtime costs price.
+            Box::new(ChosenDense)
+        } else if cfg.scheme == SchemeKind::Switch {
+            Box::new(DenseAlgo(AllreduceAlgo::Torus2d {
+                ranks_per_node: torus_rows(p),
+            }))
+        } else {
+            Box::new(DenseAllreduce)
+        }
+    } else if cfg.scheme == SchemeKind::Switch {
+        Box::new(CollectiveScheme {
+            algo: SparseAlgo::HiTopK {
+                ranks_per_node: None,
+                f16_wire: false,
+                selector: Some(SelectorKind::MsTopK),
+            },
+            density: cfg.density,
+        })
+    } else if let Some(algo) = cfg.scheme.collective() {
+        Box::new(CollectiveScheme {
+            algo,
+            density: cfg.density,
+        })
+    } else {
+        Box::new(TopkAllgather {
+            density: cfg.density,
+        })
+    };
+    let planner = if matches!(
+        cfg.scheme,
+        SchemeKind::Bsp1 | SchemeKind::Bsp2 | SchemeKind::Bsp3
+    ) {
+        cfg.scheme.default_planner()
+    } else if dense {
+        Planner::MgWfbp
+    } else {
+        cfg.planner.unwrap_or_else(|| cfg.scheme.default_planner())
+    };
+    let costs: BoxedCosts = if let Some(topo) = topology {
+        let (a, b) = if dense {
+            (0.0, 0.0)
+        } else {
+            measure_topk(sizes, cfg.density)?
+        };
+        Box::new(RuntimeCosts {
+            link: topo.inter,
+            ranks: p,
+            density: (!dense).then_some(cfg.density),
+            sparsify_a: a,
+            sparsify_b: b,
+        })
+    } else if let (Some(path), false) = (&cfg.calibration, dense) {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        let cal: cost_model::Calibration = serde_json::from_str(&text)
+            .map_err(|e| Error::Json(format!("{}: {e}", path.display())))?;
+        Box::new(CalibratedCosts::from_calibration(&cal, cfg.density)?)
+    } else if dense {
+        Box::new(DenseCosts::preset(
+            p.clamp(2, 16).next_power_of_two().min(16),
+        )?)
+    } else {
+        Box::new(OmgsCosts::preset(
+            p.clamp(2, 16).next_power_of_two().min(16),
+        )?)
+    };
+    Ok((scheme, planner, costs))
+}
+
+/// A density that selects nothing from a group is an error for the `collectives::sparse`
+/// algorithms (the top-k all-gather schemes select at least one entry per group).
+pub fn check_density(
+    cfg: &TrainConfig,
+    epoch: usize,
+    plan: &MergePlan,
+    sizes: &[usize],
+) -> Result<()> {
+    if dense_phase(cfg, epoch)
+        || !(cfg.scheme.collective().is_some() || cfg.scheme == SchemeKind::Switch)
+    {
+        return Ok(());
+    }
+    let p = cfg.ranks.max(1) as f64;
+    for g in 0..plan.num_groups() {
+        let n: usize = plan.range(g).map(|l| sizes[l]).sum();
+        // The partitioned algorithms select k/P per rank: require one entry per rank.
+        if cfg.density * n as f64 / p < 1.0 {
+            return Err(Error::InvalidArgument(format!(
+                "density {} selects nothing from group {g} of {n} elements on {} ranks",
+                cfg.density, cfg.ranks
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schemes::ExchangeCtx;
+    use collectives::{Communicator, ThreadComm};
+
+    #[test]
+    fn dense_and_bsp_exchanges_all_average() {
+        for kind in [
+            SchemeKind::Dense,
+            SchemeKind::Bsp1,
+            SchemeKind::Bsp2,
+            SchemeKind::Bsp3,
+        ] {
+            let cfg = TrainConfig {
+                scheme: kind,
+                ranks: 3,
+                ..TrainConfig::default()
+            };
+            let n = 40_000; // more than one 64 KiB pipeline block
+            let out = ThreadComm::run(3, |comm| -> Result<Vec<f32>> {
+                let (scheme, _, _) = for_epoch(&cfg, 0, 3, &[n], None)?;
+                let (mut c, mut e) = scheme.group(0, n, 3)?;
+                let r = comm.rank() as f32;
+                let grad: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + r).collect();
+                let ctx = ExchangeCtx {
+                    iteration: 0,
+                    group: 0,
+                    numel: n,
+                };
+                let p = c.compress(grad)?;
+                e.exchange(&comm, ctx, p)
+            })
+            .unwrap();
+            for o in &out {
+                assert_eq!(o, &out[0], "{kind}: ranks differ");
+                for (i, v) in o.iter().enumerate() {
+                    assert!((v - ((i % 7) as f32 + 1.0)).abs() < 1e-4, "{kind}: {i} {v}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn schemes_parse_by_their_command_line_names() {
+        for s in ["dense", "omgs", "spardl_rsag", "exdyna", "switch", "bsp1"] {
+            assert_eq!(s.parse::<SchemeKind>().unwrap().to_string(), s);
+        }
+        assert!("sgd".parse::<SchemeKind>().is_err());
+        assert_eq!(
+            SchemeKind::SpardlBsag.collective().map(|a| a.name()),
+            Some("spardl_bsag")
+        );
+    }
+}
