@@ -19,7 +19,7 @@
 //! assert_eq!(cluster.ranks(), 16);
 //! assert!(cluster.link(0, 1).time(1 << 20) > 8e-3);
 //!
-//! // The OMGS-SGD 1 GbE cluster of OMGS-SGD (Shi et al., INFOCOM 2020) with the authors' constants.
+//! // The 1 GbE cluster of OMGS-SGD (Shi et al., INFOCOM 2020) with the authors' constants.
 //! let omgs = cost_model::presets::omgs_1gbe(16).unwrap();
 //! assert!(omgs.topk.time(1 << 20) > 0.0 && omgs.sparse_allgather.time(1 << 10) > 0.0);
 //!

@@ -3,12 +3,12 @@
 //! 1 GbE cluster), with backward times emulated per layer, and compares each scheme's
 //! measured iteration time with the prediction of [`crate::predict`] for the same plan.
 //!
-//! The prediction's inputs are measured the way OMGS-SGD (Shi et al., INFOCOM 2020) does it: per-layer backward and
-//! forward times by the per-hook timestamp method in a profiling run, the top-k time as a
-//! linear fit of the measured compression spans, and the communication from the link's
-//! α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; a Bruck
-//! all-gather of the agreement headers, `⌈log2 P⌉` rounds, then ring all-reduce:
-//! `2(P − 1)` rounds).
+//! The prediction's inputs are measured the way OMGS-SGD (Shi et al., INFOCOM 2020) does it:
+//! per-layer backward and forward times by the per-hook timestamp method in a profiling run, the
+//! top-k time as a linear fit of the measured compression spans, and the communication from the
+//! link's α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; a Bruck
+//! all-gather of the agreement headers, `⌈log2 P⌉` rounds, then ring all-reduce: `2(P − 1)`
+//! rounds).
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::{Link, Topology};

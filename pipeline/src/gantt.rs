@@ -1,5 +1,5 @@
-//! A Gantt chart of a [`Timeline`] as SVG: one row for backward (per layer), one for
-//! sparsification and one for communication (per group), as OMGS-SGD (Shi et al., INFOCOM 2020) Fig. 1 draws them.
+//! A Gantt chart of a [`Timeline`] as SVG: one row for backward (per layer), one for sparsification
+//! and one for communication (per group), as OMGS-SGD (Shi et al., INFOCOM 2020) Fig. 1 draws them.
 
 use plotters::prelude::*;
 

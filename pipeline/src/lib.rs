@@ -1,10 +1,11 @@
 //! # pipeline
 //!
-//! Composes the workspace into a data-parallel training step: layer profiles, merge
-//! planners (LAGS layer-wise, TopK-SGD single group, MGS threshold, OMGS optimal merge of
-//! OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1, MG-WFBP for dense, an exact planner), the iteration timeline of
-//! OMGS-SGD (Shi et al., INFOCOM 2020) (Eq. 2-9, 17), and the runtime that a framework drives from its backward hooks
-//! (OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 2; Linear Pipelining (Wang et al.) BSP-SGD Algorithms 1-3; MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4).
+//! Composes the workspace into a data-parallel training step: layer profiles, merge planners (LAGS
+//! layer-wise, TopK-SGD single group, MGS threshold, the optimal merge of OMGS-SGD (Shi et al.,
+//! INFOCOM 2020) Algorithm 1, MG-WFBP for dense, an exact planner), the iteration timeline of
+//! OMGS-SGD Eq. 2-9 and 17, and the runtime that a framework drives from its backward hooks
+//! (OMGS-SGD Algorithm 2; BSP-SGD Algorithms 1-3 of Linear Pipelining (Wang et al.);
+//! MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4).
 //!
 //! ```
 //! use pipeline::{predict, zoo, OmgsCosts, Planner};

@@ -1,7 +1,7 @@
-//! Merge plans (contiguous groups of layers communicated together) and the planners of
-//! OMGS-SGD (Shi et al., INFOCOM 2020): layer-wise (LAGS-SGD), one group (TopK-SGD), threshold merging (MGS-SGD,
-//! the authors' semantics), OMGS Algorithm 1 (Theorem 1's Q3 ∧ Q5 rule), the dense MG-WFBP
-//! variant, an exact planner (dynamic programming over non-dominated states) and an
+//! Merge plans (contiguous groups of layers communicated together) and the planners of OMGS-SGD
+//! (Shi et al., INFOCOM 2020): layer-wise (LAGS-SGD), one group (TopK-SGD), threshold merging
+//! (MGS-SGD, the authors' semantics), OMGS Algorithm 1 (Theorem 1's Q3 ∧ Q5 rule), the dense
+//! MG-WFBP variant, an exact planner (dynamic programming over non-dominated states) and an
 //! exhaustive search over all `2^(L−1)` plans as the reference.
 //!
 //! Algorithm 1 is a greedy pass; under the timeline model it does not always reach the
@@ -92,7 +92,8 @@ impl MergePlan {
         self.layers
     }
 
-    /// Number of groups (communications per iteration, OMGS-SGD (Shi et al., INFOCOM 2020) Table V).
+    /// Number of groups (communications per iteration, OMGS-SGD (Shi et al., INFOCOM 2020)
+    /// Table V).
     pub fn num_groups(&self) -> usize {
         self.starts.len()
     }
@@ -133,7 +134,8 @@ impl MergePlan {
     }
 }
 
-/// Default threshold of MGS-SGD: 8192 elements (OMGS-SGD (Shi et al., INFOCOM 2020) §V-D, footnote 10).
+/// Default threshold of MGS-SGD: 8192 elements (OMGS-SGD (Shi et al., INFOCOM 2020) §V-D,
+/// footnote 10).
 pub const DEFAULT_THRESHOLD: usize = 8192;
 
 /// Largest profile the exhaustive search accepts (`2^(L−1)` plans).
@@ -242,9 +244,10 @@ pub fn threshold(profile: &LayerProfile, threshold: usize) -> MergePlan {
     }
 }
 
-/// OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1 (FindMergedLayers): start with every layer normal; for `l = L → 2`
-/// make `l` a merged layer (merge its group into layer `l−1`) when Theorem 1's Q3 ∧ Q5
-/// holds, then recompute the start times (Eq. 13-15) before looking at the next layer.
+/// OMGS-SGD (Shi et al., INFOCOM 2020) Algorithm 1 (FindMergedLayers): start with every layer
+/// normal; for `l = L → 2` make `l` a merged layer (merge its group into layer `l−1`) when
+/// Theorem 1's Q3 ∧ Q5 holds, then recompute the start times (Eq. 13-15) before looking at the next
+/// layer.
 pub fn algorithm1(profile: &LayerProfile, costs: &impl StepCosts) -> Result<MergePlan> {
     let l_count = profile.len();
     let layers = profile.layers();

@@ -1,5 +1,6 @@
-//! Layer profiles: per parameter tensor, in forward order, its name, element count and
-//! backward time (OMGS-SGD (Shi et al., INFOCOM 2020) Table II: `d^(l)` and `t_b^(l)`), plus the forward time `t_f`.
+//! Layer profiles: per parameter tensor, in forward order, its name, element count and backward
+//! time (OMGS-SGD (Shi et al., INFOCOM 2020) Table II: `d^(l)` and `t_b^(l)`), plus the forward
+//! time `t_f`.
 //!
 //! JSON: `{"model": "resnet50", "layers": [{"name": "conv1.weight", "numel":
 //! 9408, "backward_s": 1.2e-4}]}`; `backward_s` may be omitted (then 0), `forward_s` is an

@@ -1,11 +1,10 @@
-//! The runtime of OMGS-SGD (paper 000 Algorithm 2): a [`Reducer`] that a framework calls
-//! from its backward hooks ("the gradient of layer `l` is ready"). It copies each gradient
-//! into its merged group's buffer; when a group is complete it is compressed on the
-//! calling (compute) thread and handed, in order, to a communication thread that owns the
-//! communicator, so communication overlaps the rest of backward (paper 004 Algorithm 1's
-//! overlap of reduce and backward; Algorithm 3 when the plan is one group). `finish`
-//! waits for the last group (Algorithm 2 line 7) and returns the averaged gradients for
-//! the optimizer.
+//! The runtime of OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2: a [`Reducer`] that a framework
+//! calls from its backward hooks ("the gradient of layer `l` is ready"). It copies each gradient
+//! into its merged group's buffer; when a group is complete it is compressed on the calling
+//! (compute) thread and handed, in order, to a communication thread that owns the communicator, so
+//! communication overlaps the rest of backward (Linear Pipelining (Wang et al.), Algorithm 1's
+//! overlap of reduce and backward; Algorithm 3 when the plan is one group). `finish` waits for the
+//! last group (Algorithm 2 line 7) and returns the averaged gradients for the optimizer.
 //!
 //! The reducer records its own [`Timeline`] with real timestamps in the form of the
 //! prediction: backward spans by the per-hook timestamp method (the time between

@@ -1,9 +1,10 @@
-//! How a merged group is reduced, split between the two threads of Algorithm 2 (OMGS-SGD (Shi et al., INFOCOM 2020)):
-//! [`Compress`] runs on the compute thread right after the group's last gradient arrived
-//! (top-k selection with error feedback, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10's `t_s`), [`Exchange`] runs on
-//! the communication thread (the all-gather of Eq. 11, a dense all-reduce, or a whole
-//! sparse all-reduce algorithm from `collectives` that selects while it communicates).
-//! A [`Scheme`] makes one pair per group, so per-group state (residuals) lives with it.
+//! How a merged group is reduced, split between the two threads of Algorithm 2 (OMGS-SGD
+//! (Shi et al., INFOCOM 2020)): [`Compress`] runs on the compute thread right after the group's
+//! last gradient arrived (top-k selection with error feedback, OMGS-SGD (Shi et al., INFOCOM 2020)
+//! Eq. 10's `t_s`), [`Exchange`] runs on the communication thread (the all-gather of Eq. 11, a
+//! dense all-reduce, or a whole sparse all-reduce algorithm from `collectives` that selects while
+//! it communicates). A [`Scheme`] makes one pair per group, so per-group state (residuals) lives
+//! with it.
 //!
 //! The pieces are the workspace's own: selection and residual memory are
 //! [`sparsify::ErrorFeedback`] driven by a [`sparsify::Selector`] (exact top-k by default),
@@ -251,14 +252,15 @@ fn average(comm: &dyn Communicator, data: &mut [f32]) {
     data.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// All-gather of every rank's sparse group (`collectives::dense::allgatherv`, or
-/// `allgatherv_known` when every rank sends the same number of entries), summed in rank
-/// order and divided by P (the sparse aggregation of OMGS-SGD (Shi et al., INFOCOM 2020) §II-F), bit-identical on
-/// every rank. Each rank's block is its [`HEADER_BYTES`]-byte header followed by the
-/// [`SparseGrad`] wire encoding, so the agreement check costs no extra round.
+/// All-gather of every rank's sparse group (`collectives::dense::allgatherv`, or `allgatherv_known`
+/// when every rank sends the same number of entries), summed in rank order and divided by P (the
+/// sparse aggregation of OMGS-SGD (Shi et al., INFOCOM 2020) §II-F), bit-identical on every rank.
+/// Each rank's block is its [`HEADER_BYTES`]-byte header followed by the [`SparseGrad`] wire
+/// encoding, so the agreement check costs no extra round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SparseAllgather {
-    /// The all-gather algorithm (ring by default, as the timeline of OMGS-SGD (Shi et al., INFOCOM 2020) assumes).
+    /// The all-gather algorithm (ring by default, as the timeline of OMGS-SGD
+    /// (Shi et al., INFOCOM 2020) assumes).
     pub algo: AllgatherAlgo,
     /// Every rank sends as many entries as this one (an exact-count selector at the same
     /// density): skip the exchange of counts. A peer that sends another length is then a

@@ -1,5 +1,5 @@
-//! The iteration timeline of OMGS-SGD (Shi et al., INFOCOM 2020) (Eq. 2-9 and 17) for a merge plan: per layer the
-//! backward span, per merged group the sparsification and communication spans, the
+//! The iteration timeline of OMGS-SGD (Shi et al., INFOCOM 2020) (Eq. 2-9 and 17) for a merge plan:
+//! per layer the backward span, per merged group the sparsification and communication spans, the
 //! iteration time and the non-overlapped communication.
 //!
 //! The model: backward runs from the last layer to the first on the compute stream;
@@ -23,7 +23,8 @@ pub trait StepCosts {
     /// Time to sparsify (compress) a group of `numel` elements on the compute stream
     /// (`t_s`, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 10). Zero for dense schemes.
     fn sparsify_s(&self, numel: usize) -> f64;
-    /// Time to communicate a group of `numel` elements (`t_c`, OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 11).
+    /// Time to communicate a group of `numel` elements (`t_c`, OMGS-SGD (Shi et al., INFOCOM 2020)
+    /// Eq. 11).
     fn comm_s(&self, numel: usize) -> f64;
     /// Start-up time α of one communication (Theorem 1's α). Defaults to `comm_s(0)`,
     /// exact for affine models.
@@ -286,7 +287,8 @@ fn checked(what: &'static str, numel: usize, v: f64) -> Result<f64> {
     }
 }
 
-/// Predicts the timeline of `plan` on `profile` with `costs` (OMGS-SGD (Shi et al., INFOCOM 2020) Eq. 2-9, 17).
+/// Predicts the timeline of `plan` on `profile` with `costs` (OMGS-SGD (Shi et al., INFOCOM 2020)
+/// Eq. 2-9, 17).
 pub fn predict(
     profile: &LayerProfile,
     plan: &MergePlan,

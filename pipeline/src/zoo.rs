@@ -1,7 +1,7 @@
-//! Built-in layer profiles of the models of OMGS-SGD (Shi et al., INFOCOM 2020) §V (Table IV-V) and BERT-base,
-//! generated from their architecture definitions (loops over blocks), with the exact
-//! parameter-tensor element counts in forward (`named_parameters`) order of the PyTorch
-//! models the paper trained, and backward times from a FLOP estimate.
+//! Built-in layer profiles of the models of OMGS-SGD (Shi et al., INFOCOM 2020) §V (Table IV-V) and
+//! BERT-base, generated from their architecture definitions (loops over blocks), with the exact
+//! parameter-tensor element counts in forward (`named_parameters`) order of the PyTorch models the
+//! paper trained, and backward times from a FLOP estimate.
 //!
 //! | name | tensors | source of the definition |
 //! | --- | --- | --- |
@@ -11,18 +11,18 @@
 //! | `lstm_ptb` | 11 | 2-layer LSTM language model on PTB (vocab 10 000, 1500 embedding and hidden, untied decoder) |
 //! | `bert_base` | 199 | BERT-base (12 layers, 768 hidden, 3072 intermediate, vocab 30 522, pooler) |
 //!
-//! Backward times: `2 ×` the forward FLOPs of the op that owns the tensor (gradient of the
-//! input plus gradient of the weight), at the per-worker batch of OMGS-SGD (Shi et al., INFOCOM 2020) Table IV, on a
-//! device of [`DEVICE_FLOPS`] sustained FLOP/s; element-wise tensors (biases, BN) are
-//! charged a few FLOPs per activation. A profile file or the runtime's measurement replaces
+//! Backward times: `2 ×` the forward FLOPs of the op that owns the tensor (gradient of the input
+//! plus gradient of the weight), at the per-worker batch of OMGS-SGD (Shi et al., INFOCOM 2020)
+//! Table IV, on a device of [`DEVICE_FLOPS`] sustained FLOP/s; element-wise tensors (biases, BN)
+//! are charged a few FLOPs per activation. A profile file or the runtime's measurement replaces
 //! these estimates where precision matters.
 
 use crate::profile::{Layer, LayerProfile};
 use crate::{Error, Result};
 
-/// Sustained FLOP/s assumed for the paper's Nvidia P102-100 (10.8 TFLOP/s FP32 peak) on
-/// convolution and GEMM backward. Chosen, not published: about 25% of peak, which puts
-/// ResNet-50's forward plus backward at batch 16 near the 0.18 s OMGS-SGD (Shi et al., INFOCOM 2020) §I reports.
+/// Sustained FLOP/s assumed for the paper's Nvidia P102-100 (10.8 TFLOP/s FP32 peak) on convolution
+/// and GEMM backward. Chosen, not published: about 25% of peak, which puts ResNet-50's forward plus
+/// backward at batch 16 near the 0.18 s OMGS-SGD (Shi et al., INFOCOM 2020) §I reports.
 pub const DEVICE_FLOPS: f64 = 2.7e12;
 
 /// Names of the built-in profiles.
@@ -117,7 +117,8 @@ impl Net {
     }
 }
 
-/// VGG-16 with batch norm for CIFAR-10 (32×32 input), batch 128 (OMGS-SGD (Shi et al., INFOCOM 2020) Table IV).
+/// VGG-16 with batch norm for CIFAR-10 (32×32 input), batch 128 (OMGS-SGD
+/// (Shi et al., INFOCOM 2020) Table IV).
 pub fn vgg16_cifar10() -> LayerProfile {
     const CFG: [usize; 18] = [
         64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0,
@@ -177,9 +178,9 @@ pub fn resnet50() -> LayerProfile {
     net.finish()
 }
 
-/// Inception-v4 at 299×299, batch 32 (OMGS-SGD (Shi et al., INFOCOM 2020) Table IV), in the registration order of
-/// `pretrainedmodels`' `inceptionv4`: every conv is a BasicConv2d (conv without bias +
-/// batch norm with weight and bias).
+/// Inception-v4 at 299×299, batch 32 (OMGS-SGD (Shi et al., INFOCOM 2020) Table IV), in the
+/// registration order of `pretrainedmodels`' `inceptionv4`: every conv is a BasicConv2d (conv
+/// without bias + batch norm with weight and bias).
 pub fn inception_v4() -> LayerProfile {
     let mut net = Net::new("inception_v4", 32);
     let basic =
@@ -262,8 +263,8 @@ pub fn inception_v4() -> LayerProfile {
     net.finish()
 }
 
-/// The 2-layer LSTM language model of the PTB experiments: vocabulary 10 000, embedding
-/// and hidden size 1500, untied decoder, batch 100 (OMGS-SGD (Shi et al., INFOCOM 2020) Table IV), 35 steps.
+/// The 2-layer LSTM language model of the PTB experiments: vocabulary 10 000, embedding and hidden
+/// size 1500, untied decoder, batch 100 (OMGS-SGD (Shi et al., INFOCOM 2020) Table IV), 35 steps.
 pub fn lstm_ptb() -> LayerProfile {
     const VOCAB: usize = 10_000;
     const H: usize = 1500;

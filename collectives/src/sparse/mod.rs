@@ -5,8 +5,8 @@
 //! (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5).
 //!
 //! Every algorithm is built from a [`SparseAlgo`] (the variant carries that algorithm's
-//! options) for a dense length `d` and a density in (0, 1], on a communicator: construction is collective and exchanges the
-//! configuration, so a rank that disagrees (another `d`, density, algorithm or option) or
+//! options) for a dense length `d` and a density in (0, 1], on a communicator: construction
+//! is collective and exchanges the configuration, so a rank that disagrees (another `d`, density, algorithm or option) or
 //! an option that does not fit `P` is a typed error on **every** rank instead of a hang.
 //! Each [`SparseAllreduce::step`] takes this rank's new dense gradient, adds its residual
 //! (error feedback), selects, communicates, updates the residuals and returns the
