@@ -8,7 +8,7 @@ use bytemuck::Pod;
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_bytes;
-use crate::dense::util::check_call;
+use crate::dense::util::{check_call, gather_words};
 use crate::dense::{tags, DenseOptions, Op};
 use crate::{Communicator, Error, Result, Tag};
 
@@ -110,23 +110,10 @@ pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
     algo: AllgatherAlgo,
 ) -> Result<Gathered<T>> {
     let p = comm.size();
-    let word = [(mine.len() as u64).to_le_bytes(), algo.code().to_le_bytes()].concat();
-    let mut all = vec![0u8; 16 * p];
-    gather_core(
-        comm,
-        &word,
-        &mut all,
-        &vec![16; p],
-        AllgatherAlgo::Bruck,
-        tags::COUNTS,
-    )?;
+    let all = gather_words(comm, [mine.len() as u64, algo.code()], tags::COUNTS)?;
     let mut counts = Vec::with_capacity(p);
-    for r in 0..p {
-        let mut c = [0u8; 8];
-        c.copy_from_slice(&all[16 * r..16 * r + 8]);
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&all[16 * r + 8..16 * r + 16]);
-        if u64::from_le_bytes(a) != algo.code() {
+    for (r, &[c, a]) in all.iter().enumerate() {
+        if a != algo.code() {
             return Err(Error::Mismatch {
                 what: "algorithm",
                 detail: format!(
@@ -135,7 +122,7 @@ pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
                 ),
             });
         }
-        let c = usize::try_from(u64::from_le_bytes(c))
+        let c = usize::try_from(c)
             .map_err(|_| Error::InvalidArgument("allgatherv: count overflows usize".into()))?;
         counts.push(c);
     }

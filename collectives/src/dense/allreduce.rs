@@ -7,7 +7,7 @@ use cost_model::plan::dense as plan;
 use crate::dense::bcast::lp_block_elems;
 use crate::dense::exec::run_wire;
 use crate::dense::util::{agree, check_call};
-use crate::dense::wire::WireElem;
+use crate::dense::wire::{by_wire, WireElem};
 use crate::dense::{DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result};
 
@@ -126,11 +126,7 @@ pub fn allreduce<C: Communicator + ?Sized>(
         let hier = HierComm::new(comm, ranks_per_node)?;
         return allreduce_hier(&hier, buf, &opts.unchecked());
     }
-    match opts.wire {
-        WireType::F32 => allreduce_w::<C, f32>(comm, buf, algo),
-        WireType::F16 => allreduce_w::<C, f16>(comm, buf, algo),
-        WireType::Bf16 => allreduce_w::<C, bf16>(comm, buf, algo),
-    }
+    by_wire!(opts.wire, allreduce_w::<C, W>(comm, buf, algo))
 }
 
 fn allreduce_w<C: Communicator + ?Sized, W: WireElem>(

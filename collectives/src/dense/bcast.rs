@@ -4,14 +4,13 @@
 //! (Thakur, Rabenseifner & Gropp 2005, §3.2).
 
 use bytemuck::Pod;
-use half::{bf16, f16};
 
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::{run_bytes, run_wire};
 use crate::dense::util::check_call;
-use crate::dense::wire::WireElem;
-use crate::dense::{DenseOptions, Op, WireType};
+use crate::dense::wire::{by_wire, WireElem};
+use crate::dense::{DenseOptions, Op};
 use crate::{Communicator, Error, Result};
 
 /// Broadcast algorithm.
@@ -135,11 +134,7 @@ pub fn reduce<C: Communicator + ?Sized>(
 ) -> Result<()> {
     check_call(comm, opts, Op::Reduce, buf.len(), algo.code(), root)?;
     check_root(root, comm.size())?;
-    match opts.wire {
-        WireType::F32 => reduce_w::<C, f32>(comm, buf, root, algo),
-        WireType::F16 => reduce_w::<C, f16>(comm, buf, root, algo),
-        WireType::Bf16 => reduce_w::<C, bf16>(comm, buf, root, algo),
-    }
+    by_wire!(opts.wire, reduce_w::<C, W>(comm, buf, root, algo))
 }
 
 fn reduce_w<C: Communicator + ?Sized, W: WireElem>(

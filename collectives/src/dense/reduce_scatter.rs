@@ -3,14 +3,12 @@
 
 use std::ops::Range;
 
-use half::{bf16, f16};
-
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_wire;
 use crate::dense::util::{block_range, check_call};
-use crate::dense::wire::WireElem;
-use crate::dense::{DenseOptions, Op, WireType};
+use crate::dense::wire::{by_wire, WireElem};
+use crate::dense::{DenseOptions, Op};
 use crate::{Communicator, Result};
 
 /// Reduce-scatter algorithm.
@@ -60,11 +58,7 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         (algo.code(), 0),
         0,
     )?;
-    match opts.wire {
-        WireType::F32 => reduce_scatter_w::<C, f32>(comm, buf, algo),
-        WireType::F16 => reduce_scatter_w::<C, f16>(comm, buf, algo),
-        WireType::Bf16 => reduce_scatter_w::<C, bf16>(comm, buf, algo),
-    }
+    by_wire!(opts.wire, reduce_scatter_w::<C, W>(comm, buf, algo))
 }
 
 fn reduce_scatter_w<C: Communicator + ?Sized, W: WireElem>(

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use crate::dense::allgather::{gather_core, AllgatherAlgo};
 use crate::dense::tags;
-use crate::{Communicator, Error, Result};
+use crate::{Communicator, Error, Result, Tag};
 
 pub use cost_model::plan::{block_range, block_start};
 
@@ -57,6 +57,36 @@ const FIELDS: [&str; 6] = [
     "root",
 ];
 
+/// Every rank's `words`, in rank order: one Bruck all-gather of `8·N` bytes per rank
+/// (`⌈log2 P⌉` rounds whatever the values, so it cannot hang on a disagreement).
+pub(crate) fn gather_words<C: Communicator + ?Sized, const N: usize>(
+    comm: &C,
+    words: [u64; N],
+    tag: Tag,
+) -> Result<Vec<[u64; N]>> {
+    let p = comm.size();
+    let mine: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut all = vec![0u8; 8 * N * p];
+    gather_core(
+        comm,
+        &mine,
+        &mut all,
+        &vec![8 * N; p],
+        AllgatherAlgo::Bruck,
+        tag,
+    )?;
+    Ok(all
+        .chunks_exact(8 * N)
+        .map(|rank| {
+            std::array::from_fn(|f| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&rank[8 * f..8 * f + 8]);
+                u64::from_le_bytes(b)
+            })
+        })
+        .collect())
+}
+
 /// Checks that every rank called the same collective with the same length, algorithm,
 /// parameters, wire type and root: one Bruck all-gather of six words per rank (⌈log2 P⌉
 /// rounds, the same on every rank whatever the arguments). Every rank then holds the same
@@ -66,25 +96,8 @@ pub(crate) fn agree<C: Communicator + ?Sized>(comm: &C, words: [u64; 6]) -> Resu
     if p <= 1 {
         return Ok(());
     }
-    let mut mine = [0u8; 48];
-    for (i, w) in words.iter().enumerate() {
-        mine[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-    }
-    let mut all = vec![0u8; 48 * p];
-    gather_core(
-        comm,
-        &mine,
-        &mut all,
-        &vec![48; p],
-        AllgatherAlgo::Bruck,
-        tags::CHECK,
-    )?;
-    let get = |r: usize, f: usize| -> u64 {
-        let o = r * 48 + f * 8;
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&all[o..o + 8]);
-        u64::from_le_bytes(b)
-    };
+    let all = gather_words(comm, words, tags::CHECK)?;
+    let get = |r: usize, f: usize| all[r][f];
     for (f, what) in FIELDS.iter().enumerate() {
         if (1..p).any(|r| get(r, f) != get(0, f)) {
             let detail = (0..p)

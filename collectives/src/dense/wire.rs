@@ -94,6 +94,18 @@ macro_rules! half_wire {
 }
 half_wire!(f16, bf16);
 
+/// Calls `f::<C, W>(args)` with `W` the element type of the [`WireType`] `wire`.
+macro_rules! by_wire {
+    ($wire:expr, $f:ident::<$c:ty, W>($($arg:expr),* $(,)?)) => {
+        match $wire {
+            $crate::dense::WireType::F32 => $f::<$c, f32>($($arg),*),
+            $crate::dense::WireType::F16 => $f::<$c, half::f16>($($arg),*),
+            $crate::dense::WireType::Bf16 => $f::<$c, half::bf16>($($arg),*),
+        }
+    };
+}
+pub(crate) use by_wire;
+
 /// Reusable send and receive scratch for one collective call (no per-step allocation).
 pub(crate) struct Scratch<W> {
     send: Vec<W>,
