@@ -31,6 +31,10 @@ pub struct RuntimeCosts {
     pub ranks: usize,
     /// Density (sparse), or `None` for the dense ring all-reduce.
     pub density: Option<f64>,
+    /// The `collectives::sparse` algorithm that exchanges each group, selecting inside the
+    /// exchange on the communication thread; `None`: the runtime's top-k all-gather
+    /// (selection on the compute thread).
+    pub algorithm: Option<cost_model::Algorithm>,
     /// Compression time `a + b·numel` (fitted), seconds.
     pub sparsify_a: f64,
     /// Compression time per element.
@@ -39,12 +43,18 @@ pub struct RuntimeCosts {
 
 impl StepCosts for RuntimeCosts {
     fn sparsify_s(&self, numel: usize) -> f64 {
-        (self.sparsify_a + self.sparsify_b * numel as f64).max(0.0)
+        if self.algorithm.is_some() {
+            return 0.0;
+        }
+        self.select_s(numel)
     }
     fn comm_s(&self, numel: usize) -> f64 {
         let p = self.ranks;
         if p <= 1 {
             return 0.0;
+        }
+        if let (Some(rho), Some(algo)) = (self.density, self.algorithm) {
+            return self.agree_s() + self.select_s(numel) + self.collective_s(algo, numel, rho);
         }
         let rounds = (p - 1) as f64;
         match self.density {
@@ -61,6 +71,9 @@ impl StepCosts for RuntimeCosts {
         }
     }
     fn comm_alpha_s(&self) -> f64 {
+        if let (Some(rho), Some(algo)) = (self.density, self.algorithm) {
+            return self.agree_s() + self.collective_s(algo, 1, rho);
+        }
         let p = self.ranks;
         let rounds = match self.density {
             Some(_) => p.saturating_sub(1),
@@ -71,6 +84,32 @@ impl StepCosts for RuntimeCosts {
 }
 
 impl RuntimeCosts {
+    /// The fitted top-k time of `numel` elements.
+    fn select_s(&self, numel: usize) -> f64 {
+        (self.sparsify_a + self.sparsify_b * numel as f64).max(0.0)
+    }
+
+    /// One step of `algo` on a flat topology of this link, by replaying its message
+    /// schedule (`cost_model::sparse_replay`, exact for `SimComm`). The data-dependent
+    /// counts take their worst case, except ExDyna's: its threshold aims at `k` entries
+    /// in all, so each rank is expected to select `⌈k/P⌉`. Infinite where the replay
+    /// rejects the case (the density check refuses such plans first).
+    fn collective_s(&self, algo: cost_model::Algorithm, numel: usize, rho: f64) -> f64 {
+        use cost_model::sparse_replay::{replay_sparse, Observed, SparseStep};
+        let p = self.ranks;
+        let mut step = SparseStep::new(algo, numel, rho);
+        if algo == cost_model::Algorithm::Exdyna {
+            let each = step.k().div_ceil(p).max(1);
+            step = step.with_observed(Observed::ExDyna {
+                selected: vec![each; p],
+            });
+        }
+        Topology::flat(p, self.link)
+            .and_then(|t| replay_sparse(&step, &t))
+            .map(|pr| pr.time_s)
+            .unwrap_or(f64::INFINITY)
+    }
+
     /// The agreement round before a dense exchange ([`crate::schemes::agree`]): a Bruck
     /// all-gather of one header per rank, round `s` moving `min(2^s, P − 2^s)` headers.
     fn agree_s(&self) -> f64 {
@@ -267,11 +306,13 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
         link,
         ranks: cfg.ranks,
         density: Some(cfg.density),
+        algorithm: None,
         sparsify_a: sa,
         sparsify_b: sb,
     };
     let dense_costs = RuntimeCosts {
         density: None,
+        algorithm: None,
         sparsify_a: 0.0,
         sparsify_b: 0.0,
         ..sparse_costs

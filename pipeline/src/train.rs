@@ -35,6 +35,34 @@ use crate::timeline::{predict, Timeline};
 use crate::trace::{self, TraceEvent};
 use crate::{Error, Result};
 
+/// How the learning rate moves after the linear warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum LrSchedule {
+    /// Constant.
+    Constant,
+    /// Cosine decay to zero at the last iteration (SGDR, Loshchilov & Hutter, without
+    /// restarts): the last epochs settle, so final accuracies compare the schemes rather
+    /// than where a constant rate's noise leaves each of them.
+    Cosine,
+}
+
+/// The learning rate of step `step` (from 0) of `total`: linear warm-up over
+/// `warmup_iters`, then `cfg.lr_schedule`.
+fn learning_rate(cfg: &TrainConfig, step: usize, total: usize, warmup_iters: f64) -> f32 {
+    let s = (step + 1) as f64;
+    if s < warmup_iters {
+        return cfg.lr * (s / warmup_iters) as f32;
+    }
+    match cfg.lr_schedule {
+        LrSchedule::Constant => cfg.lr,
+        LrSchedule::Cosine => {
+            let span = (total as f64 - warmup_iters).max(1.0);
+            let t = ((s - warmup_iters.max(0.0)) / span).clamp(0.0, 1.0);
+            cfg.lr * (0.5 * (1.0 + (std::f64::consts::PI * t).cos())) as f32
+        }
+    }
+}
+
 /// Which built-in model to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 pub enum ModelKind {
@@ -109,6 +137,8 @@ pub struct TrainConfig {
     pub weight_decay: f32,
     /// Linear LR warm-up length in epochs (fractional allowed).
     pub warmup_epochs: f64,
+    /// The learning rate after warm-up.
+    pub lr_schedule: LrSchedule,
     /// Optimizer.
     pub optimizer: OptimizerKind,
     /// Iterations at the start profiled (dense, one group) before planning; ≥ 2.
@@ -143,6 +173,7 @@ impl Default for TrainConfig {
             momentum: 0.9,
             weight_decay: 1e-4,
             warmup_epochs: 1.0,
+            lr_schedule: LrSchedule::Cosine,
             optimizer: OptimizerKind::Sgd,
             profile_iters: 4,
             switch_epochs: 1,
@@ -247,6 +278,9 @@ pub struct TrainReport {
     pub breakdown: Breakdown,
     /// Steps whose parameters were checked bit-identical on every rank.
     pub params_checked_steps: usize,
+    /// FNV-1a hash of the final parameters' bit patterns (the value compared across ranks
+    /// after every step with `check_params`), to compare runs, e.g. threads against MPI.
+    pub final_param_hash: u64,
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
@@ -326,6 +360,10 @@ fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
         &DenseOptions::default(),
     )?;
     if let Some(peer) = all.iter().position(|&v| v != all[0]) {
+        // Every rank sees the mismatch. Leave only once every rank has finished the
+        // all-gather (a fail-fast transport would otherwise end a slower peer's receive
+        // with `PeerFailed`); the barrier's own outcome changes nothing about the answer.
+        let _ = comm.barrier();
         return Err(Error::RankMismatch {
             rank: comm.rank(),
             peer,
@@ -338,7 +376,7 @@ fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
 /// What every rank must agree on: the configuration (transport aside) and the layers.
 fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64 {
     let text = format!(
-        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
         cfg.scheme,
         cfg.planner,
         cfg.groups,
@@ -354,7 +392,9 @@ fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64
         cfg.profile_iters,
         cfg.switch_epochs,
         cfg.seed,
-        layers
+        layers,
+        cfg.warmup_epochs,
+        cfg.lr_schedule
     );
     let bytes: Vec<Vec<f32>> = vec![text.bytes().map(f32::from).collect()];
     hash_params(&bytes)
@@ -524,11 +564,7 @@ pub fn run_rank<C: Communicator + 'static>(
             loss_sum += loss.to_scalar::<f32>()?;
             right += staged::correct(fwd.logits(), &y)?;
             let t_opt = Instant::now();
-            let lr = if warmup_iters > 0.0 {
-                cfg.lr * ((step + 1) as f64 / warmup_iters).min(1.0) as f32
-            } else {
-                cfg.lr
-            };
+            let lr = learning_rate(cfg, step, iters * cfg.epochs, warmup_iters);
             opt.step(&*ctrl, &mut weights, &grads, lr)?;
             staged::set_params(&*model, &weights)?;
             let opt_s = t_opt.elapsed().as_secs_f64();
@@ -633,6 +669,7 @@ pub fn run_rank<C: Communicator + 'static>(
         bytes_per_rank: all.iter().sum::<f64>() / p as f64,
         breakdown: accum.mean(&predicted),
         params_checked_steps: checked,
+        final_param_hash: hash_params(&weights),
         trace: trace_events,
     })
 }
@@ -873,6 +910,57 @@ mod tests {
             train(&cfg, &data, None),
             Err(Error::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn the_learning_rate_warms_up_then_decays_to_zero() {
+        let cfg = TrainConfig {
+            lr: 0.1,
+            ..TrainConfig::default()
+        };
+        let total = 100;
+        let lrs: Vec<f32> = (0..total)
+            .map(|s| learning_rate(&cfg, s, total, 10.0))
+            .collect();
+        assert!((lrs[0] - 0.01).abs() < 1e-6, "{}", lrs[0]);
+        assert!((lrs[9] - 0.1).abs() < 1e-6, "{}", lrs[9]);
+        assert!(lrs[9..].windows(2).all(|w| w[1] <= w[0]), "{lrs:?}");
+        assert!(lrs[total - 1].abs() < 1e-6, "{}", lrs[total - 1]);
+        let constant = TrainConfig {
+            lr_schedule: LrSchedule::Constant,
+            ..cfg
+        };
+        assert_eq!(learning_rate(&constant, total - 1, total, 10.0), 0.1);
+        assert_eq!(learning_rate(&constant, 0, total, 0.0), 0.1);
+    }
+
+    #[test]
+    fn the_parameter_check_fails_on_every_rank_when_one_bit_differs() {
+        let base = vec![vec![0.5f32, -1.25, 3.0], vec![7.0]];
+        let mut flipped = base.clone();
+        flipped[0][1] = f32::from_bits(flipped[0][1].to_bits() ^ 1);
+        assert_ne!(hash_params(&base), hash_params(&flipped));
+        // The same values split differently are different parameters.
+        assert_ne!(
+            hash_params(&base),
+            hash_params(&[vec![0.5, -1.25], vec![3.0, 7.0]])
+        );
+        let res = ThreadComm::run_all(3, ThreadConfig::default(), |comm| {
+            let w = if comm.rank() == 2 { &flipped } else { &base };
+            agree_u64(&comm, hash_params(w), "the parameters after step 1")
+        })
+        .unwrap();
+        for r in &res {
+            assert!(
+                matches!(r, Err(Error::RankMismatch { peer: 2, .. })),
+                "{r:?}"
+            );
+        }
+        let same = ThreadComm::run_all(3, ThreadConfig::default(), |comm| {
+            agree_u64(&comm, hash_params(&base), "the parameters after step 1")
+        })
+        .unwrap();
+        assert!(same.iter().all(|r| r.is_ok()));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipeline::check::{runtime_vs_timeline, same_ranking, CheckConfig};
 use pipeline::data::{digits_dir, CacheOptions, DataSpec, ImageData};
 use pipeline::optimizer::OptimizerKind;
-use pipeline::train::{ModelKind, TrainConfig, TrainEvent, TrainReport, Transport};
+use pipeline::train::{LrSchedule, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport};
 use pipeline::{Planner, SchemeKind};
 use plotters::prelude::*;
 
@@ -53,6 +53,9 @@ pub struct Args {
     /// LR warm-up, epochs.
     #[arg(long, default_value_t = 1.0)]
     pub warmup_epochs: f64,
+    /// Learning rate after warm-up: cosine decay to zero, or constant.
+    #[arg(long, value_enum, default_value = "cosine")]
+    pub lr_schedule: LrSchedule,
     /// Model.
     #[arg(long, value_enum, default_value = "resnet20")]
     pub model: ModelKind,
@@ -245,6 +248,7 @@ fn config(
         batch: args.batch,
         lr: args.lr,
         warmup_epochs: args.warmup_epochs,
+        lr_schedule: args.lr_schedule,
         optimizer: args.optimizer,
         profile_iters: args.profile_iters,
         switch_epochs: args.switch_epochs,
@@ -277,14 +281,15 @@ fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
 fn print_report(r: &TrainReport) {
     let b = &r.breakdown;
     println!(
-        "{:<8} test {:.2}%  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked {} steps",
+        "{:<8} test {:.2}%  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked on every rank after {} steps (final hash {:016x})",
         r.scheme,
         r.test_acc,
         r.time_s,
         r.bytes_per_rank,
         r.groups.len(),
         r.planner,
-        r.params_checked_steps
+        r.params_checked_steps,
+        r.final_param_hash
     );
     println!(
         "         per iteration (ms): forward {:.2}  backward {:.2}  selection {:.2}  comm {:.2}  non-overlapped comm {:.2} (predicted {:.2})  iteration {:.2} (predicted {:.2}, {:+.1}%)  optimizer {:.2}",
