@@ -277,13 +277,11 @@ fn measure_topk(sizes: &[usize], density: f64) -> Result<(f64, f64)> {
 
 /// The cost model's name of the `collectives::sparse` algorithm that `cfg`'s sparse phase
 /// runs (`None` for the top-k all-gather schemes).
-fn sparse_algorithm(cfg: &TrainConfig) -> Result<Option<cost_model::Algorithm>> {
-    let name = match cfg.scheme {
-        SchemeKind::Switch => Some("hitopk"),
-        s => s.collective(),
-    };
-    name.map(|n| n.parse::<cost_model::Algorithm>().map_err(Error::from))
-        .transpose()
+fn sparse_algorithm(cfg: &TrainConfig) -> Option<cost_model::Algorithm> {
+    match cfg.scheme {
+        SchemeKind::Switch => Some(cost_model::Algorithm::Hitopk),
+        s => s.collective().map(|a| a.cost_algorithm()),
+    }
 }
 
 /// A cost model behind a box.
@@ -356,7 +354,7 @@ pub fn for_epoch(
             link: topo.inter,
             ranks: p,
             density: (!dense).then_some(cfg.density),
-            algorithm: if dense { None } else { sparse_algorithm(cfg)? },
+            algorithm: if dense { None } else { sparse_algorithm(cfg) },
             sparsify_a: a,
             sparsify_b: b,
         })
