@@ -17,10 +17,13 @@ use serde::{Deserialize, Serialize};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
 use crate::runtime::Reducer;
-use crate::schemes::{selected_count, DenseAllreduce, Scheme, TopkAllgather, HEADER_BYTES};
+use crate::schemes::{
+    selected_count, CollectiveScheme, DenseAllreduce, Scheme, TopkAllgather, HEADER_BYTES,
+};
 use crate::staged::{self, Stages};
 use crate::timeline::{predict, StepCosts, Timeline};
 use crate::{Error, Result};
+use collectives::sparse::SparseAlgo;
 
 /// Costs of the runtime's own exchanges over a link.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -141,6 +144,8 @@ pub struct CheckConfig {
     pub backward_s: f64,
     /// Iterations measured per scheme (after 2 warm-up iterations).
     pub iterations: usize,
+    /// Width of the checked MLP's hidden layers.
+    pub hidden: usize,
 }
 
 impl Default for CheckConfig {
@@ -151,6 +156,7 @@ impl Default for CheckConfig {
             batch: 16,
             backward_s: 0.03,
             iterations: 8,
+            hidden: 1024,
         }
     }
 }
@@ -168,17 +174,37 @@ pub struct CheckRow {
     pub measured_s: f64,
     /// `measured / predicted − 1`.
     pub rel_error: f64,
+    /// Predicted communication left after backward ends, seconds.
+    pub predicted_non_overlapped_s: f64,
+    /// Measured mean communication left after backward ends, seconds.
+    pub measured_non_overlapped_s: f64,
 }
 
-/// The checked model: a candle MLP 64 → 256 → 256 → 10, one stage per linear layer.
-fn mlp() -> Result<Stages> {
+/// The rows' labels for the plan comparison: the default planner's merge, one group, and
+/// one group per layer, all under the same top-k all-gather.
+pub const PLANNED: &str = "omgs (exact)";
+/// One merged group (TopK-SGD's plan).
+pub const ONE_GROUP: &str = "one group (topk)";
+/// One group per layer (LAGS-SGD's plan).
+pub const LAYER_WISE: &str = "layer-wise (lags)";
+
+/// The checked model: a candle MLP 64 → h → h → h → 10, one stage per linear layer. Two
+/// large layers in the middle give the merge something to decide: merged into one group
+/// their communication cannot overlap anything, layer by layer it pays α per tensor.
+fn mlp(hidden: usize) -> Result<Stages> {
+    let dims = [
+        (64, hidden),
+        (hidden, hidden),
+        (hidden, hidden),
+        (hidden, 10),
+    ];
     let mut m = Stages::new("mlp", 3);
-    for (i, (a, b)) in [(64, 256), (256, 256), (256, 10)].into_iter().enumerate() {
+    for (i, (a, b)) in dims.into_iter().enumerate() {
         m.push(&format!("fc{i}"), move |vb| {
             let l = candle_nn::linear(a, b, vb)?;
             Ok(candle_nn::func_t(move |x, _| {
                 let y = candle_core::Module::forward(&l, x)?;
-                if i < 2 {
+                if i + 1 < dims.len() {
                     y.relu()
                 } else {
                     Ok(y)
@@ -190,8 +216,8 @@ fn mlp() -> Result<Stages> {
 }
 
 /// Its profile with FLOP-proportional backward times (`4·batch` FLOPs per weight).
-fn mlp_profile(batch: usize) -> Result<LayerProfile> {
-    let sizes = staged::layer_sizes(&mlp()?);
+fn mlp_profile(batch: usize, hidden: usize) -> Result<LayerProfile> {
+    let sizes = staged::layer_sizes(&mlp(hidden)?);
     let bw: Vec<f64> = sizes.iter().map(|&n| 4.0 * (batch * n) as f64).collect();
     LayerProfile::from_sizes("mlp", &sizes)?.with_backward_times(bw.iter().sum::<f64>() / 2.0, &bw)
 }
@@ -219,7 +245,7 @@ fn run(
             let rank = sim.rank();
             // Emulated device: the real candle gradients, plus the profile's forward and
             // per-layer backward times as sleeps before each hook fires.
-            let model = mlp()?;
+            let model = mlp(cfg.hidden)?;
             let mut reducer =
                 Reducer::new(sim, &staged::layer_sizes(&model), plan.clone(), scheme)?;
             let bw: Vec<f64> = emu.layers().iter().map(|l| l.backward_s).collect();
@@ -276,13 +302,21 @@ fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
 }
 
 /// Runs the check: profiles the model (layer-wise plan), then for dense (MG-WFBP plan),
-/// TopK-SGD, LAGS-SGD, MGS-SGD and OMGS-SGD (the default planner) predicts and measures.
+/// TopK-SGD (one group), LAGS-SGD (layer-wise), MGS-SGD and OMGS-SGD (the default planner)
+/// under the top-k all-gather, and SparDL and ExDyna under the default planner, predicts and
+/// measures the iteration time and the communication left after backward.
 pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
+    if cfg.hidden == 0 || cfg.batch == 0 || cfg.iterations == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "the timeline check needs hidden, batch and iterations ≥ 1 (got {}, {}, {})",
+            cfg.hidden, cfg.batch, cfg.iterations
+        )));
+    }
     let preset = cost_model::presets::omgs_1gbe(cfg.ranks)?;
     let topo = preset.topology()?;
     let link = topo.inter;
     // Emulated device: the MLP's FLOP profile scaled to `backward_s` in total.
-    let flop_profile = mlp_profile(cfg.batch)?;
+    let flop_profile = mlp_profile(cfg.batch, cfg.hidden)?;
     let emu = flop_profile.scaled(cfg.backward_s / flop_profile.total_backward_s())?;
     let l_count = emu.len();
     let sparse = TopkAllgather {
@@ -317,30 +351,64 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
         sparsify_b: 0.0,
         ..sparse_costs
     };
-    let mut rows = Vec::new();
-    for (name, planner, dense) in [
-        ("dense (mgwfbp)", Planner::MgWfbp, true),
-        ("topk", Planner::TopK, false),
-        ("lags", Planner::Lags, false),
+    let collective = |algo: SparseAlgo, costs_algo| {
+        (
+            CollectiveScheme {
+                algo,
+                density: cfg.density,
+            },
+            RuntimeCosts {
+                algorithm: Some(costs_algo),
+                ..sparse_costs
+            },
+        )
+    };
+    let spardl = collective(
+        SparseAlgo::SparDl {
+            sag: collectives::sparse::Sag::None,
+            teams: None,
+            selector: None,
+        },
+        cost_model::Algorithm::Spardl,
+    );
+    let exdyna = collective(
+        SparseAlgo::ExDyna { warm_start: false },
+        cost_model::Algorithm::Exdyna,
+    );
+    let rows_spec: [(&str, Planner, &dyn Scheme, &RuntimeCosts); 7] = [
+        (
+            "dense (mgwfbp)",
+            Planner::MgWfbp,
+            &DenseAllreduce,
+            &dense_costs,
+        ),
+        (ONE_GROUP, Planner::TopK, &sparse, &sparse_costs),
+        (LAYER_WISE, Planner::Lags, &sparse, &sparse_costs),
         (
             "mgs (threshold)",
             Planner::Threshold(crate::plan::DEFAULT_THRESHOLD),
-            false,
+            &sparse,
+            &sparse_costs,
         ),
-        ("omgs (exact)", Planner::Exact, false),
-    ] {
-        let costs = if dense { dense_costs } else { sparse_costs };
-        let plan = planner.plan(&measured, &costs)?;
-        let predicted = predict(&measured, &plan, &costs)?.iteration_s;
-        let scheme: &dyn Scheme = if dense { &DenseAllreduce } else { &sparse };
+        (PLANNED, Planner::Exact, &sparse, &sparse_costs),
+        ("spardl (exact)", Planner::Exact, &spardl.0, &spardl.1),
+        ("exdyna (exact)", Planner::Exact, &exdyna.0, &exdyna.1),
+    ];
+    let mut rows = Vec::new();
+    for (name, planner, scheme, costs) in rows_spec {
+        let plan = planner.plan(&measured, costs)?;
+        let predicted = predict(&measured, &plan, costs)?;
         let tl = run(cfg, topo, &emu, &plan, scheme)?;
-        let m = tl.iter().map(|t| t.iteration_s).sum::<f64>() / tl.len().max(1) as f64;
+        let n = tl.len().max(1) as f64;
+        let m = tl.iter().map(|t| t.iteration_s).sum::<f64>() / n;
         rows.push(CheckRow {
             scheme: name.to_string(),
             groups: plan.num_groups(),
-            predicted_s: predicted,
+            predicted_s: predicted.iteration_s,
             measured_s: m,
-            rel_error: m / predicted - 1.0,
+            rel_error: m / predicted.iteration_s - 1.0,
+            predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
+            measured_non_overlapped_s: tl.iter().map(|t| t.non_overlapped_comm_s).sum::<f64>() / n,
         });
     }
     Ok(rows)

@@ -57,6 +57,7 @@ fn main() {
         let joins = match &cli.command {
             Command::Bench(_) => true,
             Command::Calibrate(a) => a.mpi,
+            Command::Train(a) => a.mpi || a.mpi_child,
             _ => false,
         };
         if !joins {

@@ -142,9 +142,9 @@ pub fn mpi_launcher() -> Option<(&'static str, String)> {
 pub fn refuse_under_launcher(what: &str, (var, value): (&str, String)) -> String {
     format!(
         "`{what}` was started by an MPI launcher ({var}={value}), where every rank would run \
-         it independently and write the same outputs. Use `cargo xtask bench --mpi -n P` or \
-         `cargo xtask calibrate --mpi` (built with `--features mpi`) for MPI runs, and run \
-         everything else without mpirun."
+         it independently and write the same outputs. Use `cargo xtask bench --mpi -n P`, \
+         `cargo xtask train --mpi -n P` or `cargo xtask calibrate --mpi` (built with \
+         `--features mpi`) for MPI runs, and run everything else without mpirun."
     )
 }
 
