@@ -254,35 +254,36 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pingpong.model.alpha_s.max(0.0),
         pingpong.model.beta_s.max(0.0),
     );
-    let mut collectives = Vec::new();
-    for &algo in &opts.allreduce {
+    // One size sweep of one collective algorithm, fitted.
+    let mut sweep = |op: Collective,
+                     algo: Algorithm,
+                     time: &dyn Fn(usize) -> Result<f64>,
+                     done: &mut usize|
+     -> Result<CollectiveFit> {
         let mut s = Vec::new();
         for &n in &opts.sizes {
-            s.push(Sample::new(
-                n as f64,
-                time_allreduce(comm, algo, n, opts.reps)?,
-            ));
-            tick("allreduce", &mut done);
+            s.push(Sample::new(n as f64, time(n)?));
+            tick(op.name(), done);
         }
-        collectives.push(CollectiveFit::from_samples(
+        Ok(CollectiveFit::from_samples(op, algo, s)?)
+    };
+    let mut collectives = Vec::new();
+    for &algo in &opts.allreduce {
+        let time = |n| time_allreduce(comm, algo, n, opts.reps);
+        collectives.push(sweep(
             Collective::Allreduce,
             allreduce_name(&algo),
-            s,
+            &time,
+            &mut done,
         )?);
     }
     for &algo in &opts.allgather {
-        let mut s = Vec::new();
-        for &n in &opts.sizes {
-            s.push(Sample::new(
-                n as f64,
-                time_allgather(comm, algo, n, opts.reps)?,
-            ));
-            tick("allgather", &mut done);
-        }
-        collectives.push(CollectiveFit::from_samples(
+        let time = |n| time_allgather(comm, algo, n, opts.reps);
+        collectives.push(sweep(
             Collective::Allgather,
             allgather_name(&algo),
-            s,
+            &time,
+            &mut done,
         )?);
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
@@ -296,19 +297,17 @@ pub fn calibrate<C: Communicator + ?Sized>(
         tick("reduction", &mut done);
         if !opts.topk_sizes.is_empty() {
             let mut exact = sparsify::ExactTopK::new();
-            let s = topk_sweep(&mut exact, &opts.topk_sizes, opts.density, opts.reps)?;
-            topk.push(TopkFit {
-                selector: "exact".into(),
-                density: opts.density,
-                fit: fit_topk_piecewise(&s)?,
-            });
             let mut ms = sparsify::MsTopK::with_seed(1);
-            let s = topk_sweep(&mut ms, &opts.topk_sizes, opts.density, opts.reps)?;
-            topk.push(TopkFit {
-                selector: "mstopk".into(),
-                density: opts.density,
-                fit: fit_topk_piecewise(&s)?,
-            });
+            let selectors: [(&str, &mut dyn Selector); 2] =
+                [("exact", &mut exact), ("mstopk", &mut ms)];
+            for (name, selector) in selectors {
+                let s = topk_sweep(selector, &opts.topk_sizes, opts.density, opts.reps)?;
+                topk.push(TopkFit {
+                    selector: name.into(),
+                    density: opts.density,
+                    fit: fit_topk_piecewise(&s)?,
+                });
+            }
         }
         tick("top-k", &mut done);
     }
@@ -433,37 +432,42 @@ pub fn validate<C: Communicator + ?Sized>(
     sizes: &[usize],
 ) -> Result<Vec<Validation>> {
     let p = comm.size();
+    // One row: the time measured beside the prediction and the single-line fit.
+    let row = |op: Collective, algo: Algorithm, n: usize, predicted: Option<f64>, measured_s| {
+        Validation {
+            op: op.name(),
+            algo,
+            bytes: n,
+            predicted_s: predicted.unwrap_or(f64::NAN),
+            line_s: cal
+                .collective_fit(op, algo)
+                .map_or(f64::NAN, |c| c.fit.model.time(n)),
+            measured_s,
+        }
+    };
     let mut out = Vec::new();
     for &n in sizes {
         for algo in &opts.allreduce {
             let measured_s = time_allreduce(comm, *algo, n, opts.reps)?;
-            let predicted_s = cal.allreduce_s(algo, p, n).unwrap_or(f64::NAN);
-            let line_s = cal
-                .collective_fit(Collective::Allreduce, allreduce_name(algo))
-                .map_or(f64::NAN, |c| c.fit.model.time(n));
-            out.push(Validation {
-                op: "allreduce",
-                algo: allreduce_name(algo),
-                bytes: n,
-                predicted_s,
-                line_s,
+            let predicted = cal.allreduce_s(algo, p, n);
+            out.push(row(
+                Collective::Allreduce,
+                allreduce_name(algo),
+                n,
+                predicted,
                 measured_s,
-            });
+            ));
         }
         for algo in &opts.allgather {
             let measured_s = time_allgather(comm, *algo, n, opts.reps)?;
-            let predicted_s = cal.allgather_s(algo, p, n).unwrap_or(f64::NAN);
-            let line_s = cal
-                .collective_fit(Collective::Allgather, allgather_name(algo))
-                .map_or(f64::NAN, |c| c.fit.model.time(n));
-            out.push(Validation {
-                op: "allgather",
-                algo: allgather_name(algo),
-                bytes: n,
-                predicted_s,
-                line_s,
+            let predicted = cal.allgather_s(algo, p, n);
+            out.push(row(
+                Collective::Allgather,
+                allgather_name(algo),
+                n,
+                predicted,
                 measured_s,
-            });
+            ));
         }
     }
     Ok(out)
