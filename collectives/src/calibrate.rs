@@ -227,6 +227,53 @@ pub fn topk_sweep(
     Ok(out)
 }
 
+/// One dense algorithm that [`CalibrateOptions`] sweeps: what [`calibrate`] times and fits
+/// and [`validate`] compares with the prediction.
+#[derive(Debug, Clone, Copy)]
+enum Swept {
+    Allreduce(AllreduceAlgo),
+    Allgather(AllgatherAlgo),
+}
+
+impl Swept {
+    /// Every swept algorithm of `opts`, the all-reduces first.
+    fn all(opts: &CalibrateOptions) -> impl Iterator<Item = Swept> + '_ {
+        let ar = opts.allreduce.iter().copied().map(Swept::Allreduce);
+        ar.chain(opts.allgather.iter().copied().map(Swept::Allgather))
+    }
+
+    fn op(self) -> Collective {
+        match self {
+            Swept::Allreduce(_) => Collective::Allreduce,
+            Swept::Allgather(_) => Collective::Allgather,
+        }
+    }
+
+    /// The cost model's name of the algorithm.
+    fn name(self) -> Algorithm {
+        match self {
+            Swept::Allreduce(a) => allreduce_name(&a),
+            Swept::Allgather(a) => allgather_name(&a),
+        }
+    }
+
+    /// Measured seconds for `bytes` (see [`time_allreduce`], [`time_allgather`]).
+    fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
+        match self {
+            Swept::Allreduce(a) => time_allreduce(comm, a, bytes, reps),
+            Swept::Allgather(a) => time_allgather(comm, a, bytes, reps),
+        }
+    }
+
+    /// The calibration's prediction (see [`Predictor`]).
+    fn predict(self, cal: &Calibration, p: usize, bytes: usize) -> Option<f64> {
+        match self {
+            Swept::Allreduce(a) => cal.allreduce_s(&a, p, bytes),
+            Swept::Allgather(a) => cal.allgather_s(&a, p, bytes),
+        }
+    }
+}
+
 /// Progress reports of [`calibrate`]: `(stage, done, total)`.
 pub type Progress<'a> = &'a mut dyn FnMut(&str, usize, usize);
 
@@ -254,37 +301,14 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pingpong.model.alpha_s.max(0.0),
         pingpong.model.beta_s.max(0.0),
     );
-    // One size sweep of one collective algorithm, fitted.
-    let mut sweep = |op: Collective,
-                     algo: Algorithm,
-                     time: &dyn Fn(usize) -> Result<f64>,
-                     done: &mut usize|
-     -> Result<CollectiveFit> {
+    let mut collectives = Vec::new();
+    for algo in Swept::all(opts) {
         let mut s = Vec::new();
         for &n in &opts.sizes {
-            s.push(Sample::new(n as f64, time(n)?));
-            tick(op.name(), done);
+            s.push(Sample::new(n as f64, algo.time(comm, n, opts.reps)?));
+            tick(algo.op().name(), &mut done);
         }
-        Ok(CollectiveFit::from_samples(op, algo, s)?)
-    };
-    let mut collectives = Vec::new();
-    for &algo in &opts.allreduce {
-        let time = |n| time_allreduce(comm, algo, n, opts.reps);
-        collectives.push(sweep(
-            Collective::Allreduce,
-            allreduce_name(&algo),
-            &time,
-            &mut done,
-        )?);
-    }
-    for &algo in &opts.allgather {
-        let time = |n| time_allgather(comm, algo, n, opts.reps);
-        collectives.push(sweep(
-            Collective::Allgather,
-            allgather_name(&algo),
-            &time,
-            &mut done,
-        )?);
+        collectives.push(CollectiveFit::from_samples(algo.op(), algo.name(), s)?);
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
     let mut reduction = None;
@@ -432,42 +456,20 @@ pub fn validate<C: Communicator + ?Sized>(
     sizes: &[usize],
 ) -> Result<Vec<Validation>> {
     let p = comm.size();
-    // One row: the time measured beside the prediction and the single-line fit.
-    let row = |op: Collective, algo: Algorithm, n: usize, predicted: Option<f64>, measured_s| {
-        Validation {
-            op: op.name(),
-            algo,
-            bytes: n,
-            predicted_s: predicted.unwrap_or(f64::NAN),
-            line_s: cal
-                .collective_fit(op, algo)
-                .map_or(f64::NAN, |c| c.fit.model.time(n)),
-            measured_s,
-        }
-    };
     let mut out = Vec::new();
     for &n in sizes {
-        for algo in &opts.allreduce {
-            let measured_s = time_allreduce(comm, *algo, n, opts.reps)?;
-            let predicted = cal.allreduce_s(algo, p, n);
-            out.push(row(
-                Collective::Allreduce,
-                allreduce_name(algo),
-                n,
-                predicted,
+        for algo in Swept::all(opts) {
+            let measured_s = algo.time(comm, n, opts.reps)?;
+            out.push(Validation {
+                op: algo.op().name(),
+                algo: algo.name(),
+                bytes: n,
+                predicted_s: algo.predict(cal, p, n).unwrap_or(f64::NAN),
+                line_s: cal
+                    .collective_fit(algo.op(), algo.name())
+                    .map_or(f64::NAN, |c| c.fit.model.time(n)),
                 measured_s,
-            ));
-        }
-        for algo in &opts.allgather {
-            let measured_s = time_allgather(comm, *algo, n, opts.reps)?;
-            let predicted = cal.allgather_s(algo, p, n);
-            out.push(row(
-                Collective::Allgather,
-                allgather_name(algo),
-                n,
-                predicted,
-                measured_s,
-            ));
+            });
         }
     }
     Ok(out)
