@@ -88,6 +88,15 @@ fn cifar_cache(files: &[PathBuf], disk: &Path) -> Arc<DataCache> {
     )
 }
 
+/// [`cache_of`] the MNIST files `images`, `labels` in memory only, decoded to `shape`.
+fn mnist_cache(images: &Path, labels: &Path, shape: Vec<usize>) -> Arc<DataCache> {
+    cache_of(
+        MnistSource::open(images, Some(labels)).unwrap(),
+        U8Decoder::new(shape),
+        None,
+    )
+}
+
 /// For world sizes 1..=3 and both modes: each rank's epoch delivers its shard exactly once,
 /// the shards' union is the data set, and orders are reproducible by a fresh loader.
 fn check_epochs(make: &dyn Fn() -> Arc<DataCache>, check_sample: &dyn Fn(&datacache::Sample)) {
@@ -161,13 +170,7 @@ fn cifar10_epochs_shards_and_content() {
 fn mnist_epochs_shards_and_content() {
     let t = tempfile::tempdir().unwrap();
     let (im, lb) = make_mnist(t.path(), 17);
-    let make = || {
-        cache_of(
-            MnistSource::open(&im, Some(&lb)).unwrap(),
-            U8Decoder::new(vec![1, 6, 5]),
-            None,
-        )
-    };
+    let make = || mnist_cache(&im, &lb, vec![1, 6, 5]);
     check_epochs(&make, &|s| {
         assert_eq!(s.label, Some((s.index % 10) as u32));
         assert_eq!(s.tensor.data[0], ((s.index * 30) % 256) as f32 / 255.0);
@@ -479,13 +482,7 @@ fn processes_share_one_dir() {
 fn resume_in_the_middle_of_an_epoch() {
     let t = tempfile::tempdir().unwrap();
     let (im, lb) = make_mnist(t.path(), 41);
-    let make = || {
-        cache_of(
-            MnistSource::open(&im, Some(&lb)).unwrap(),
-            U8Decoder::new(vec![30]),
-            None,
-        )
-    };
+    let make = || mnist_cache(&im, &lb, vec![30]);
     let plan = ShardPlan::new(41, 2, 1, ShardMode::Strided).unwrap();
     let loader = Loader::new(make(), plan, cfg(4, 99, 3)).unwrap();
     let full = loader.order(5);
@@ -535,22 +532,17 @@ fn resume_in_the_middle_of_an_epoch() {
         .collect();
     assert_eq!(rest, loader.order(2)[7..].to_vec());
     // States that do not fit are typed errors.
-    assert!(matches!(
-        loader.resume(&LoaderState {
+    for (position, seed) in [(0, 1), (999, 99)] {
+        let bad = LoaderState {
             epoch: 0,
-            position: 0,
-            seed: 1
-        }),
-        Err(Error::State(_))
-    ));
-    assert!(matches!(
-        loader.resume(&LoaderState {
-            epoch: 0,
-            position: 999,
-            seed: 99
-        }),
-        Err(Error::State(_))
-    ));
+            position,
+            seed,
+        };
+        assert!(
+            matches!(loader.resume(&bad), Err(Error::State(_))),
+            "{bad:?}"
+        );
+    }
     assert!(LoaderState::from_json("{\"epoch\":1}").is_err());
 }
 
