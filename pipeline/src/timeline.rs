@@ -398,29 +398,12 @@ mod tests {
             beta: 0.1,
         };
         let t = predict(&p, &MergePlan::layerwise(2), &c).unwrap();
+        let span = |start, end| Span { start, end };
         // Layer 2 (index 1): backward 0.5..1.5, comm 1.5..4.5; layer 1: backward 1.5..3.5,
         // comm max(3.5, 4.5)..6.5.
-        assert_eq!(
-            t.backward[1],
-            Span {
-                start: 0.5,
-                end: 1.5
-            }
-        );
-        assert_eq!(
-            t.groups[0].comm,
-            Span {
-                start: 1.5,
-                end: 4.5
-            }
-        );
-        assert_eq!(
-            t.groups[1].comm,
-            Span {
-                start: 4.5,
-                end: 6.5
-            }
-        );
+        assert_eq!(t.backward[1], span(0.5, 1.5));
+        assert_eq!(t.groups[0].comm, span(1.5, 4.5));
+        assert_eq!(t.groups[1].comm, span(4.5, 6.5));
         assert_eq!(t.iteration_s, 6.5);
         assert_eq!(t.compute_end_s, 3.5);
         assert_eq!(t.non_overlapped_comm_s, 3.0);
