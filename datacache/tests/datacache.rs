@@ -79,6 +79,15 @@ fn cache_of(
     Arc::new(b.build().unwrap())
 }
 
+/// A temp dir holding `n` CIFAR-10 samples: the dir (deleted on drop), the batch files
+/// and the path for a disk cache inside it.
+fn cifar_dir(n: usize) -> (tempfile::TempDir, Vec<PathBuf>, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let files = make_cifar(t.path(), n);
+    let disk = t.path().join("cache");
+    (t, files, disk)
+}
+
 /// [`cache_of`] the CIFAR-10 batches `files`, with its disk level in `disk`.
 fn cifar_cache(files: &[PathBuf], disk: &Path) -> Arc<DataCache> {
     cache_of(
@@ -145,9 +154,7 @@ fn check_epochs(make: &dyn Fn() -> Arc<DataCache>, check_sample: &dyn Fn(&dataca
 
 #[test]
 fn cifar10_epochs_shards_and_content() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 23);
-    let disk = t.path().join("cache");
+    let (t, files, disk) = cifar_dir(23);
     let make = || cifar_cache(&files, &disk);
     check_epochs(&make, &|s| {
         assert_eq!(s.label, Some((s.index % 10) as u32));
@@ -244,9 +251,7 @@ fn out_of_range_is_rejected() {
 
 #[test]
 fn corrupted_disk_entries_are_refetched() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 12);
-    let disk = t.path().join("cache");
+    let (_t, files, disk) = cifar_dir(12);
     let make = || cifar_cache(&files, &disk);
     let first = make();
     let loader = Loader::new(first.clone(), ShardPlan::single(12), cfg(5, 1, 2)).unwrap();
@@ -341,9 +346,8 @@ fn missing_and_undecodable_samples_are_named_and_can_be_skipped() {
 
 #[test]
 fn unwritable_disk_degrades_to_memory_and_source() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 10);
-    let cache = cifar_cache(&files, &t.path().join("cache"));
+    let (_t, files, disk) = cifar_dir(10);
+    let cache = cifar_cache(&files, &disk);
     // Pull the directory away and put a file in its place: every write now fails, as on a
     // full disk.
     let dir = cache.disk().unwrap().dir().to_path_buf();
