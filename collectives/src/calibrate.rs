@@ -227,6 +227,53 @@ pub fn topk_sweep(
     Ok(out)
 }
 
+/// One dense algorithm that [`CalibrateOptions`] sweeps: what [`calibrate`] times and fits
+/// and [`validate`] compares with the prediction.
+#[derive(Debug, Clone, Copy)]
+enum Swept {
+    Allreduce(AllreduceAlgo),
+    Allgather(AllgatherAlgo),
+}
+
+impl Swept {
+    /// Every swept algorithm of `opts`, the all-reduces first.
+    fn all(opts: &CalibrateOptions) -> impl Iterator<Item = Swept> + '_ {
+        let ar = opts.allreduce.iter().copied().map(Swept::Allreduce);
+        ar.chain(opts.allgather.iter().copied().map(Swept::Allgather))
+    }
+
+    fn op(self) -> Collective {
+        match self {
+            Swept::Allreduce(_) => Collective::Allreduce,
+            Swept::Allgather(_) => Collective::Allgather,
+        }
+    }
+
+    /// The cost model's name of the algorithm.
+    fn name(self) -> Algorithm {
+        match self {
+            Swept::Allreduce(a) => allreduce_name(&a),
+            Swept::Allgather(a) => allgather_name(&a),
+        }
+    }
+
+    /// Measured seconds for `bytes` (see [`time_allreduce`], [`time_allgather`]).
+    fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
+        match self {
+            Swept::Allreduce(a) => time_allreduce(comm, a, bytes, reps),
+            Swept::Allgather(a) => time_allgather(comm, a, bytes, reps),
+        }
+    }
+
+    /// The calibration's prediction (see [`Predictor`]).
+    fn predict(self, cal: &Calibration, p: usize, bytes: usize) -> Option<f64> {
+        match self {
+            Swept::Allreduce(a) => cal.allreduce_s(&a, p, bytes),
+            Swept::Allgather(a) => cal.allgather_s(&a, p, bytes),
+        }
+    }
+}
+
 /// Progress reports of [`calibrate`]: `(stage, done, total)`.
 pub type Progress<'a> = &'a mut dyn FnMut(&str, usize, usize);
 
@@ -255,35 +302,13 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pingpong.model.beta_s.max(0.0),
     );
     let mut collectives = Vec::new();
-    for &algo in &opts.allreduce {
+    for algo in Swept::all(opts) {
         let mut s = Vec::new();
         for &n in &opts.sizes {
-            s.push(Sample::new(
-                n as f64,
-                time_allreduce(comm, algo, n, opts.reps)?,
-            ));
-            tick("allreduce", &mut done);
+            s.push(Sample::new(n as f64, algo.time(comm, n, opts.reps)?));
+            tick(algo.op().name(), &mut done);
         }
-        collectives.push(CollectiveFit::from_samples(
-            Collective::Allreduce,
-            allreduce_name(&algo),
-            s,
-        )?);
-    }
-    for &algo in &opts.allgather {
-        let mut s = Vec::new();
-        for &n in &opts.sizes {
-            s.push(Sample::new(
-                n as f64,
-                time_allgather(comm, algo, n, opts.reps)?,
-            ));
-            tick("allgather", &mut done);
-        }
-        collectives.push(CollectiveFit::from_samples(
-            Collective::Allgather,
-            allgather_name(&algo),
-            s,
-        )?);
+        collectives.push(CollectiveFit::from_samples(algo.op(), algo.name(), s)?);
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
     let mut reduction = None;
@@ -296,19 +321,17 @@ pub fn calibrate<C: Communicator + ?Sized>(
         tick("reduction", &mut done);
         if !opts.topk_sizes.is_empty() {
             let mut exact = sparsify::ExactTopK::new();
-            let s = topk_sweep(&mut exact, &opts.topk_sizes, opts.density, opts.reps)?;
-            topk.push(TopkFit {
-                selector: "exact".into(),
-                density: opts.density,
-                fit: fit_topk_piecewise(&s)?,
-            });
             let mut ms = sparsify::MsTopK::with_seed(1);
-            let s = topk_sweep(&mut ms, &opts.topk_sizes, opts.density, opts.reps)?;
-            topk.push(TopkFit {
-                selector: "mstopk".into(),
-                density: opts.density,
-                fit: fit_topk_piecewise(&s)?,
-            });
+            let selectors: [(&str, &mut dyn Selector); 2] =
+                [("exact", &mut exact), ("mstopk", &mut ms)];
+            for (name, selector) in selectors {
+                let s = topk_sweep(selector, &opts.topk_sizes, opts.density, opts.reps)?;
+                topk.push(TopkFit {
+                    selector: name.into(),
+                    density: opts.density,
+                    fit: fit_topk_piecewise(&s)?,
+                });
+            }
         }
         tick("top-k", &mut done);
     }
@@ -435,33 +458,16 @@ pub fn validate<C: Communicator + ?Sized>(
     let p = comm.size();
     let mut out = Vec::new();
     for &n in sizes {
-        for algo in &opts.allreduce {
-            let measured_s = time_allreduce(comm, *algo, n, opts.reps)?;
-            let predicted_s = cal.allreduce_s(algo, p, n).unwrap_or(f64::NAN);
-            let line_s = cal
-                .collective_fit(Collective::Allreduce, allreduce_name(algo))
-                .map_or(f64::NAN, |c| c.fit.model.time(n));
+        for algo in Swept::all(opts) {
+            let measured_s = algo.time(comm, n, opts.reps)?;
             out.push(Validation {
-                op: "allreduce",
-                algo: allreduce_name(algo),
+                op: algo.op().name(),
+                algo: algo.name(),
                 bytes: n,
-                predicted_s,
-                line_s,
-                measured_s,
-            });
-        }
-        for algo in &opts.allgather {
-            let measured_s = time_allgather(comm, *algo, n, opts.reps)?;
-            let predicted_s = cal.allgather_s(algo, p, n).unwrap_or(f64::NAN);
-            let line_s = cal
-                .collective_fit(Collective::Allgather, allgather_name(algo))
-                .map_or(f64::NAN, |c| c.fit.model.time(n));
-            out.push(Validation {
-                op: "allgather",
-                algo: allgather_name(algo),
-                bytes: n,
-                predicted_s,
-                line_s,
+                predicted_s: algo.predict(cal, p, n).unwrap_or(f64::NAN),
+                line_s: cal
+                    .collective_fit(algo.op(), algo.name())
+                    .map_or(f64::NAN, |c| c.fit.model.time(n)),
                 measured_s,
             });
         }

@@ -118,8 +118,14 @@ fn assert_equal(what: &str, pred: &Prediction, got: &[SimStats]) {
     }
 }
 
-#[test]
-fn dense_predictions_equal_simcomm() {
+/// Calls `check(topology, case, what)` for every dense operation and algorithm, at each
+/// P of `ps`, on each of [`topologies`] for it and at each length of `ns` (root P − 1,
+/// [`BLOCK`]-byte pipeline blocks); `what` names the case in failure messages.
+fn each_dense_case(
+    ps: impl IntoIterator<Item = usize>,
+    ns: &[usize],
+    mut check: impl FnMut(&Topology, &DenseCase, &str),
+) {
     let ops = [
         Collective::Allreduce,
         Collective::Allgather,
@@ -127,11 +133,9 @@ fn dense_predictions_equal_simcomm() {
         Collective::Broadcast,
         Collective::Reduce,
     ];
-    let mut cases = 0;
-    let mut closed = 0;
-    for p in [2usize, 3, 4, 5, 6, 8] {
+    for p in ps {
         for topo in topologies(p) {
-            for n in [1usize, 7, 600, 1000] {
+            for &n in ns {
                 for op in ops {
                     for &algo in op.algorithms() {
                         let case = DenseCase::new(op, algo, n)
@@ -144,22 +148,35 @@ fn dense_predictions_equal_simcomm() {
                             topo.nodes,
                             topo.ranks_per_node
                         );
-                        let pred = predict_dense(&case, &topo).unwrap();
-                        let got = measure(&topo, op, algo, n);
-                        assert_equal(&what, &pred, &got);
-                        cases += 1;
-                        if topo.ranks_per_node == 1 {
-                            if let Some(t) = closed_form(&case, p, topo.inter, 0.0) {
-                                let max = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
-                                assert!(close(t, max), "{what}: closed form {t}, simulated {max}");
-                                closed += 1;
-                            }
-                        }
+                        check(&topo, &case, &what);
                     }
                 }
             }
         }
     }
+}
+
+#[test]
+fn dense_predictions_equal_simcomm() {
+    let mut cases = 0;
+    let mut closed = 0;
+    each_dense_case(
+        [2usize, 3, 4, 5, 6, 8],
+        &[1, 7, 600, 1000],
+        |topo, case, what| {
+            let pred = predict_dense(case, topo).unwrap();
+            let got = measure(topo, case.op, case.algo, case.elems);
+            assert_equal(what, &pred, &got);
+            cases += 1;
+            if topo.ranks_per_node == 1 {
+                if let Some(t) = closed_form(case, topo.ranks(), topo.inter, 0.0) {
+                    let max = got.iter().map(|s| s.clock_s).fold(0.0, f64::max);
+                    assert!(close(t, max), "{what}: closed form {t}, simulated {max}");
+                    closed += 1;
+                }
+            }
+        },
+    );
     assert!(
         cases > 300 && closed > 60,
         "{cases} cases, {closed} closed forms"
@@ -168,37 +185,12 @@ fn dense_predictions_equal_simcomm() {
 
 #[test]
 fn every_dense_trace_equals_its_plan() {
-    let ops = [
-        Collective::Allreduce,
-        Collective::Allgather,
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::Reduce,
-    ];
     let mut calls = 0;
-    for p in 1usize..=17 {
-        for topo in topologies(p) {
-            for n in [0usize, 5, 1000] {
-                for op in ops {
-                    for &algo in op.algorithms() {
-                        let case = DenseCase::new(op, algo, n)
-                            .with_block_bytes(BLOCK)
-                            .with_root(p - 1);
-                        let what = format!(
-                            "{} {} P={p} ({}×{}) n={n}",
-                            op.name(),
-                            algo.name(),
-                            topo.nodes,
-                            topo.ranks_per_node
-                        );
-                        let plan = dense_schedule(&case, p, topo.ranks_per_node).unwrap();
-                        let (_, got) = measure_traced(&topo, op, algo, n);
-                        trace::assert_trace(&what, &plan, &got);
-                        calls += got.iter().map(Vec::len).sum::<usize>();
-                    }
-                }
-            }
-        }
-    }
+    each_dense_case(1usize..=17, &[0, 5, 1000], |topo, case, what| {
+        let plan = dense_schedule(case, topo.ranks(), topo.ranks_per_node).unwrap();
+        let (_, got) = measure_traced(topo, case.op, case.algo, case.elems);
+        trace::assert_trace(what, &plan, &got);
+        calls += got.iter().map(Vec::len).sum::<usize>();
+    });
     assert!(calls > 50_000, "only {calls} calls compared");
 }

@@ -2,40 +2,18 @@
 //! within f32 rounding, all ranks are bit-identical, for P in 1..=17 and small random
 //! lengths; bad input gives the same typed error on every rank.
 
+#[path = "support/dense_ref.rs"]
+mod dense_ref;
+
 use collectives::dense::{
     allgather, allgatherv, allreduce, allreduce_hier, block_range, broadcast, reduce,
     reduce_scatter, AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, HierComm,
     ReduceAlgo, ReduceScatterAlgo, WireType,
 };
 use collectives::{Communicator, Error, ThreadComm, ThreadConfig};
+use dense_ref::{input, reference};
 use proptest::prelude::*;
 use std::time::Duration;
-
-/// Deterministic input of rank r: values in [-1, 1) from a tiny LCG.
-fn input(seed: u64, r: usize, n: usize) -> Vec<f32> {
-    let mut s = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// f64 reference sum and the sum of magnitudes (for the rounding bound).
-fn reference(seed: u64, p: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut sum = vec![0f64; n];
-    let mut mag = vec![0f64; n];
-    for r in 0..p {
-        for (i, x) in input(seed, r, n).into_iter().enumerate() {
-            sum[i] += x as f64;
-            mag[i] += x.abs() as f64;
-        }
-    }
-    (sum, mag)
-}
 
 /// Unit roundoff of the wire type (f32 accumulation adds 2^-24 per step on top).
 fn eps(w: WireType) -> f64 {
@@ -269,6 +247,14 @@ fn each_rank<T: Send + 'static>(
         .collect()
 }
 
+/// Asserts that every rank's result is an error that `want` accepts.
+fn assert_every_rank<T: std::fmt::Debug>(
+    res: &[collectives::Result<T>],
+    want: impl Fn(&Error) -> bool,
+) {
+    assert!(res.iter().all(|r| r.as_ref().is_err_and(&want)), "{res:?}");
+}
+
 #[test]
 fn mismatched_lengths_fail_on_every_rank() {
     for algo in all_algos(4) {
@@ -291,10 +277,7 @@ fn mismatched_lengths_fail_on_every_rank() {
             &DenseOptions::default(),
         )
     });
-    assert!(
-        res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
-        "{res:?}"
-    );
+    assert_every_rank(&res, |e| matches!(e, Error::Mismatch { .. }));
     let res = each_rank(5, |c| {
         let algo = if c.rank() == 0 {
             AllreduceAlgo::Ring
@@ -303,45 +286,30 @@ fn mismatched_lengths_fail_on_every_rank() {
         };
         allreduce(c, &mut [1.0; 4], algo, &DenseOptions::default())
     });
-    assert!(
-        res.iter().all(|r| matches!(
-            r,
-            Err(Error::Mismatch {
+    assert_every_rank(&res, |e| {
+        matches!(
+            e,
+            Error::Mismatch {
                 what: "algorithm",
                 ..
-            })
-        )),
-        "{res:?}"
-    );
+            }
+        )
+    });
 }
 
 #[test]
 fn bad_parameters_fail_on_every_rank() {
-    let res = each_rank(3, |c| {
-        allreduce(
-            c,
-            &mut [1.0; 4],
-            AllreduceAlgo::LinearPipeline { block_bytes: 0 },
-            &DenseOptions::default(),
-        )
-    });
-    assert!(
-        res.iter()
-            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
-        "{res:?}"
-    );
-    let res = each_rank(6, |c| {
-        allreduce(
-            c,
-            &mut [1.0; 4],
-            AllreduceAlgo::Torus2d { ranks_per_node: 4 },
-            &DenseOptions::default(),
-        )
-    });
-    assert!(
-        res.iter()
-            .all(|r| matches!(r, Err(Error::Topology(m)) if m.contains("does not divide"))),
-        "{res:?}"
+    let allreduce_on = |p, algo| {
+        each_rank(p, move |c| {
+            allreduce(c, &mut [1.0; 4], algo, &DenseOptions::default())
+        })
+    };
+    let res = allreduce_on(3, AllreduceAlgo::LinearPipeline { block_bytes: 0 });
+    assert_every_rank(&res, |e| matches!(e, Error::InvalidArgument(_)));
+    let res = allreduce_on(6, AllreduceAlgo::Torus2d { ranks_per_node: 4 });
+    assert_every_rank(
+        &res,
+        |e| matches!(e, Error::Topology(m) if m.contains("does not divide")),
     );
     let res = each_rank(2, |c| {
         broadcast(
@@ -352,11 +320,7 @@ fn bad_parameters_fail_on_every_rank() {
             &DenseOptions::default(),
         )
     });
-    assert!(
-        res.iter()
-            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
-        "{res:?}"
-    );
+    assert_every_rank(&res, |e| matches!(e, Error::InvalidArgument(_)));
     let res = each_rank(2, |c| {
         reduce(
             c,
@@ -366,11 +330,7 @@ fn bad_parameters_fail_on_every_rank() {
             &DenseOptions::default(),
         )
     });
-    assert!(
-        res.iter()
-            .all(|r| matches!(r, Err(Error::InvalidArgument(_)))),
-        "{res:?}"
-    );
+    assert_every_rank(&res, |e| matches!(e, Error::InvalidArgument(_)));
 }
 
 #[test]

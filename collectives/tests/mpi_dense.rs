@@ -3,6 +3,8 @@
 //! bits; bad input gives a typed error on every rank. Prints `ok: <check>` on rank 0 and
 //! exits non-zero on failure.
 
+#[path = "support/dense_ref.rs"]
+mod dense_ref;
 #[path = "support/mpi.rs"]
 mod mpi;
 
@@ -12,29 +14,11 @@ use collectives::dense::{
     WireType,
 };
 use collectives::{Communicator, Error, MpiComm};
-
-fn input(seed: u64, r: usize, n: usize) -> Vec<f32> {
-    let mut s = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use dense_ref::{input, reference};
 
 fn within(got: &[f32], seed: u64, p: usize, eps: f64) -> bool {
     let n = got.len();
-    let mut sum = vec![0f64; n];
-    let mut mag = vec![0f64; n];
-    for r in 0..p {
-        for (i, x) in input(seed, r, n).into_iter().enumerate() {
-            sum[i] += x as f64;
-            mag[i] += x.abs() as f64;
-        }
-    }
+    let (sum, mag) = reference(seed, p, n);
     let k = (2 * p + 2) as f64 * (eps + 2f64.powi(-24));
     (0..n).all(|i| (got[i] as f64 - sum[i]).abs() <= k * mag[i] + 1e-30)
 }

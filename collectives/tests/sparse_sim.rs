@@ -34,6 +34,15 @@ fn second_step(name: &'static str, p: usize, d: usize, density: f64) -> Vec<(Sim
     .unwrap()
 }
 
+/// [`second_step`] of an exact top-k algorithm (TopkA, gTopk) at `p` ranks on
+/// `d = 200P + 3` elements at density 0.02, with each rank's `k = ⌈ρd⌉`.
+fn exact_k_step(name: &'static str, p: usize) -> (u64, Vec<(SimStats, StepStats)>) {
+    let d = 200 * p + 3;
+    let density = 0.02;
+    let k = (density * d as f64).ceil() as u64;
+    (k, second_step(name, p, d, density))
+}
+
 fn own_counts_match(sim: &SimStats, st: &StepStats) {
     assert_eq!(sim.rounds, st.rounds);
     assert_eq!(sim.bytes_sent, st.bytes_sent);
@@ -68,10 +77,8 @@ fn spardl_matches_table1() {
 #[test]
 fn topka_matches_table1() {
     for p in 2..=17usize {
-        let d = 200 * p + 3;
-        let density = 0.02;
-        let k = (density * d as f64).ceil() as u64;
-        for (r, (sim, st)) in second_step("topka", p, d, density).iter().enumerate() {
+        let (k, all) = exact_k_step("topka", p);
+        for (r, (sim, st)) in all.iter().enumerate() {
             own_counts_match(sim, st);
             // (log P)α with Bruck for any P; 2(P − 1)k numbers.
             assert_eq!(sim.rounds, ceil_log2(p), "P={p} rank {r}");
@@ -84,10 +91,7 @@ fn topka_matches_table1() {
 #[test]
 fn gtopk_matches_table1() {
     for p in 2..=17usize {
-        let d = 200 * p + 3;
-        let density = 0.02;
-        let k = (density * d as f64).ceil() as u64;
-        let all = second_step("gtopk", p, d, density);
+        let (k, all) = exact_k_step("gtopk", p);
         for (sim, st) in &all {
             own_counts_match(sim, st);
             assert!(sim.rounds <= 2 * ceil_log2(p));

@@ -41,41 +41,30 @@ pub trait Source: Send + Sync {
     fn fingerprint(&self) -> String;
 }
 
-impl<S: Source + ?Sized> Source for Arc<S> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn read(&self, index: usize) -> Result<Vec<u8>> {
-        (**self).read(index)
-    }
-    fn name(&self, index: usize) -> String {
-        (**self).name(index)
-    }
-    fn label(&self, index: usize, raw: &[u8]) -> Option<u32> {
-        (**self).label(index, raw)
-    }
-    fn fingerprint(&self) -> String {
-        (**self).fingerprint()
-    }
+/// Forwards [`Source`] through a smart pointer, so `Arc<dyn Source>` and
+/// `Box<dyn Source>` are sources themselves.
+macro_rules! forward_source {
+    ($($ptr:ident),*) => {$(
+        impl<S: Source + ?Sized> Source for $ptr<S> {
+            fn len(&self) -> usize {
+                (**self).len()
+            }
+            fn read(&self, index: usize) -> Result<Vec<u8>> {
+                (**self).read(index)
+            }
+            fn name(&self, index: usize) -> String {
+                (**self).name(index)
+            }
+            fn label(&self, index: usize, raw: &[u8]) -> Option<u32> {
+                (**self).label(index, raw)
+            }
+            fn fingerprint(&self) -> String {
+                (**self).fingerprint()
+            }
+        }
+    )*};
 }
-
-impl<S: Source + ?Sized> Source for Box<S> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn read(&self, index: usize) -> Result<Vec<u8>> {
-        (**self).read(index)
-    }
-    fn name(&self, index: usize) -> String {
-        (**self).name(index)
-    }
-    fn label(&self, index: usize, raw: &[u8]) -> Option<u32> {
-        (**self).label(index, raw)
-    }
-    fn fingerprint(&self) -> String {
-        (**self).fingerprint()
-    }
-}
+forward_source!(Arc, Box);
 
 pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
     if index < len {

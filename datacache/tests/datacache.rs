@@ -65,6 +65,47 @@ fn cfg(batch: usize, seed: u64, workers: usize) -> LoaderConfig {
     }
 }
 
+/// A cache over `source` with a 1 MiB memory level and, with `disk`, a 1 MiB disk level
+/// in that directory.
+fn cache_of(
+    source: impl Source + 'static,
+    decoder: impl Decoder + 'static,
+    disk: Option<&Path>,
+) -> Arc<DataCache> {
+    let mut b = DataCache::builder(source, decoder).memory(1 << 20);
+    if let Some(dir) = disk {
+        b = b.disk(dir, 1 << 20);
+    }
+    Arc::new(b.build().unwrap())
+}
+
+/// A temp dir holding `n` CIFAR-10 samples: the dir (deleted on drop), the batch files
+/// and the path for a disk cache inside it.
+fn cifar_dir(n: usize) -> (tempfile::TempDir, Vec<PathBuf>, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let files = make_cifar(t.path(), n);
+    let disk = t.path().join("cache");
+    (t, files, disk)
+}
+
+/// [`cache_of`] the CIFAR-10 batches `files`, with its disk level in `disk`.
+fn cifar_cache(files: &[PathBuf], disk: &Path) -> Arc<DataCache> {
+    cache_of(
+        Cifar10Source::open(files).unwrap(),
+        Cifar10Decoder,
+        Some(disk),
+    )
+}
+
+/// [`cache_of`] the MNIST files `images`, `labels` in memory only, decoded to `shape`.
+fn mnist_cache(images: &Path, labels: &Path, shape: Vec<usize>) -> Arc<DataCache> {
+    cache_of(
+        MnistSource::open(images, Some(labels)).unwrap(),
+        U8Decoder::new(shape),
+        None,
+    )
+}
+
 /// For world sizes 1..=3 and both modes: each rank's epoch delivers its shard exactly once,
 /// the shards' union is the data set, and orders are reproducible by a fresh loader.
 fn check_epochs(make: &dyn Fn() -> Arc<DataCache>, check_sample: &dyn Fn(&datacache::Sample)) {
@@ -113,18 +154,8 @@ fn check_epochs(make: &dyn Fn() -> Arc<DataCache>, check_sample: &dyn Fn(&dataca
 
 #[test]
 fn cifar10_epochs_shards_and_content() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 23);
-    let disk = t.path().join("cache");
-    let make = || {
-        Arc::new(
-            DataCache::builder(Cifar10Source::open(&files).unwrap(), Cifar10Decoder)
-                .disk(&disk, 1 << 20)
-                .memory(1 << 20)
-                .build()
-                .unwrap(),
-        )
-    };
+    let (t, files, disk) = cifar_dir(23);
+    let make = || cifar_cache(&files, &disk);
     check_epochs(&make, &|s| {
         assert_eq!(s.label, Some((s.index % 10) as u32));
         assert_eq!(s.tensor.shape, vec![3, 32, 32]);
@@ -146,17 +177,7 @@ fn cifar10_epochs_shards_and_content() {
 fn mnist_epochs_shards_and_content() {
     let t = tempfile::tempdir().unwrap();
     let (im, lb) = make_mnist(t.path(), 17);
-    let make = || {
-        Arc::new(
-            DataCache::builder(
-                MnistSource::open(&im, Some(&lb)).unwrap(),
-                U8Decoder::new(vec![1, 6, 5]),
-            )
-            .memory(1 << 20)
-            .build()
-            .unwrap(),
-        )
-    };
+    let make = || mnist_cache(&im, &lb, vec![1, 6, 5]);
     check_epochs(&make, &|s| {
         assert_eq!(s.label, Some((s.index % 10) as u32));
         assert_eq!(s.tensor.data[0], ((s.index * 30) % 256) as f32 / 255.0);
@@ -191,12 +212,10 @@ fn png_folder_epochs_shards_and_content() {
     let src = FolderSource::open_filtered(&root, &["png"]).unwrap();
     assert_eq!(src.classes(), &["cat", "dog", "emu"]);
     let make = || {
-        Arc::new(
-            DataCache::builder(FolderSource::open(&root).unwrap(), ImageDecoder::default())
-                .disk(&disk, 1 << 20)
-                .memory(1 << 20)
-                .build()
-                .unwrap(),
+        cache_of(
+            FolderSource::open(&root).unwrap(),
+            ImageDecoder::default(),
+            Some(&disk),
         )
     };
     let src2 = src.clone();
@@ -232,18 +251,8 @@ fn out_of_range_is_rejected() {
 
 #[test]
 fn corrupted_disk_entries_are_refetched() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 12);
-    let disk = t.path().join("cache");
-    let make = || {
-        Arc::new(
-            DataCache::builder(Cifar10Source::open(&files).unwrap(), Cifar10Decoder)
-                .disk(&disk, 1 << 20)
-                .memory(1 << 20)
-                .build()
-                .unwrap(),
-        )
-    };
+    let (_t, files, disk) = cifar_dir(12);
+    let make = || cifar_cache(&files, &disk);
     let first = make();
     let loader = Loader::new(first.clone(), ShardPlan::single(12), cfg(5, 1, 2)).unwrap();
     let clean: Vec<_> = loader.epoch(0).flat_map(|b| b.unwrap().samples).collect();
@@ -337,15 +346,8 @@ fn missing_and_undecodable_samples_are_named_and_can_be_skipped() {
 
 #[test]
 fn unwritable_disk_degrades_to_memory_and_source() {
-    let t = tempfile::tempdir().unwrap();
-    let files = make_cifar(t.path(), 10);
-    let cache = Arc::new(
-        DataCache::builder(Cifar10Source::open(&files).unwrap(), Cifar10Decoder)
-            .disk(t.path().join("cache"), 1 << 20)
-            .memory(1 << 20)
-            .build()
-            .unwrap(),
-    );
+    let (_t, files, disk) = cifar_dir(10);
+    let cache = cifar_cache(&files, &disk);
     // Pull the directory away and put a file in its place: every write now fails, as on a
     // full disk.
     let dir = cache.disk().unwrap().dir().to_path_buf();
@@ -484,17 +486,7 @@ fn processes_share_one_dir() {
 fn resume_in_the_middle_of_an_epoch() {
     let t = tempfile::tempdir().unwrap();
     let (im, lb) = make_mnist(t.path(), 41);
-    let make = || {
-        Arc::new(
-            DataCache::builder(
-                MnistSource::open(&im, Some(&lb)).unwrap(),
-                U8Decoder::new(vec![30]),
-            )
-            .memory(1 << 20)
-            .build()
-            .unwrap(),
-        )
-    };
+    let make = || mnist_cache(&im, &lb, vec![30]);
     let plan = ShardPlan::new(41, 2, 1, ShardMode::Strided).unwrap();
     let loader = Loader::new(make(), plan, cfg(4, 99, 3)).unwrap();
     let full = loader.order(5);
@@ -544,22 +536,17 @@ fn resume_in_the_middle_of_an_epoch() {
         .collect();
     assert_eq!(rest, loader.order(2)[7..].to_vec());
     // States that do not fit are typed errors.
-    assert!(matches!(
-        loader.resume(&LoaderState {
+    for (position, seed) in [(0, 1), (999, 99)] {
+        let bad = LoaderState {
             epoch: 0,
-            position: 0,
-            seed: 1
-        }),
-        Err(Error::State(_))
-    ));
-    assert!(matches!(
-        loader.resume(&LoaderState {
-            epoch: 0,
-            position: 999,
-            seed: 99
-        }),
-        Err(Error::State(_))
-    ));
+            position,
+            seed,
+        };
+        assert!(
+            matches!(loader.resume(&bad), Err(Error::State(_))),
+            "{bad:?}"
+        );
+    }
     assert!(LoaderState::from_json("{\"epoch\":1}").is_err());
 }
 

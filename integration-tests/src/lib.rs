@@ -97,6 +97,12 @@ pub fn flatten(tensors: &[Vec<f32>]) -> Vec<f32> {
     tensors.iter().flatten().copied().collect()
 }
 
+/// The bit patterns of `v`, for comparisons that must be exact (replicas stay
+/// bit-identical; `-0.0` and NaN payloads count).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// Element-wise mean of equally long vectors, accumulated in `f64`.
 pub fn mean_f64(vs: &[Vec<f32>]) -> Vec<f64> {
     let d = vs.first().map_or(0, Vec::len);

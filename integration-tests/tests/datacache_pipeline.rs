@@ -20,7 +20,7 @@ use collectives::Communicator;
 use datacache::{
     formats, DataCache, Loader, LoaderConfig, MnistSource, ShardMode, ShardPlan, U8Decoder,
 };
-use integration_tests::{flatten, run_ranks, AnyResult};
+use integration_tests::{bits, flatten, run_ranks, AnyResult};
 use pipeline::staged::{self, Staged, Stages};
 use pipeline::{LayerProfile, Planner, SimpleCosts, TopkAllgather};
 
@@ -208,12 +208,8 @@ fn check_sharded(p: usize, mode: ShardMode) {
         );
         // Replicas identical.
         assert_eq!(
-            o.params.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            outs[0]
-                .params
-                .iter()
-                .map(|x| x.to_bits())
-                .collect::<Vec<_>>(),
+            bits(&o.params),
+            bits(&outs[0].params),
             "{what}: rank {r}'s model differs from rank 0's"
         );
         union.extend(&o.shard);

@@ -14,7 +14,7 @@
 
 use collectives::sparse::{Sag, SparseAlgo};
 use collectives::Communicator;
-use integration_tests::{assert_close, grad, mean_f64, run_ranks, split, AnyResult};
+use integration_tests::{assert_close, bits, grad, mean_f64, run_ranks, split, AnyResult};
 use pipeline::schemes::CollectiveScheme;
 use pipeline::{
     DenseAllreduce, LayerProfile, MergePlan, Planner, Scheme, SimpleCosts, TopkAllgather,
@@ -99,9 +99,11 @@ fn assert_identical_across_ranks(outs: &[Vec<Vec<Vec<f32>>>], what: &str) {
         for (it, layers) in o.iter().enumerate() {
             for (l, g) in layers.iter().enumerate() {
                 assert_eq!(g.len(), SIZES[l], "{what}: rank {r} layer {l} length");
-                let a: Vec<u32> = g.iter().map(|x| x.to_bits()).collect();
-                let b: Vec<u32> = outs[0][it][l].iter().map(|x| x.to_bits()).collect();
-                assert_eq!(a, b, "{what}: rank {r}, iteration {it}, layer {l} differs");
+                assert_eq!(
+                    bits(g),
+                    bits(&outs[0][it][l]),
+                    "{what}: rank {r}, iteration {it}, layer {l} differs"
+                );
             }
         }
     }
@@ -143,20 +145,20 @@ const SPARDL: SparseAlgo = SparseAlgo::SparDl {
 #[test]
 fn sparse_schemes_at_density_one_equal_the_dense_average() {
     let plan = plan();
+    let topk = TopkAllgather { density: 1.0 };
     let spardl = CollectiveScheme {
         algo: SPARDL,
         density: 1.0,
     };
+    let schemes: [(&str, &(dyn Scheme + Sync)); 2] =
+        [("topk-allgather", &topk), ("spardl", &spardl)];
     for p in [3, 4] {
-        let outs = drive(p, &plan, &TopkAllgather { density: 1.0 });
-        let what = format!("topk-allgather ρ=1 P={p}");
-        assert_identical_across_ranks(&outs, &what);
-        assert_dense_average(p, &outs, &what);
-
-        let outs = drive(p, &plan, &spardl);
-        let what = format!("spardl ρ=1 P={p}");
-        assert_identical_across_ranks(&outs, &what);
-        assert_dense_average(p, &outs, &what);
+        for (name, scheme) in schemes {
+            let outs = drive(p, &plan, scheme);
+            let what = format!("{name} ρ=1 P={p}");
+            assert_identical_across_ranks(&outs, &what);
+            assert_dense_average(p, &outs, &what);
+        }
     }
 }
 

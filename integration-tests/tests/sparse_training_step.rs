@@ -18,8 +18,8 @@
 use collectives::sparse::{build, SparseAlgo};
 use collectives::Communicator;
 use integration_tests::{
-    abs_sum_f64, assert_close, conservation_update, flatten, grad, run_ranks, snap_noise, split,
-    sum_f64, topka_reference, AnyResult,
+    abs_sum_f64, assert_close, bits, conservation_update, flatten, grad, run_ranks, snap_noise,
+    split, sum_f64, topka_reference, AnyResult,
 };
 use lars_pto::{Lamb, LambConfig, Lars, LarsConfig, LayerSpec, Mode};
 
@@ -169,12 +169,8 @@ fn check_case(p: usize, algo: SparseAlgo, which: Opt) {
     // 1. Replicas stay bit-identical.
     for (r, o) in outs.iter().enumerate() {
         assert_eq!(
-            o.weights.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            outs[0]
-                .weights
-                .iter()
-                .map(|x| x.to_bits())
-                .collect::<Vec<_>>(),
+            bits(&o.weights),
+            bits(&outs[0].weights),
             "{what}: rank {r}'s weights differ from rank 0's"
         );
         assert_eq!(

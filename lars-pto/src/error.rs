@@ -7,60 +7,73 @@
 
 use std::fmt;
 
-/// A hyper-parameter, named in [`Error::InvalidHyperParameter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Param {
-    /// The global learning rate of a step (finite, ≥ 0).
-    LearningRate,
-    /// LARS trust coefficient η (finite, ≥ 0).
-    TrustCoefficient,
-    /// Weight decay (finite, ≥ 0).
-    WeightDecay,
-    /// ε in a denominator (finite, ≥ 0).
-    Epsilon,
-    /// SGD momentum (finite, in `[0, 1)`).
-    Momentum,
-    /// Adam/LAMB β1 (finite, in `[0, 1)`).
-    Beta1,
-    /// Adam/LAMB β2 (finite, in `[0, 1)`).
-    Beta2,
-    /// Largest gradient norm of global clipping (finite, > 0).
-    MaxNorm,
-    /// Upper clamp of the LAMB weight norm φ (finite, > 0).
-    MaxWeightNorm,
+/// A field-less enum whose every variant is listed once with its wire code (what a
+/// [`Status`] carries, from 1) and its name in messages: defines the enum, `code`, its
+/// inverse `from_code`, and `Display`.
+macro_rules! wire_named {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident {
+            $($(#[$vmeta:meta])* $v:ident = $code:literal => $name:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum $ty {
+            $($(#[$vmeta])* $v,)*
+        }
+
+        impl $ty {
+            fn code(self) -> u32 {
+                match self {
+                    $($ty::$v => $code,)*
+                }
+            }
+
+            fn from_code(c: u32) -> Option<$ty> {
+                match c {
+                    $($code => Some($ty::$v),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self {
+                    $($ty::$v => $name,)*
+                })
+            }
+        }
+    };
+}
+
+wire_named! {
+    /// A hyper-parameter, named in [`Error::InvalidHyperParameter`].
+    pub enum Param {
+        /// The global learning rate of a step (finite, ≥ 0).
+        LearningRate = 1 => "learning rate",
+        /// LARS trust coefficient η (finite, ≥ 0).
+        TrustCoefficient = 2 => "trust coefficient",
+        /// Weight decay (finite, ≥ 0).
+        WeightDecay = 3 => "weight decay",
+        /// ε in a denominator (finite, ≥ 0).
+        Epsilon = 4 => "epsilon",
+        /// SGD momentum (finite, in `[0, 1)`).
+        Momentum = 5 => "momentum",
+        /// Adam/LAMB β1 (finite, in `[0, 1)`).
+        Beta1 = 6 => "beta1",
+        /// Adam/LAMB β2 (finite, in `[0, 1)`).
+        Beta2 = 7 => "beta2",
+        /// Largest gradient norm of global clipping (finite, > 0).
+        MaxNorm = 8 => "max norm",
+        /// Upper clamp of the LAMB weight norm φ (finite, > 0).
+        MaxWeightNorm = 9 => "max weight norm",
+    }
 }
 
 impl Param {
-    fn code(self) -> u32 {
-        match self {
-            Param::LearningRate => 1,
-            Param::TrustCoefficient => 2,
-            Param::WeightDecay => 3,
-            Param::Epsilon => 4,
-            Param::Momentum => 5,
-            Param::Beta1 => 6,
-            Param::Beta2 => 7,
-            Param::MaxNorm => 8,
-            Param::MaxWeightNorm => 9,
-        }
-    }
-
-    fn from_code(c: u32) -> Option<Param> {
-        Some(match c {
-            1 => Param::LearningRate,
-            2 => Param::TrustCoefficient,
-            3 => Param::WeightDecay,
-            4 => Param::Epsilon,
-            5 => Param::Momentum,
-            6 => Param::Beta1,
-            7 => Param::Beta2,
-            8 => Param::MaxNorm,
-            9 => Param::MaxWeightNorm,
-            _ => return None,
-        })
-    }
-
     /// The rule the value broke, for the error message.
     fn rule(self) -> &'static str {
         match self {
@@ -73,124 +86,35 @@ impl Param {
     }
 }
 
-impl fmt::Display for Param {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Param::LearningRate => "learning rate",
-            Param::TrustCoefficient => "trust coefficient",
-            Param::WeightDecay => "weight decay",
-            Param::Epsilon => "epsilon",
-            Param::Momentum => "momentum",
-            Param::Beta1 => "beta1",
-            Param::Beta2 => "beta2",
-            Param::MaxNorm => "max norm",
-            Param::MaxWeightNorm => "max weight norm",
-        };
-        f.write_str(s)
+wire_named! {
+    /// A per-layer tensor, named in shape errors.
+    pub enum Tensor {
+        /// The weights.
+        Weight = 1 => "weight",
+        /// The (aggregated) gradient.
+        Grad = 2 => "gradient",
+        /// The LARS momentum buffer.
+        Momentum = 3 => "momentum buffer",
+        /// The LAMB first moment.
+        ExpAvg = 4 => "first moment",
+        /// The LAMB second moment.
+        ExpAvgSq = 5 => "second moment",
     }
 }
 
-/// A per-layer tensor, named in shape errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Tensor {
-    /// The weights.
-    Weight,
-    /// The (aggregated) gradient.
-    Grad,
-    /// The LARS momentum buffer.
-    Momentum,
-    /// The LAMB first moment.
-    ExpAvg,
-    /// The LAMB second moment.
-    ExpAvgSq,
-}
-
-impl Tensor {
-    fn code(self) -> u32 {
-        match self {
-            Tensor::Weight => 1,
-            Tensor::Grad => 2,
-            Tensor::Momentum => 3,
-            Tensor::ExpAvg => 4,
-            Tensor::ExpAvgSq => 5,
-        }
-    }
-
-    fn from_code(c: u32) -> Option<Tensor> {
-        Some(match c {
-            1 => Tensor::Weight,
-            2 => Tensor::Grad,
-            3 => Tensor::Momentum,
-            4 => Tensor::ExpAvg,
-            5 => Tensor::ExpAvgSq,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for Tensor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Tensor::Weight => "weight",
-            Tensor::Grad => "gradient",
-            Tensor::Momentum => "momentum buffer",
-            Tensor::ExpAvg => "first moment",
-            Tensor::ExpAvgSq => "second moment",
-        };
-        f.write_str(s)
-    }
-}
-
-/// A per-layer scalar that must be finite, named in [`Error::NonFinite`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Quantity {
-    /// ‖w‖.
-    WeightNorm,
-    /// ‖g‖.
-    GradNorm,
-    /// ‖u‖ of the LAMB update direction.
-    UpdateNorm,
-    /// The trust ratio (finite norms can still give an infinite ratio).
-    TrustRatio,
-    /// The global gradient norm of clipping.
-    GlobalNorm,
-}
-
-impl Quantity {
-    fn code(self) -> u32 {
-        match self {
-            Quantity::WeightNorm => 1,
-            Quantity::GradNorm => 2,
-            Quantity::UpdateNorm => 3,
-            Quantity::TrustRatio => 4,
-            Quantity::GlobalNorm => 5,
-        }
-    }
-
-    fn from_code(c: u32) -> Option<Quantity> {
-        Some(match c {
-            1 => Quantity::WeightNorm,
-            2 => Quantity::GradNorm,
-            3 => Quantity::UpdateNorm,
-            4 => Quantity::TrustRatio,
-            5 => Quantity::GlobalNorm,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for Quantity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Quantity::WeightNorm => "weight norm",
-            Quantity::GradNorm => "gradient norm",
-            Quantity::UpdateNorm => "update norm",
-            Quantity::TrustRatio => "trust ratio",
-            Quantity::GlobalNorm => "global gradient norm",
-        };
-        f.write_str(s)
+wire_named! {
+    /// A per-layer scalar that must be finite, named in [`Error::NonFinite`].
+    pub enum Quantity {
+        /// ‖w‖.
+        WeightNorm = 1 => "weight norm",
+        /// ‖g‖.
+        GradNorm = 2 => "gradient norm",
+        /// ‖u‖ of the LAMB update direction.
+        UpdateNorm = 3 => "update norm",
+        /// The trust ratio (finite norms can still give an infinite ratio).
+        TrustRatio = 4 => "trust ratio",
+        /// The global gradient norm of clipping.
+        GlobalNorm = 5 => "global gradient norm",
     }
 }
 

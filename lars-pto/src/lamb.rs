@@ -278,25 +278,7 @@ impl Lamb {
         &self.cfg
     }
 
-    /// Which layers are exempt from the trust ratio and decay.
-    pub fn excluded(&self) -> &[bool] {
-        &self.excluded
-    }
-
-    /// The operator.
-    pub fn pto(&self) -> &Pto {
-        &self.pto
-    }
-
-    /// Computes with the operator ([`Mode::Parallel`]) or every layer on every rank.
-    pub fn set_mode(&mut self, mode: Mode) {
-        self.pto.set_mode(mode);
-    }
-
-    /// Sets how the operator all-gathers (see [`Pto::set_exchange`]).
-    pub fn set_exchange(&mut self, exchange: Exchange) -> Result<()> {
-        self.pto.set_exchange(exchange)
-    }
+    operator_accessors!();
 
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
@@ -332,22 +314,16 @@ impl Lamb {
     /// [`Self::trust_ratios`], with the learning rate of a step (if any) checked on every
     /// rank and folded into the call's fingerprint.
     #[allow(clippy::too_many_arguments)]
-    fn map_trust<C, W, G, M>(
+    fn map_trust(
         &self,
-        comm: &C,
-        weights: &[W],
-        grads: &[G],
-        exp_avg: &[M],
-        exp_avg_sq: &[M],
+        comm: &(impl Communicator + ?Sized),
+        weights: &[impl AsRef<[f32]>],
+        grads: &[impl AsRef<[f32]>],
+        exp_avg: &[impl AsRef<[f32]>],
+        exp_avg_sq: &[impl AsRef<[f32]>],
         t: u64,
         lr: Option<f64>,
-    ) -> Result<Vec<LambCoeff>>
-    where
-        C: Communicator + ?Sized,
-        W: AsRef<[f32]>,
-        G: AsRef<[f32]>,
-        M: AsRef<[f32]>,
-    {
+    ) -> Result<Vec<LambCoeff>> {
         let numels = self.pto.numels();
         let check = lr
             .map_or(Ok(()), |lr| non_negative(Param::LearningRate, lr))

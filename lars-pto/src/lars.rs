@@ -181,25 +181,7 @@ impl Lars {
         &self.cfg
     }
 
-    /// Which layers are exempt from scaling and decay.
-    pub fn excluded(&self) -> &[bool] {
-        &self.excluded
-    }
-
-    /// The operator (its layer ranges, its mode).
-    pub fn pto(&self) -> &Pto {
-        &self.pto
-    }
-
-    /// Computes with the operator ([`Mode::Parallel`]) or every layer on every rank.
-    pub fn set_mode(&mut self, mode: Mode) {
-        self.pto.set_mode(mode);
-    }
-
-    /// Sets how the operator all-gathers (see [`Pto::set_exchange`]).
-    pub fn set_exchange(&mut self, exchange: Exchange) -> Result<()> {
-        self.pto.set_exchange(exchange)
-    }
+    operator_accessors!();
 
     /// The momentum buffers (empty before the first step).
     pub fn momentum_buffers(&self) -> &[Vec<f32>] {

@@ -29,6 +29,32 @@
 //! ```
 #![deny(missing_docs)]
 
+/// The accessors that [`Lars`] and [`Lamb`] share: both hold their exempt layers in
+/// `excluded` and their operator in `pto`.
+macro_rules! operator_accessors {
+    () => {
+        /// Which layers are exempt from the layer-wise scaling and from weight decay.
+        pub fn excluded(&self) -> &[bool] {
+            &self.excluded
+        }
+
+        /// The operator (its layer ranges, its mode).
+        pub fn pto(&self) -> &Pto {
+            &self.pto
+        }
+
+        /// Computes with the operator ([`Mode::Parallel`]) or every layer on every rank.
+        pub fn set_mode(&mut self, mode: Mode) {
+            self.pto.set_mode(mode);
+        }
+
+        /// Sets how the operator all-gathers (see [`Pto::set_exchange`]).
+        pub fn set_exchange(&mut self, exchange: Exchange) -> Result<()> {
+            self.pto.set_exchange(exchange)
+        }
+    };
+}
+
 pub mod bench_support;
 mod clip;
 mod error;

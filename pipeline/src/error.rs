@@ -158,41 +158,24 @@ pub enum Error {
     },
 }
 
-impl From<candle_core::Error> for Error {
-    fn from(e: candle_core::Error) -> Self {
-        Error::Model(e.to_string())
-    }
+/// Errors of other crates that this one keeps as their messages.
+macro_rules! from_message {
+    ($($src:ty => $variant:ident),* $(,)?) => {$(
+        impl From<$src> for Error {
+            fn from(e: $src) -> Self {
+                Error::$variant(e.to_string())
+            }
+        }
+    )*};
 }
-
-impl From<datacache::Error> for Error {
-    fn from(e: datacache::Error) -> Self {
-        Error::Data(e.to_string())
-    }
-}
-
-impl From<lars_pto::Error> for Error {
-    fn from(e: lars_pto::Error) -> Self {
-        Error::Optimizer(e.to_string())
-    }
-}
-
-impl From<cost_model::Error> for Error {
-    fn from(e: cost_model::Error) -> Self {
-        Error::CostModel(e.to_string())
-    }
-}
-
-impl From<std::io::Error> for Error {
-    fn from(e: std::io::Error) -> Self {
-        Error::Io(e.to_string())
-    }
-}
-
-impl From<serde_json::Error> for Error {
-    fn from(e: serde_json::Error) -> Self {
-        Error::Json(e.to_string())
-    }
-}
+from_message!(
+    candle_core::Error => Model,
+    datacache::Error => Data,
+    lars_pto::Error => Optimizer,
+    cost_model::Error => CostModel,
+    std::io::Error => Io,
+    serde_json::Error => Json,
+);
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,7 @@
 
 use plotters::prelude::*;
 
-use crate::timeline::Timeline;
+use crate::timeline::{Span, Timeline};
 use crate::{Error, Result};
 
 fn plot_err<E: std::fmt::Display>(e: E) -> Error {
@@ -41,53 +41,44 @@ pub fn gantt_svg(timeline: &Timeline, title: &str) -> Result<String> {
             })
             .draw()
             .map_err(plot_err)?;
-        let bar = |row: f64, s: f64, e: f64, color: RGBColor| {
-            Rectangle::new([(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)], color.filled())
-        };
-        let outline = |row: f64, s: f64, e: f64| {
+        // Every bar in drawing order: forward, backward per layer, then per group the
+        // selections, the communication and its outline.
+        let bar = |row: f64, span: &Span, style: ShapeStyle| {
             Rectangle::new(
-                [(s * 1e3, row + 0.1), (e * 1e3, row + 0.9)],
-                BLACK.stroke_width(1),
+                [(span.start * 1e3, row + 0.1), (span.end * 1e3, row + 0.9)],
+                style,
             )
         };
-        let f = timeline.forward;
-        chart
-            .draw_series([bar(3.0, f.start, f.end, RGBColor(180, 180, 180))])
-            .map_err(plot_err)?;
         let palette = [RGBColor(66, 133, 244), RGBColor(120, 170, 250)];
-        chart
-            .draw_series(
-                timeline
-                    .backward
-                    .iter()
-                    .enumerate()
-                    .map(|(l, s)| bar(2.0, s.start, s.end, palette[l % 2])),
-            )
-            .map_err(plot_err)?;
-        chart
-            .draw_series(
-                timeline
-                    .groups
-                    .iter()
-                    .map(|g| bar(1.0, g.sparsify.start, g.sparsify.end, RGBColor(251, 188, 5))),
-            )
-            .map_err(plot_err)?;
-        chart
-            .draw_series(
-                timeline
-                    .groups
-                    .iter()
-                    .map(|g| bar(0.0, g.comm.start, g.comm.end, RGBColor(52, 168, 83))),
-            )
-            .map_err(plot_err)?;
-        chart
-            .draw_series(
-                timeline
-                    .groups
-                    .iter()
-                    .map(|g| outline(0.0, g.comm.start, g.comm.end)),
-            )
-            .map_err(plot_err)?;
+        let groups = &timeline.groups;
+        let mut bars = vec![bar(
+            3.0,
+            &timeline.forward,
+            RGBColor(180, 180, 180).filled(),
+        )];
+        bars.extend(
+            timeline
+                .backward
+                .iter()
+                .enumerate()
+                .map(|(l, s)| bar(2.0, s, palette[l % 2].filled())),
+        );
+        bars.extend(
+            groups
+                .iter()
+                .map(|g| bar(1.0, &g.sparsify, RGBColor(251, 188, 5).filled())),
+        );
+        bars.extend(
+            groups
+                .iter()
+                .map(|g| bar(0.0, &g.comm, RGBColor(52, 168, 83).filled())),
+        );
+        bars.extend(
+            groups
+                .iter()
+                .map(|g| bar(0.0, &g.comm, BLACK.stroke_width(1))),
+        );
+        chart.draw_series(bars).map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
     Ok(svg)

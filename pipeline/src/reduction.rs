@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 use crate::check::RuntimeCosts;
 use crate::plan::{MergePlan, Planner, DEFAULT_THRESHOLD};
 use crate::schemes::{
-    CollectiveScheme, Compress, DenseAllreduce, DenseExchange, Exchange, Identity, Scheme,
-    TopkAllgather, TopkCompress,
+    CollectiveScheme, Compress, DenseAllreduce, DenseExchange, Exchange, GroupPair, Identity,
+    Scheme, TopkAllgather, TopkCompress,
 };
 use crate::timeline::{CalibratedCosts, DenseCosts, OmgsCosts, StepCosts};
 use crate::train::TrainConfig;
@@ -193,57 +193,39 @@ impl Exchange for LpReduceBroadcast {
     }
 }
 
-/// BSP-SGD Algorithms 1 and 2's exchange as a scheme.
-struct BspReduceBroadcast;
+/// A scheme that sends every group uncompressed through the exchange `make(numel, ranks)`
+/// builds: the dense phases' schemes.
+struct Uncompressed<F> {
+    name: String,
+    make: F,
+}
 
-impl Scheme for BspReduceBroadcast {
+impl<F: Fn(usize, usize) -> Box<dyn Exchange> + Send + Sync> Scheme for Uncompressed<F> {
     fn name(&self) -> String {
-        "bsp-lp-reduce-broadcast".into()
+        self.name.clone()
     }
-    fn group(
-        &self,
-        _index: usize,
-        _numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        Ok((Box::new(Identity), Box::new(LpReduceBroadcast)))
+    fn group(&self, _index: usize, numel: usize, ranks: usize) -> Result<GroupPair> {
+        Ok((Box::new(Identity), (self.make)(numel, ranks)))
     }
 }
 
-/// Dense all-reduce whose algorithm the cost model chooses per group size
-/// (`collectives::dense::choose_allreduce`).
-struct ChosenDense;
-
-impl Scheme for ChosenDense {
-    fn name(&self) -> String {
-        "dense-chosen".into()
-    }
-    fn group(
-        &self,
-        _index: usize,
-        numel: usize,
-        ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        let algo = collectives::dense::choose_allreduce(ranks, 4 * numel, None);
-        Ok((Box::new(Identity), Box::new(DenseExchange { algo })))
-    }
+/// [`Uncompressed`] boxed as a scheme.
+fn uncompressed(
+    name: impl Into<String>,
+    make: impl Fn(usize, usize) -> Box<dyn Exchange> + Send + Sync + 'static,
+) -> Box<dyn Scheme> {
+    Box::new(Uncompressed {
+        name: name.into(),
+        make,
+    })
 }
 
-/// Dense all-reduce with a fixed algorithm (the 2D torus of the §5.6 switch).
-struct DenseAlgo(AllreduceAlgo);
-
-impl Scheme for DenseAlgo {
-    fn name(&self) -> String {
-        format!("dense-{}", self.0.name())
-    }
-    fn group(
-        &self,
-        _index: usize,
-        _numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
-        Ok((Box::new(Identity), Box::new(DenseExchange { algo: self.0 })))
-    }
+/// Dense all-reduce with a fixed algorithm (LP for BSP-SGD Algorithm 3, the 2D torus of
+/// the §5.6 switch).
+fn dense_algo(algo: AllreduceAlgo) -> Box<dyn Scheme> {
+    uncompressed(format!("dense-{}", algo.name()), move |_, _| {
+        Box::new(DenseExchange { algo })
+    })
 }
 
 /// The 2D torus's ranks per node for `p` ranks: the largest divisor ≤ √p.
@@ -300,18 +282,26 @@ pub fn for_epoch(
     let dense = dense_phase(cfg, epoch);
     let scheme: Box<dyn Scheme> = if dense {
         if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
-            Box::new(BspReduceBroadcast)
+            // BSP-SGD Algorithms 1 and 2's exchange.
+            uncompressed("bsp-lp-reduce-broadcast", |_, _| {
+                Box::new(LpReduceBroadcast)
+            })
         } else if cfg.scheme == SchemeKind::Bsp3 {
-            Box::new(DenseAlgo(AllreduceAlgo::LinearPipeline {
+            dense_algo(AllreduceAlgo::LinearPipeline {
                 block_bytes: LP_BLOCK,
-            }))
+            })
         } else if cfg.scheme == SchemeKind::Dense && topology.is_none() {
-            // On an emulated link the ring is what the runtime costs price.
-            Box::new(ChosenDense)
+            // The cost model chooses the algorithm per group size
+            // (`collectives::dense::choose_allreduce`). On an emulated link the ring is
+            // what the runtime costs price.
+            uncompressed("dense-chosen", |numel, ranks| {
+                let algo = collectives::dense::choose_allreduce(ranks, 4 * numel, None);
+                Box::new(DenseExchange { algo })
+            })
         } else if cfg.scheme == SchemeKind::Switch {
-            Box::new(DenseAlgo(AllreduceAlgo::Torus2d {
+            dense_algo(AllreduceAlgo::Torus2d {
                 ranks_per_node: torus_rows(p),
-            }))
+            })
         } else {
             Box::new(DenseAllreduce)
         }

@@ -69,17 +69,16 @@ pub trait Exchange: Send {
     ) -> Result<Vec<f32>>;
 }
 
+/// One group's halves: the compressor (compute thread) and the exchange (communication
+/// thread).
+pub type GroupPair = (Box<dyn Compress>, Box<dyn Exchange>);
+
 /// A reduction scheme: one compressor and one exchanger per merged group.
 pub trait Scheme: Send + Sync {
     /// Short name for reports.
     fn name(&self) -> String;
     /// The pair for group `index` of `numel` elements on `ranks` ranks.
-    fn group(
-        &self,
-        index: usize,
-        numel: usize,
-        ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)>;
+    fn group(&self, index: usize, numel: usize, ranks: usize) -> Result<GroupPair>;
 }
 
 /// Bytes of the header that names an exchange: iteration, group and length as
@@ -154,7 +153,7 @@ fn selector_allgather(
     numel: usize,
     density: f64,
     selector: Box<dyn Selector>,
-) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+) -> Result<GroupPair> {
     if !(density.is_finite() && density > 0.0 && density <= 1.0) {
         return Err(Error::InvalidArgument(format!(
             "density {density} outside (0, 1]"
@@ -359,12 +358,7 @@ impl Scheme for TopkAllgather {
     fn name(&self) -> String {
         format!("topk-allgather(ρ={})", self.density)
     }
-    fn group(
-        &self,
-        _index: usize,
-        numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(&self, _index: usize, numel: usize, _ranks: usize) -> Result<GroupPair> {
         selector_allgather(numel, self.density, Box::new(ExactTopK::new()))
     }
 }
@@ -385,12 +379,7 @@ impl Scheme for SelectorAllgather {
     fn name(&self) -> String {
         format!("{}-allgather(ρ={})", self.selector, self.density)
     }
-    fn group(
-        &self,
-        index: usize,
-        numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(&self, index: usize, numel: usize, _ranks: usize) -> Result<GroupPair> {
         let selector = self.selector.build(self.seed ^ index as u64);
         selector_allgather(numel, self.density, selector)
     }
@@ -404,12 +393,7 @@ impl Scheme for DenseAllreduce {
     fn name(&self) -> String {
         "dense-ring".into()
     }
-    fn group(
-        &self,
-        _index: usize,
-        _numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(&self, _index: usize, _numel: usize, _ranks: usize) -> Result<GroupPair> {
         Ok((Box::new(Identity), Box::new(DenseExchange::default())))
     }
 }
@@ -462,12 +446,7 @@ impl Scheme for CollectiveScheme {
     fn name(&self) -> String {
         format!("{}(ρ={})", self.algo, self.density)
     }
-    fn group(
-        &self,
-        _index: usize,
-        _numel: usize,
-        _ranks: usize,
-    ) -> Result<(Box<dyn Compress>, Box<dyn Exchange>)> {
+    fn group(&self, _index: usize, _numel: usize, _ranks: usize) -> Result<GroupPair> {
         Ok((
             Box::new(Identity),
             Box::new(CollectiveSparse {

@@ -375,6 +375,11 @@ mod tests {
     use super::*;
     use crate::profile::Layer;
 
+    /// [`SimpleCosts`] with γ, α, β.
+    fn costs(gamma: f64, alpha: f64, beta: f64) -> SimpleCosts {
+        SimpleCosts { gamma, alpha, beta }
+    }
+
     fn prof(spec: &[(usize, f64)]) -> LayerProfile {
         let layers = spec
             .iter()
@@ -392,35 +397,14 @@ mod tests {
     fn layerwise_matches_eq_5_to_9_by_hand() {
         // Two layers, t_s = 0 (γ = 0), t_c = 1 + 0.1·x.
         let p = prof(&[(10, 2.0), (20, 1.0)]);
-        let c = SimpleCosts {
-            gamma: 0.0,
-            alpha: 1.0,
-            beta: 0.1,
-        };
+        let c = costs(0.0, 1.0, 0.1);
         let t = predict(&p, &MergePlan::layerwise(2), &c).unwrap();
+        let span = |start, end| Span { start, end };
         // Layer 2 (index 1): backward 0.5..1.5, comm 1.5..4.5; layer 1: backward 1.5..3.5,
         // comm max(3.5, 4.5)..6.5.
-        assert_eq!(
-            t.backward[1],
-            Span {
-                start: 0.5,
-                end: 1.5
-            }
-        );
-        assert_eq!(
-            t.groups[0].comm,
-            Span {
-                start: 1.5,
-                end: 4.5
-            }
-        );
-        assert_eq!(
-            t.groups[1].comm,
-            Span {
-                start: 4.5,
-                end: 6.5
-            }
-        );
+        assert_eq!(t.backward[1], span(0.5, 1.5));
+        assert_eq!(t.groups[0].comm, span(1.5, 4.5));
+        assert_eq!(t.groups[1].comm, span(4.5, 6.5));
         assert_eq!(t.iteration_s, 6.5);
         assert_eq!(t.compute_end_s, 3.5);
         assert_eq!(t.non_overlapped_comm_s, 3.0);
@@ -432,11 +416,7 @@ mod tests {
     #[test]
     fn sparsification_delays_the_next_backward() {
         let p = prof(&[(4, 1.0), (4, 1.0)]);
-        let c = SimpleCosts {
-            gamma: 0.25,
-            alpha: 0.0,
-            beta: 0.0,
-        };
+        let c = costs(0.25, 0.0, 0.0);
         let t = predict(&p, &MergePlan::layerwise(2), &c).unwrap();
         // t_s(4) = 0.25·4·2 = 2: layer 0's backward starts after layer 1's sparsification.
         assert_eq!(t.backward[0].start, 0.5 + 1.0 + 2.0);
@@ -459,26 +439,13 @@ mod tests {
             predict(&p, &MergePlan::single(1), &Nan),
             Err(Error::InvalidCost { .. })
         ));
-        assert!(predict(
-            &p,
-            &MergePlan::single(2),
-            &SimpleCosts {
-                gamma: 0.0,
-                alpha: 0.0,
-                beta: 0.0
-            }
-        )
-        .is_err());
+        assert!(predict(&p, &MergePlan::single(2), &costs(0.0, 0.0, 0.0)).is_err());
     }
 
     #[test]
     fn fast_path_agrees_with_predict() {
         let p = prof(&[(100, 0.3), (5, 0.1), (700, 0.7), (3, 0.05)]);
-        let c = SimpleCosts {
-            gamma: 1e-3,
-            alpha: 0.2,
-            beta: 1e-3,
-        };
+        let c = costs(1e-3, 0.2, 1e-3);
         let plan = MergePlan::from_starts(4, vec![0, 2, 3]).unwrap();
         let full = predict(&p, &plan, &c).unwrap().iteration_s;
         let bw: Vec<f64> = p.layers().iter().map(|l| l.backward_s).collect();

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::timeline::Timeline;
+use crate::timeline::{Span, Timeline};
 use crate::Result;
 
 /// One complete event of the Chrome trace format.
@@ -48,51 +48,28 @@ pub fn iteration_events(
     tl: &Timeline,
     opt_s: f64,
 ) -> Vec<TraceEvent> {
-    let mut out = vec![event(
-        format!("forward #{step}"),
-        "forward",
-        start_s + tl.forward.start,
-        tl.forward.len(),
-        rank,
-        0,
-    )];
+    // The event of `span` of this iteration on thread `tid`.
+    let at = |name: String, cat: &str, span: &Span, tid: usize| {
+        event(name, cat, start_s + span.start, span.len(), rank, tid)
+    };
+    let mut out = vec![at(format!("forward #{step}"), "forward", &tl.forward, 0)];
     for (l, s) in tl.backward.iter().enumerate() {
         if s.len() > 0.0 {
-            out.push(event(
-                format!("backward L{l}"),
-                "backward",
-                start_s + s.start,
-                s.len(),
-                rank,
-                0,
-            ));
+            out.push(at(format!("backward L{l}"), "backward", s, 0));
         }
     }
     for (g, grp) in tl.groups.iter().enumerate() {
         let name = format!("group {g} ({} elems)", grp.numel);
         if grp.sparsify.len() > 0.0 {
-            out.push(event(
-                format!("select {name}"),
-                "selection",
-                start_s + grp.sparsify.start,
-                grp.sparsify.len(),
-                rank,
-                0,
-            ));
+            out.push(at(format!("select {name}"), "selection", &grp.sparsify, 0));
         }
-        out.push(event(
-            format!("comm {name}"),
-            "comm",
-            start_s + grp.comm.start,
-            grp.comm.len(),
-            rank,
-            1,
-        ));
+        out.push(at(format!("comm {name}"), "comm", &grp.comm, 1));
     }
+    let opt_start = start_s + tl.iteration_s;
     out.push(event(
         format!("optimizer #{step}"),
         "optimizer",
-        start_s + tl.iteration_s,
+        opt_start,
         opt_s,
         rank,
         0,

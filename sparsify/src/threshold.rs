@@ -68,6 +68,10 @@ fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Resu
     Ok(())
 }
 
+/// What a threshold selector's pass returns: the selected indices (increasing), their
+/// values and the threshold it used.
+type Picked = (Vec<u32>, Vec<f32>, f32);
+
 /// Shared driver: `select` copies nothing (read-only scan of `x`), `select_fused`
 /// accumulates in the first pass. Implementors supply `run` over a mutable buffer.
 macro_rules! selector_impl {
@@ -79,7 +83,7 @@ macro_rules! selector_impl {
                 x: &mut [f32],
                 grad: Option<&[f32]>,
                 k: usize,
-            ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+            ) -> Result<Picked> {
                 if k == 0 || k >= x.len() {
                     let t = if k == 0 { INF_BITS } else { 0 };
                     pass(x, grad, 0, usize::MAX, t, &mut self.cand)?;
@@ -169,12 +173,7 @@ impl HardThreshold {
         self.threshold
     }
 
-    fn run(
-        &mut self,
-        x: &mut [f32],
-        grad: Option<&[f32]>,
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
         pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand)?;
         let (idx, val) = self.cand.take();
@@ -221,12 +220,7 @@ impl DgcSampling {
         self
     }
 
-    fn run(
-        &mut self,
-        x: &mut [f32],
-        grad: Option<&[f32]>,
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let d = x.len();
         let k = k.min(d);
         if k == 0 {
@@ -369,12 +363,7 @@ impl ExDyna {
         }
     }
 
-    fn run(
-        &mut self,
-        x: &mut [f32],
-        grad: Option<&[f32]>,
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let d = x.len();
         let (lo, hi) = self.range.unwrap_or((0, d));
         if hi > d {
@@ -420,12 +409,7 @@ impl GaussianK {
         Self::default()
     }
 
-    fn run(
-        &mut self,
-        x: &mut [f32],
-        grad: Option<&[f32]>,
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>, f32)> {
+    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let d = x.len();
         let k = k.min(d);
         // One pass accumulates and sums (the statistics of the accumulated vector).

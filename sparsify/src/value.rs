@@ -28,28 +28,21 @@ impl Value for f32 {
     }
 }
 
-impl Value for f16 {
-    const NAME: &'static str = "f16";
-    const CODE: u8 = 2;
-    #[inline]
-    fn from_f32(x: f32) -> Self {
-        f16::from_f32(x)
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
+/// The 16-bit types of `half`: the conversions are theirs.
+macro_rules! half_value {
+    ($($t:ident = $code:literal),*) => {$(
+        impl Value for $t {
+            const NAME: &'static str = stringify!($t);
+            const CODE: u8 = $code;
+            #[inline]
+            fn from_f32(x: f32) -> Self {
+                $t::from_f32(x)
+            }
+            #[inline]
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+        }
+    )*};
 }
-
-impl Value for bf16 {
-    const NAME: &'static str = "bf16";
-    const CODE: u8 = 3;
-    #[inline]
-    fn from_f32(x: f32) -> Self {
-        bf16::from_f32(x)
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-}
+half_value!(f16 = 2, bf16 = 3);

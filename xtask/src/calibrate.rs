@@ -148,25 +148,7 @@ fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidat
             &c.fit.quality,
         );
         if let Some(pw) = &c.piecewise {
-            worst.push((format!("{name} piecewise"), pw.quality.max_rel_residual));
-            println!(
-                "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
-                format!("{name} piecewise"),
-                format!("{} seg", pw.model.segments.len()),
-                "",
-                pw.quality.r2,
-                pw.quality.max_rel_residual
-            );
-            for s in &pw.model.segments {
-                println!(
-                    "{:<28} {:>12.3} {:>14.5}   fitted {}..{}",
-                    format!("  from {}", size(s.start)),
-                    s.model.alpha_s * 1e6,
-                    s.model.beta_s * 1e9,
-                    size(s.fitted_min),
-                    size(s.fitted_max)
-                );
-            }
+            piecewise_rows(&format!("{name} piecewise"), pw, &mut worst);
         }
     }
     if let Some(r) = &cal.reduction {
@@ -180,25 +162,7 @@ fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidat
         );
     }
     if let Some(pw) = &cal.reduction_piecewise {
-        worst.push(("reduction piecewise".into(), pw.quality.max_rel_residual));
-        println!(
-            "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
-            "reduction piecewise",
-            format!("{} seg", pw.model.segments.len()),
-            "",
-            pw.quality.r2,
-            pw.quality.max_rel_residual
-        );
-        for s in &pw.model.segments {
-            println!(
-                "{:<28} {:>12.3} {:>14.5}   fitted {}..{}",
-                format!("  from {}", size(s.start)),
-                s.model.alpha_s * 1e6,
-                s.model.beta_s * 1e9,
-                size(s.fitted_min),
-                size(s.fitted_max)
-            );
-        }
+        piecewise_rows("reduction piecewise", pw, &mut worst);
     }
     for t in &cal.topk {
         let m = match t.fit.model {
@@ -300,6 +264,34 @@ fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidat
             format!("NOT met by {}", misses.join(", "))
         }
     );
+}
+
+/// Prints a piecewise fit: its summary row, then one row per size regime; records its
+/// worst relative error under `name` for the verdict.
+fn piecewise_rows(
+    name: &str,
+    pw: &cost_model::Fitted<cost_model::fit::PiecewiseLinear>,
+    worst: &mut Vec<(String, f64)>,
+) {
+    worst.push((name.to_string(), pw.quality.max_rel_residual));
+    println!(
+        "{:<28} {:>12} {:>14} {:>8.4} {:>10.3}",
+        name,
+        format!("{} seg", pw.model.segments.len()),
+        "",
+        pw.quality.r2,
+        pw.quality.max_rel_residual
+    );
+    for s in &pw.model.segments {
+        println!(
+            "{:<28} {:>12.3} {:>14.5}   fitted {}..{}",
+            format!("  from {}", size(s.start)),
+            s.model.alpha_s * 1e6,
+            s.model.beta_s * 1e9,
+            size(s.fitted_min),
+            size(s.fitted_max)
+        );
+    }
 }
 
 /// A byte count as `512 B`, `96.0 KiB` or `4.00 MiB`.

@@ -62,74 +62,32 @@ pub fn run(args: Args) -> CliResult {
         )?;
     }
     if !args.skip_clippy {
-        step(
-            "clippy (default features)",
-            cargo(
-                &root,
-                &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
+        // (label, what to lint): the workspace, then each GPU feature (its code must
+        // build without a GPU), then the MPI feature where mpirun exists.
+        let mut lints: Vec<(String, Vec<&str>)> = vec![
+            ("clippy (default features)".into(), vec!["--workspace"]),
+            (
+                "clippy (cuda feature: GPU code builds without a GPU)".into(),
+                vec!["-p", "sparsify", "--features", "cuda"],
             ),
-        )?;
-        step(
-            "clippy (cuda feature: GPU code builds without a GPU)",
-            cargo(
-                &root,
-                &[
-                    "clippy",
-                    "-p",
-                    "sparsify",
-                    "--features",
-                    "cuda",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
+            (
+                "clippy (nccl feature: the NCCL transport builds without a GPU)".into(),
+                vec!["-p", "collectives", "--features", "nccl"],
             ),
-        )?;
-        step(
-            "clippy (nccl feature: the NCCL transport builds without a GPU)",
-            cargo(
-                &root,
-                &[
-                    "clippy",
-                    "-p",
-                    "collectives",
-                    "--features",
-                    "nccl",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ],
-            ),
-        )?;
+        ];
         if mpirun().is_some() {
             for pkg in MPI_PACKAGES {
-                step(
-                    &format!("clippy ({pkg}, mpi feature)"),
-                    cargo(
-                        &root,
-                        &[
-                            "clippy",
-                            "-p",
-                            pkg,
-                            "--features",
-                            "mpi",
-                            "--all-targets",
-                            "--",
-                            "-D",
-                            "warnings",
-                        ],
-                    ),
-                )?;
+                lints.push((
+                    format!("clippy ({pkg}, mpi feature)"),
+                    vec!["-p", pkg, "--features", "mpi"],
+                ));
             }
+        }
+        for (label, target) in lints {
+            let mut a = vec!["clippy"];
+            a.extend(target);
+            a.extend(["--all-targets", "--", "-D", "warnings"]);
+            step(&label, cargo(&root, &a))?;
         }
     }
     if !args.skip_tests {

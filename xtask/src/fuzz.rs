@@ -13,16 +13,26 @@ use std::time::Instant;
 
 use crate::CliResult;
 
-/// Every fuzz target (a `[[bin]]` of `fuzz/Cargo.toml`).
-const TARGETS: [&str; 7] = [
-    "sparse_grad",
-    "dense_wire",
-    "sparse_wire",
-    "sim_header",
-    "pto_trailer",
-    "profile_json",
-    "calibration_json",
-];
+/// Every fuzz target: the `[[bin]]` names of `fuzz/Cargo.toml`, which is their one list
+/// (that crate is outside the workspace, so it is read as text).
+fn fuzz_targets(fuzz: &Path) -> Result<Vec<String>, String> {
+    let manifest = fuzz.join("Cargo.toml");
+    let text =
+        std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let mut targets = Vec::new();
+    let mut in_bin = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_bin = line == "[[bin]]";
+        } else if let Some(name) = line.strip_prefix("name = ").filter(|_| in_bin) {
+            targets.push(name.trim_matches('"').to_string());
+        }
+    }
+    if targets.is_empty() {
+        return Err(format!("no [[bin]] targets in {}", manifest.display()));
+    }
+    Ok(targets)
+}
 
 /// libFuzzer's instrumentation, as cargo-fuzz sets it without a sanitizer, plus the debug
 /// assertions and overflow checks that turn silent wrong answers into crashes.
@@ -51,17 +61,18 @@ pub fn run(args: Args) -> CliResult {
     if args.seconds == 0 {
         return Err("--seconds must be at least 1".into());
     }
+    let fuzz = crate::ci::workspace_root().join("fuzz");
+    let known = fuzz_targets(&fuzz)?;
     for t in &args.targets {
-        if !TARGETS.contains(&t.as_str()) {
-            return Err(format!("unknown fuzz target {t:?}; known: {}", TARGETS.join(", ")).into());
+        if !known.contains(t) {
+            return Err(format!("unknown fuzz target {t:?}; known: {}", known.join(", ")).into());
         }
     }
     let targets: Vec<&str> = if args.targets.is_empty() {
-        TARGETS.to_vec()
+        known.iter().map(String::as_str).collect()
     } else {
         args.targets.iter().map(String::as_str).collect()
     };
-    let fuzz = crate::ci::workspace_root().join("fuzz");
     let host = host_triple()?;
     eprintln!("building the fuzz targets with coverage instrumentation ...");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

@@ -117,6 +117,14 @@ fn driver_err(what: &str, e: cudarc::driver::DriverError) -> Error {
     Error::Nccl(format!("{what}: {e}"))
 }
 
+/// The outcome of enqueueing the NCCL call `what`.
+fn enqueued(
+    what: &str,
+    r: std::result::Result<nccl_result::NcclStatus, nccl_result::NcclError>,
+) -> Result<()> {
+    r.map(drop).map_err(|e| nccl_err(what, e))
+}
+
 fn nccl_err(what: &str, e: cudarc::nccl::result::NcclError) -> Error {
     // NcclError's Debug prints only "NcclError"; the inner ncclResult_t names the cause.
     Error::Nccl(format!("{what}: {:?}", e.0))
@@ -407,6 +415,60 @@ impl NcclComm {
         })
     }
 
+    /// `Some(message)` when `send` or `recv` lives on another device, else what `lengths`
+    /// finds wrong with the buffer lengths.
+    fn buffers_problem<T>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &CudaSlice<T>,
+        lengths: impl FnOnce() -> Option<String>,
+    ) -> Option<String> {
+        self.wrong_device("send buffer", send)
+            .or_else(|| self.wrong_device("receive buffer", recv))
+            .or_else(lengths)
+    }
+
+    /// `Some(message)` when the buffer `what` (`len` elements) does not hold `n` elements
+    /// per rank.
+    fn per_rank_problem(&self, what: &str, len: usize, n: usize) -> Option<String> {
+        (n.checked_mul(self.size()) != Some(len)).then(|| {
+            format!(
+                "{what} holds {len} elements, needs {n} x {} ranks",
+                self.size()
+            )
+        })
+    }
+
+    /// `Some(message)` when the buffer `what` (`len` elements) is not this rank's block of
+    /// `counts`.
+    fn own_block_problem(&self, what: &str, len: usize, counts: &[usize]) -> Option<String> {
+        let me = self.rank();
+        (counts.get(me) != Some(&len)).then(|| {
+            format!(
+                "{what} holds {len} elements, block {me} has {:?}",
+                counts.get(me)
+            )
+        })
+    }
+
+    /// Agrees on a collective of `n` elements (see [`agree`](Self::agree)), then, unless it
+    /// is empty, binds this rank's device and enqueues `call`.
+    fn launch<T>(
+        &self,
+        op: Op,
+        n: usize,
+        root: usize,
+        local: Option<String>,
+        call: impl FnOnce(&Comm) -> Result<()>,
+    ) -> Result<()> {
+        self.agree::<T>(op, n, root, local)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        call(&self.comm)
+    }
+
     fn bind(&self) -> Result<()> {
         self.stream
             .context()
@@ -419,15 +481,12 @@ impl NcclComm {
     /// that stream to observe the result.
     pub fn allreduce_sum<T: NcclType + DeviceRepr>(&self, buf: &mut CudaSlice<T>) -> Result<()> {
         let local = self.wrong_device("buffer", buf);
-        self.agree::<T>(Op::Allreduce, buf.len(), 0, local)?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        self.comm
-            .all_reduce_in_place(buf, &ReduceOp::Sum)
-            .map_err(|e| nccl_err("ncclAllReduce", e))?;
-        Ok(())
+        self.launch::<T>(Op::Allreduce, buf.len(), 0, local, |comm| {
+            enqueued(
+                "ncclAllReduce",
+                comm.all_reduce_in_place(buf, &ReduceOp::Sum),
+            )
+        })
     }
 
     /// Concatenates every rank's `send` (same length `n` everywhere) into `recv`, which
@@ -438,28 +497,12 @@ impl NcclComm {
         recv: &mut CudaSlice<T>,
     ) -> Result<()> {
         let n = send.len();
-        let local = self
-            .wrong_device("send buffer", send)
-            .or_else(|| self.wrong_device("receive buffer", recv))
-            .or_else(|| {
-                let want = n.checked_mul(self.size());
-                (want != Some(recv.len())).then(|| {
-                    format!(
-                        "allgather receive buffer holds {} elements, needs {n} x {} ranks",
-                        recv.len(),
-                        self.size()
-                    )
-                })
-            });
-        self.agree::<T>(Op::Allgather, n, 0, local)?;
-        if n == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        self.comm
-            .all_gather(send, recv)
-            .map_err(|e| nccl_err("ncclAllGather", e))?;
-        Ok(())
+        let local = self.buffers_problem(send, recv, || {
+            self.per_rank_problem("allgather receive buffer", recv.len(), n)
+        });
+        self.launch::<T>(Op::Allgather, n, 0, local, |comm| {
+            enqueued("ncclAllGather", comm.all_gather(send, recv))
+        })
     }
 
     /// Copies `root`'s `buf` into every rank's `buf` (same length everywhere).
@@ -471,20 +514,14 @@ impl NcclComm {
         let local = self.wrong_device("buffer", buf).or_else(|| {
             (root >= self.size()).then(|| format!("root {root} is outside 0..{}", self.size()))
         });
-        self.agree::<T>(Op::Broadcast, buf.len(), root, local)?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        // root < size <= i32::MAX was checked above and at bootstrap.
-        let root = i32::try_from(root).map_err(|_| Error::InvalidRank {
-            rank: root,
-            size: self.size(),
-        })?;
-        self.comm
-            .broadcast_in_place(buf, root)
-            .map_err(|e| nccl_err("ncclBroadcast", e))?;
-        Ok(())
+        self.launch::<T>(Op::Broadcast, buf.len(), root, local, |comm| {
+            // root < size <= i32::MAX was checked above and at bootstrap.
+            let root = i32::try_from(root).map_err(|_| Error::InvalidRank {
+                rank: root,
+                size: self.size(),
+            })?;
+            enqueued("ncclBroadcast", comm.broadcast_in_place(buf, root))
+        })
     }
 
     /// Sums every rank's `send` (`n * size` elements, the same everywhere) and leaves block
@@ -495,28 +532,15 @@ impl NcclComm {
         recv: &mut CudaSlice<T>,
     ) -> Result<()> {
         let n = recv.len();
-        let local = self
-            .wrong_device("send buffer", send)
-            .or_else(|| self.wrong_device("receive buffer", recv))
-            .or_else(|| {
-                let want = n.checked_mul(self.size());
-                (want != Some(send.len())).then(|| {
-                    format!(
-                        "reduce-scatter send buffer holds {} elements, needs {n} x {} ranks",
-                        send.len(),
-                        self.size()
-                    )
-                })
-            });
-        self.agree::<T>(Op::ReduceScatter, n, 0, local)?;
-        if n == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        self.comm
-            .reduce_scatter(send, recv, &ReduceOp::Sum)
-            .map_err(|e| nccl_err("ncclReduceScatter", e))?;
-        Ok(())
+        let local = self.buffers_problem(send, recv, || {
+            self.per_rank_problem("reduce-scatter send buffer", send.len(), n)
+        });
+        self.launch::<T>(Op::ReduceScatter, n, 0, local, |comm| {
+            enqueued(
+                "ncclReduceScatter",
+                comm.reduce_scatter(send, recv, &ReduceOp::Sum),
+            )
+        })
     }
 
     /// Convenience for host data: copies `buf` to the device, sums it over all ranks with
@@ -717,19 +741,12 @@ impl NcclComm {
         counts: &[usize],
     ) -> Result<()> {
         let me = self.rank();
-        let local = self
-            .wrong_device("send buffer", send)
-            .or_else(|| self.wrong_device("receive buffer", recv))
-            .or_else(|| self.check_counts(counts, send.len(), "reduce_scatter_v"))
-            .or_else(|| {
-                (counts.get(me) != Some(&recv.len())).then(|| {
-                    format!(
-                        "reduce_scatter_v receive buffer holds {} elements, block {me} has {:?}",
-                        recv.len(),
-                        counts.get(me)
-                    )
+        let local = self.buffers_problem(send, recv, || {
+            self.check_counts(counts, send.len(), "reduce_scatter_v")
+                .or_else(|| {
+                    self.own_block_problem("reduce_scatter_v receive buffer", recv.len(), counts)
                 })
-            });
+        });
         self.agree_blocks::<T>(
             Op::ReduceScatterV,
             send.len(),
@@ -764,20 +781,10 @@ impl NcclComm {
         recv: &mut CudaSlice<T>,
         counts: &[usize],
     ) -> Result<()> {
-        let me = self.rank();
-        let local = self
-            .wrong_device("send buffer", send)
-            .or_else(|| self.wrong_device("receive buffer", recv))
-            .or_else(|| self.check_counts(counts, recv.len(), "allgather_v"))
-            .or_else(|| {
-                (counts.get(me) != Some(&send.len())).then(|| {
-                    format!(
-                        "allgather_v send buffer holds {} elements, block {me} has {:?}",
-                        send.len(),
-                        counts.get(me)
-                    )
-                })
-            });
+        let local = self.buffers_problem(send, recv, || {
+            self.check_counts(counts, recv.len(), "allgather_v")
+                .or_else(|| self.own_block_problem("allgather_v send buffer", send.len(), counts))
+        });
         self.agree_blocks::<T>(Op::AllgatherV, recv.len(), 0, fingerprint(counts), local)?;
         let mut ops: Vec<(Dir, usize, usize)> = (0..self.size())
             .map(|j| (Dir::Send, j, send.len()))

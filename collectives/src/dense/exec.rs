@@ -25,31 +25,7 @@ pub(crate) fn run_wire<C: Communicator + ?Sized, W: WireElem>(
                 tag,
                 range,
                 combine,
-            } => {
-                let out = &mut buf[range.clone()];
-                match combine {
-                    Combine::Copy => sc.recv_copy(comm, *from, *tag, out)?,
-                    Combine::Sum { lower_first } => {
-                        sc.recv_add(comm, *from, *tag, out, *lower_first)?
-                    }
-                }
-            }
-            Step::SendRecv {
-                to,
-                send,
-                from,
-                recv,
-                tag,
-                combine: Combine::Sum { lower_first },
-            } if send == recv => sc.sendrecv_add_inplace(
-                comm,
-                *to,
-                *tag,
-                *from,
-                *tag,
-                &mut buf[send.clone()],
-                *lower_first,
-            )?,
+            } => sc.exchange(comm, None, *from, *tag, &mut buf[range.clone()], *combine)?,
             Step::SendRecv {
                 to,
                 send,
@@ -58,12 +34,12 @@ pub(crate) fn run_wire<C: Communicator + ?Sized, W: WireElem>(
                 tag,
                 combine,
             } => {
-                let (s, r) = pair_mut(buf, send.clone(), recv.clone());
-                match combine {
-                    Combine::Copy => sc.sendrecv_copy(comm, *to, *tag, s, *from, *tag, r)?,
-                    Combine::Sum { lower_first } => {
-                        sc.sendrecv_add(comm, *to, *tag, s, *from, *tag, r, *lower_first)?
-                    }
+                if send == recv && matches!(combine, Combine::Sum { .. }) {
+                    let b = &mut buf[send.clone()];
+                    sc.exchange_in_place(comm, *to, *from, *tag, b, *combine)?
+                } else {
+                    let (s, r) = pair_mut(buf, send.clone(), recv.clone());
+                    sc.exchange(comm, Some((*to, s)), *from, *tag, r, *combine)?
                 }
             }
             Step::Round { range } => W::round_in_place(&mut buf[range.clone()]),

@@ -5,6 +5,8 @@
 use bytemuck::Pod;
 use half::{bf16, f16};
 
+use cost_model::plan::Combine;
+
 use crate::{CommExt, Communicator, Error, Result, Tag};
 
 /// The element type sent on the wire by the reducing collectives.
@@ -158,155 +160,89 @@ impl<W: WireElem> Scratch<W> {
         comm.send(dest, tag, bytes)
     }
 
-    /// Receives exactly `out.len()` elements from `src` and stores them in `out`.
-    pub(crate) fn recv_copy<C: Communicator + ?Sized>(
+    /// Receives exactly `out.len()` elements from `src` and combines them into `out`; with
+    /// `send = Some((dest, data))` it sends `data` to `dest` in the same round (both
+    /// messages carry `tag`). A copy on an `f32` wire lands in `out` directly.
+    pub(crate) fn exchange<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
+        send: Option<(usize, &[f32])>,
         src: usize,
         tag: Tag,
         out: &mut [f32],
+        combine: Combine,
     ) -> Result<()> {
-        if W::IS_F32 {
-            let n = comm.recv_slice_into(src, tag, out)?;
-            expect_len(comm, src, tag, n, out.len())
-        } else {
-            self.recv_scratch(comm, src, tag, out.len())?;
-            decode_copy(out, &self.recv[..out.len()]);
-            Ok(())
+        if W::IS_F32 && combine == Combine::Copy {
+            let n = match send {
+                Some((dest, data)) => comm.sendrecv_slice_into(dest, tag, data, src, tag, out)?,
+                None => comm.recv_slice_into(src, tag, out)?,
+            };
+            return expect_len(comm, src, tag, n, out.len());
         }
-    }
-
-    /// Receives exactly `out.len()` elements from `src` and adds them; `lower_first` as in
-    /// [`Self::sendrecv_add`].
-    pub(crate) fn recv_add<C: Communicator + ?Sized>(
-        &mut self,
-        comm: &C,
-        src: usize,
-        tag: Tag,
-        out: &mut [f32],
-        lower_first: bool,
-    ) -> Result<()> {
-        self.recv_scratch(comm, src, tag, out.len())?;
-        self.add_received(out, lower_first);
+        self.exchange_into_scratch(comm, send, src, tag, out.len())?;
+        self.combine_received(out, combine);
         Ok(())
     }
 
-    /// One round: send `data` to `dest` and receive `out.len()` elements from `src` into
-    /// `out` (copy).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sendrecv_copy<C: Communicator + ?Sized>(
+    /// [`Self::exchange`] of `buf` with `dest` and `src` where the sent and the received
+    /// range are the same (recursive doubling): the message arrives in the scratch first.
+    pub(crate) fn exchange_in_place<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
         dest: usize,
-        stag: Tag,
-        data: &[f32],
         src: usize,
-        rtag: Tag,
-        out: &mut [f32],
-    ) -> Result<()> {
-        if W::IS_F32 {
-            let n = comm.sendrecv_slice_into(dest, stag, data, src, rtag, out)?;
-            expect_len(comm, src, rtag, n, out.len())
-        } else {
-            self.sendrecv_scratch(comm, dest, stag, data, src, rtag, out.len())?;
-            decode_copy(out, &self.recv[..out.len()]);
-            Ok(())
-        }
-    }
-
-    /// One round: send `buf` to `dest`, receive as many elements from `src` and add them
-    /// into `buf` (recursive doubling); `lower_first` as in [`Self::sendrecv_add`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sendrecv_add_inplace<C: Communicator + ?Sized>(
-        &mut self,
-        comm: &C,
-        dest: usize,
-        stag: Tag,
-        src: usize,
-        rtag: Tag,
+        tag: Tag,
         buf: &mut [f32],
-        lower_first: bool,
+        combine: Combine,
     ) -> Result<()> {
-        self.sendrecv_scratch(comm, dest, stag, buf, src, rtag, buf.len())?;
-        self.add_received(buf, lower_first);
+        self.exchange_into_scratch(comm, Some((dest, buf)), src, tag, buf.len())?;
+        self.combine_received(buf, combine);
         Ok(())
     }
 
-    /// One round: send `data` to `dest`, receive `out.len()` elements from `src`, and
-    /// combine. `lower_first` says whether the received values come from the lower-ranked
-    /// operand: the sum is then `recv + out`, else `out + recv` (operands in a fixed order).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn sendrecv_add<C: Communicator + ?Sized>(
+    /// [`Self::exchange`]'s transfer into the scratch that [`Self::combine_received`] reads
+    /// (`recv32` when the wire is `f32`, else `recv`): exactly `n` elements from `src`.
+    fn exchange_into_scratch<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
-        dest: usize,
-        stag: Tag,
-        data: &[f32],
-        src: usize,
-        rtag: Tag,
-        out: &mut [f32],
-        lower_first: bool,
-    ) -> Result<()> {
-        self.sendrecv_scratch(comm, dest, stag, data, src, rtag, out.len())?;
-        self.add_received(out, lower_first);
-        Ok(())
-    }
-
-    /// Receives exactly `n` elements from `src` into the scratch [`Self::add_received`]
-    /// reads (`recv32` when the wire is `f32`, else `recv`).
-    fn recv_scratch<C: Communicator + ?Sized>(
-        &mut self,
-        comm: &C,
+        send: Option<(usize, &[f32])>,
         src: usize,
         tag: Tag,
         n: usize,
     ) -> Result<()> {
-        let got = if W::IS_F32 {
-            comm.recv_slice_into(src, tag, &mut self.recv32[..n])?
-        } else {
-            comm.recv_slice_into(src, tag, &mut self.recv[..n])?
+        let got = match (send, W::IS_F32) {
+            (None, true) => comm.recv_slice_into(src, tag, &mut self.recv32[..n])?,
+            (None, false) => comm.recv_slice_into(src, tag, &mut self.recv[..n])?,
+            (Some((dest, data)), true) => {
+                comm.sendrecv_slice_into(dest, tag, data, src, tag, &mut self.recv32[..n])?
+            }
+            (Some((dest, data)), false) => {
+                let bytes = Self::encode(&mut self.send, data);
+                let got = comm.sendrecv_into(
+                    dest,
+                    tag,
+                    bytes,
+                    src,
+                    tag,
+                    bytemuck::cast_slice_mut(&mut self.recv[..n]),
+                )?;
+                got / std::mem::size_of::<W>()
+            }
         };
         expect_len(comm, src, tag, got, n)
     }
 
-    /// One round: sends `data` (encoded) to `dest` and receives exactly `n` elements from
-    /// `src` into the scratch, as [`Self::recv_scratch`].
-    #[allow(clippy::too_many_arguments)]
-    fn sendrecv_scratch<C: Communicator + ?Sized>(
-        &mut self,
-        comm: &C,
-        dest: usize,
-        stag: Tag,
-        data: &[f32],
-        src: usize,
-        rtag: Tag,
-        n: usize,
-    ) -> Result<()> {
-        let got = if W::IS_F32 {
-            comm.sendrecv_slice_into(dest, stag, data, src, rtag, &mut self.recv32[..n])?
-        } else {
-            let bytes = Self::encode(&mut self.send, data);
-            let got = comm.sendrecv_into(
-                dest,
-                stag,
-                bytes,
-                src,
-                rtag,
-                bytemuck::cast_slice_mut(&mut self.recv[..n]),
-            )?;
-            got / std::mem::size_of::<W>()
-        };
-        expect_len(comm, src, rtag, got, n)
-    }
-
-    /// Adds the `out.len()` elements just received into the scratch into `out`, in the
-    /// operand order `lower_first` fixes.
-    fn add_received(&self, out: &mut [f32], lower_first: bool) {
+    /// Combines the `out.len()` elements just received into the scratch into `out`: a
+    /// copy, or a sum in the operand order `lower_first` fixes.
+    fn combine_received(&self, out: &mut [f32], combine: Combine) {
         let n = out.len();
-        if W::IS_F32 {
-            add_ordered(out, &self.recv32[..n], lower_first);
-        } else {
-            add_ordered(out, &self.recv[..n], lower_first);
+        match (combine, W::IS_F32) {
+            (Combine::Copy, true) => out.copy_from_slice(&self.recv32[..n]),
+            (Combine::Copy, false) => decode_copy(out, &self.recv[..n]),
+            (Combine::Sum { lower_first }, true) => {
+                add_ordered(out, &self.recv32[..n], lower_first)
+            }
+            (Combine::Sum { lower_first }, false) => add_ordered(out, &self.recv[..n], lower_first),
         }
     }
 }

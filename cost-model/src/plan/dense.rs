@@ -68,40 +68,45 @@ fn rng(b: &[usize], lo: usize, hi: usize) -> Range<usize> {
     b[lo]..b[hi]
 }
 
-/// Ring reduce-scatter over blocks `b[i]..b[i+1]`, `i` in `0..p`: at step `s` member
-/// `me` sends block `me − s − 1` to the right and adds block `me − s − 2` from the left,
-/// so after P − 1 steps block `me` holds the full sum.
-pub fn ring_rs(out: &mut Vec<Step>, b: &[usize], me: usize, p: usize, map: Map, tag: u32) {
+/// One ring pass over blocks `b[i]..b[i+1]`, `i` in `0..p`, combining what arrives as
+/// `combine` says. At step `s` member `me` sends block `me − s − lag` to the right and
+/// receives block `me − s − lag − 1` from the left, where a reducing pass (reduce-scatter)
+/// runs one block behind a copying one (all-gather): `lag` is 1 for a sum, 0 for a copy.
+fn ring(
+    out: &mut Vec<Step>,
+    b: &[usize],
+    me: usize,
+    p: usize,
+    map: Map,
+    tag: u32,
+    combine: Combine,
+) {
+    let lag = usize::from(combine.reduces());
     let (right, left) = (map((me + 1) % p), map((me + p - 1) % p));
     for s in 0..p.saturating_sub(1) {
-        let sb = (me + 2 * p - s - 1) % p;
-        let rb = (me + 2 * p - s - 2) % p;
+        let sb = (me + 2 * p - s - lag) % p;
+        let rb = (me + 2 * p - s - lag - 1) % p;
         out.push(Step::SendRecv {
             to: right,
             send: rng(b, sb, sb + 1),
             from: left,
             recv: rng(b, rb, rb + 1),
             tag,
-            combine: Combine::ADD,
+            combine,
         });
     }
 }
 
+/// Ring reduce-scatter over blocks `b[i]..b[i+1]`, `i` in `0..p`: at step `s` member
+/// `me` sends block `me − s − 1` to the right and adds block `me − s − 2` from the left,
+/// so after P − 1 steps block `me` holds the full sum.
+pub fn ring_rs(out: &mut Vec<Step>, b: &[usize], me: usize, p: usize, map: Map, tag: u32) {
+    ring(out, b, me, p, map, tag, Combine::ADD);
+}
+
 /// Ring all-gather over blocks `b[i]..b[i+1]` where member `me` holds block `me`.
 pub fn ring_ag(out: &mut Vec<Step>, b: &[usize], me: usize, p: usize, map: Map, tag: u32) {
-    let (right, left) = (map((me + 1) % p), map((me + p - 1) % p));
-    for s in 0..p.saturating_sub(1) {
-        let sb = (me + p - s) % p;
-        let rb = (me + 2 * p - s - 1) % p;
-        out.push(Step::SendRecv {
-            to: right,
-            send: rng(b, sb, sb + 1),
-            from: left,
-            recv: rng(b, rb, rb + 1),
-            tag,
-            combine: Combine::Copy,
-        });
-    }
+    ring(out, b, me, p, map, tag, Combine::Copy);
 }
 
 /// Ring all-reduce of `range` among members `0..p` (reduce-scatter, round own block,
@@ -139,16 +144,15 @@ fn halve(
             ((mid, hi), (lo, mid))
         };
         let partner = fold.actor(pv);
-        out.push(Step::SendRecv {
-            to: partner,
-            send: rng(vb, give.0, give.1),
-            from: partner,
-            recv: rng(vb, keep.0, keep.1),
+        out.push(Step::swap(
+            partner,
+            rng(vb, give.0, give.1),
+            rng(vb, keep.0, keep.1),
             tag,
-            combine: Combine::Sum {
+            Combine::Sum {
                 lower_first: pv < v,
             },
-        });
+        ));
         (lo, hi) = keep;
     }
     lo
@@ -169,14 +173,13 @@ pub fn doubling_ag(out: &mut Vec<Step>, vb: &[usize], fold: Fold, v: usize, tag:
         let lo = v & !(mask - 1);
         let plo = pv & !(mask - 1);
         let partner = fold.actor(pv);
-        out.push(Step::SendRecv {
-            to: partner,
-            send: rng(vb, lo, lo + mask),
-            from: partner,
-            recv: rng(vb, plo, plo + mask),
+        out.push(Step::swap(
+            partner,
+            rng(vb, lo, lo + mask),
+            rng(vb, plo, plo + mask),
             tag,
-            combine: Combine::Copy,
-        });
+            Combine::Copy,
+        ));
         mask <<= 1;
     }
 }
@@ -202,17 +205,85 @@ pub fn be_ag(out: &mut Vec<Step>, vb: &[usize], fold: Fold, v: usize, own: usize
             (lo - s, lo)
         };
         let partner = fold.actor(v ^ mask);
-        out.push(Step::SendRecv {
-            to: partner,
-            send: rng(vb, lo, hi),
-            from: partner,
-            recv: rng(vb, plo, phi),
+        out.push(Step::swap(
+            partner,
+            rng(vb, lo, hi),
+            rng(vb, plo, phi),
             tag,
-            combine: Combine::Copy,
-        });
+            Combine::Copy,
+        ));
         lo = lo.min(plo);
         hi = hi.max(phi);
         mask /= 2;
+    }
+}
+
+/// The bounds of the virtual blocks of a [`Fold`] over the rank blocks `b[i]..b[i+1]`:
+/// virtual rank `v` holds the blocks of the original ranks it stands for.
+fn virtual_bounds(b: &[usize], fold: Fold) -> Vec<usize> {
+    let p = b.len() - 1;
+    (0..=fold.p2)
+        .map(|v| b[if v == fold.p2 { p } else { fold.orig_lo(v) }])
+        .collect()
+}
+
+/// The messages of a [`Fold`]: the extra even rank `e` sends `given(e)` to `e + 1` with
+/// `tag_in`, which combines it into the same range as `combine` says; after the acting
+/// ranks' part, `e + 1` sends `returned(e)` back with `tag_out`.
+struct FoldMsgs<G, R> {
+    tag_in: u32,
+    tag_out: u32,
+    combine: Combine,
+    given: G,
+    returned: R,
+}
+
+/// Runs `body` on the acting ranks (virtual rank, fold) between the fold-in and the
+/// fold-out that `msgs` describe.
+fn folded_with<G, R>(
+    out: &mut Vec<Step>,
+    p: usize,
+    r: usize,
+    msgs: FoldMsgs<G, R>,
+    body: impl FnOnce(&mut Vec<Step>, usize, Fold),
+) where
+    G: Fn(usize) -> Range<usize>,
+    R: Fn(usize) -> Range<usize>,
+{
+    let fold = Fold::new(p);
+    match fold.virt(r) {
+        None => {
+            out.push(Step::Send {
+                to: r + 1,
+                tag: msgs.tag_in,
+                range: (msgs.given)(r),
+            });
+            out.push(Step::Recv {
+                from: r + 1,
+                tag: msgs.tag_out,
+                range: (msgs.returned)(r),
+                combine: Combine::Copy,
+            });
+        }
+        Some(v) => {
+            let extra = fold.takes_in(r);
+            if extra {
+                out.push(Step::Recv {
+                    from: r - 1,
+                    tag: msgs.tag_in,
+                    range: (msgs.given)(r - 1),
+                    combine: msgs.combine,
+                });
+            }
+            body(out, v, fold);
+            if extra {
+                out.push(Step::Send {
+                    to: r - 1,
+                    tag: msgs.tag_out,
+                    range: (msgs.returned)(r - 1),
+                });
+            }
+        }
     }
 }
 
@@ -225,41 +296,14 @@ fn folded(
     r: usize,
     body: impl FnOnce(&mut Vec<Step>, usize, Fold),
 ) {
-    let fold = Fold::new(p);
-    match fold.virt(r) {
-        None => {
-            out.push(Step::Send {
-                to: r + 1,
-                tag: tags::FOLD_IN,
-                range: 0..n,
-            });
-            out.push(Step::Recv {
-                from: r + 1,
-                tag: tags::FOLD_OUT,
-                range: 0..n,
-                combine: Combine::Copy,
-            });
-        }
-        Some(v) => {
-            let extra = fold.takes_in(r);
-            if extra {
-                out.push(Step::Recv {
-                    from: r - 1,
-                    tag: tags::FOLD_IN,
-                    range: 0..n,
-                    combine: Combine::ADD,
-                });
-            }
-            body(out, v, fold);
-            if extra {
-                out.push(Step::Send {
-                    to: r - 1,
-                    tag: tags::FOLD_OUT,
-                    range: 0..n,
-                });
-            }
-        }
-    }
+    let msgs = FoldMsgs {
+        tag_in: tags::FOLD_IN,
+        tag_out: tags::FOLD_OUT,
+        combine: Combine::ADD,
+        given: |_| 0..n,
+        returned: |_| 0..n,
+    };
+    folded_with(out, p, r, msgs, body);
 }
 
 /// Ring all-reduce of `n` elements.
@@ -280,16 +324,15 @@ pub fn allreduce_recursive_doubling(n: usize, p: usize, r: usize) -> Vec<Step> {
                 let pv = v ^ mask;
                 let partner = fold.actor(pv);
                 out.push(Step::Round { range: 0..n });
-                out.push(Step::SendRecv {
-                    to: partner,
-                    send: 0..n,
-                    from: partner,
-                    recv: 0..n,
-                    tag: tags::RD,
-                    combine: Combine::Sum {
+                out.push(Step::swap(
+                    partner,
+                    0..n,
+                    0..n,
+                    tags::RD,
+                    Combine::Sum {
                         lower_first: pv < v,
                     },
-                });
+                ));
                 mask <<= 1;
             }
             out.push(Step::Round { range: 0..n });
@@ -324,9 +367,26 @@ pub fn allreduce_halving(n: usize, p: usize, r: usize, bidirectional: bool) -> V
     out
 }
 
-/// Binomial-tree reduce of `range` to `root` (their MST): in step k a rank whose relative
-/// rank has bit k set sends its partial sum to relative rank − 2^k and stops; the others
-/// add what relative rank + 2^k sends.
+/// MPICH's binomial tree over relative ranks `0..p` (root 0): the parent of `rel` (`rel`
+/// minus its lowest set bit; `None` at the root) and its children `rel + 2^k` for every
+/// `2^k` below that bit, nearest first.
+fn binomial(rel: usize, p: usize) -> (Option<usize>, Vec<usize>) {
+    let mut children = Vec::new();
+    let mut mask = 1;
+    while mask < p {
+        if rel & mask != 0 {
+            return (Some(rel - mask), children);
+        }
+        if rel + mask < p {
+            children.push(rel + mask);
+        }
+        mask <<= 1;
+    }
+    (None, children)
+}
+
+/// Binomial-tree reduce of `range` to `root` (their MST): a rank adds what each child
+/// sends, nearest first, then sends its partial sum to its parent.
 pub fn reduce_binomial(
     out: &mut Vec<Step>,
     range: Range<usize>,
@@ -335,26 +395,22 @@ pub fn reduce_binomial(
     root: usize,
     tag: u32,
 ) {
-    let rel = (r + p - root) % p;
+    let (parent, children) = binomial((r + p - root) % p, p);
     let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            out.push(Step::Send {
-                to: abs(rel - mask),
-                tag,
-                range: range.clone(),
-            });
-            break;
-        } else if rel + mask < p {
-            out.push(Step::Recv {
-                from: abs(rel + mask),
-                tag,
-                range: range.clone(),
-                combine: Combine::ADD,
-            });
-        }
-        mask <<= 1;
+    for c in children {
+        out.push(Step::Recv {
+            from: abs(c),
+            tag,
+            range: range.clone(),
+            combine: Combine::ADD,
+        });
+    }
+    if let Some(up) = parent {
+        out.push(Step::Send {
+            to: abs(up),
+            tag,
+            range,
+        });
     }
 }
 
@@ -368,31 +424,22 @@ pub fn bcast_binomial(
     root: usize,
     tag: u32,
 ) {
-    let rel = (r + p - root) % p;
+    let (parent, children) = binomial((r + p - root) % p, p);
     let abs = |x: usize| (x + root) % p;
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            out.push(Step::Recv {
-                from: abs(rel - mask),
-                tag,
-                range: range.clone(),
-                combine: Combine::Copy,
-            });
-            break;
-        }
-        mask <<= 1;
+    if let Some(up) = parent {
+        out.push(Step::Recv {
+            from: abs(up),
+            tag,
+            range: range.clone(),
+            combine: Combine::Copy,
+        });
     }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            out.push(Step::Send {
-                to: abs(rel + mask),
-                tag,
-                range: range.clone(),
-            });
-        }
-        mask >>= 1;
+    for &c in children.iter().rev() {
+        out.push(Step::Send {
+            to: abs(c),
+            tag,
+            range: range.clone(),
+        });
     }
 }
 
@@ -533,45 +580,18 @@ pub fn reduce_scatter_halving(n: usize, p: usize, r: usize) -> Vec<Step> {
     if p <= 1 {
         return out;
     }
-    let fold = Fold::new(p);
     let pb = bounds(n, p, 0);
-    let vb: Vec<usize> = (0..=fold.p2)
-        .map(|v| pb[if v == fold.p2 { p } else { fold.orig_lo(v) }])
-        .collect();
-    match fold.virt(r) {
-        None => {
-            out.push(Step::Send {
-                to: r + 1,
-                tag: tags::RS_FOLD_IN,
-                range: 0..n,
-            });
-            out.push(Step::Recv {
-                from: r + 1,
-                tag: tags::RS_FOLD_OUT,
-                range: rng(&pb, r, r + 1),
-                combine: Combine::Copy,
-            });
-        }
-        Some(v) => {
-            let extra = fold.takes_in(r);
-            if extra {
-                out.push(Step::Recv {
-                    from: r - 1,
-                    tag: tags::RS_FOLD_IN,
-                    range: 0..n,
-                    combine: Combine::ADD,
-                });
-            }
-            halving_rs(&mut out, &vb, fold, v, tags::RS_ALONE);
-            if extra {
-                out.push(Step::Send {
-                    to: r - 1,
-                    tag: tags::RS_FOLD_OUT,
-                    range: rng(&pb, r - 1, r),
-                });
-            }
-        }
-    }
+    let vb = virtual_bounds(&pb, Fold::new(p));
+    let msgs = FoldMsgs {
+        tag_in: tags::RS_FOLD_IN,
+        tag_out: tags::RS_FOLD_OUT,
+        combine: Combine::ADD,
+        given: |_| 0..n,
+        returned: |e| rng(&pb, e, e + 1),
+    };
+    folded_with(&mut out, p, r, msgs, |out, v, fold| {
+        halving_rs(out, &vb, fold, v, tags::RS_ALONE)
+    });
     out
 }
 
@@ -593,57 +613,17 @@ pub fn allgather_recursive_doubling(displs: &[usize], r: usize, tag: u32) -> Vec
     if p <= 1 {
         return out;
     }
-    let fold = Fold::new(p);
-    let Some(v) = fold.virt(r) else {
-        out.push(Step::Send {
-            to: r + 1,
-            tag: tag + 1,
-            range: rng(displs, r, r + 1),
-        });
-        out.push(Step::Recv {
-            from: r + 1,
-            tag: tag + 2,
-            range: 0..total,
-            combine: Combine::Copy,
-        });
-        return out;
+    let msgs = FoldMsgs {
+        tag_in: tag + 1,
+        tag_out: tag + 2,
+        combine: Combine::Copy,
+        given: |e| rng(displs, e, e + 1),
+        returned: |_| 0..total,
     };
-    let extra = fold.takes_in(r);
-    if extra {
-        out.push(Step::Recv {
-            from: r - 1,
-            tag: tag + 1,
-            range: rng(displs, r - 1, r),
-            combine: Combine::Copy,
-        });
-    }
-    // Byte range held by virtual ranks lo..hi.
-    let span = |lo: usize, hi: usize| {
-        displs[fold.orig_lo(lo)]..displs[if hi >= fold.p2 { p } else { fold.orig_lo(hi) }]
-    };
-    let mut mask = 1;
-    while mask < fold.p2 {
-        let pv = v ^ mask;
-        let lo = v & !(mask - 1);
-        let plo = pv & !(mask - 1);
-        let partner = fold.actor(pv);
-        out.push(Step::SendRecv {
-            to: partner,
-            send: span(lo, lo + mask),
-            from: partner,
-            recv: span(plo, plo + mask),
-            tag,
-            combine: Combine::Copy,
-        });
-        mask <<= 1;
-    }
-    if extra {
-        out.push(Step::Send {
-            to: r - 1,
-            tag: tag + 2,
-            range: 0..total,
-        });
-    }
+    let vb = virtual_bounds(displs, Fold::new(p));
+    folded_with(&mut out, p, r, msgs, |out, v, fold| {
+        doubling_ag(out, &vb, fold, v, tag)
+    });
     out
 }
 
@@ -717,29 +697,23 @@ pub fn bcast_scatter_allgather(n: usize, p: usize, r: usize, root: usize) -> Vec
     let abs = move |x: usize| (x + root) % p;
     let displs = bounds(n, p, 0);
     let span = |a: usize, b: usize| displs[a]..displs[b.min(p)];
-    let mut mask = 1;
-    while mask < p {
-        if rel & mask != 0 {
-            out.push(Step::Recv {
-                from: abs(rel - mask),
-                tag: tags::SCATTER,
-                range: span(rel, rel + mask),
-                combine: Combine::Copy,
-            });
-            break;
-        }
-        mask <<= 1;
+    // The binomial scatter: each rank receives the blocks of its subtree and passes on
+    // each child's part (the subtree of `c` spans blocks `c..2c − rel`).
+    let (parent, children) = binomial(rel, p);
+    if let Some(up) = parent {
+        out.push(Step::Recv {
+            from: abs(up),
+            tag: tags::SCATTER,
+            range: span(rel, 2 * rel - up),
+            combine: Combine::Copy,
+        });
     }
-    mask >>= 1;
-    while mask > 0 {
-        if rel + mask < p {
-            out.push(Step::Send {
-                to: abs(rel + mask),
-                tag: tags::SCATTER,
-                range: span(rel + mask, rel + 2 * mask),
-            });
-        }
-        mask >>= 1;
+    for &c in children.iter().rev() {
+        out.push(Step::Send {
+            to: abs(c),
+            tag: tags::SCATTER,
+            range: span(c, 2 * c - rel),
+        });
     }
     ring_ag(&mut out, &displs, rel, p, &abs, tags::BCAST_AG);
     out

@@ -92,6 +92,25 @@ pub enum Step {
 }
 
 impl Step {
+    /// The exchange of the butterfly algorithms: send `send` to `partner` and receive
+    /// `recv` from the same partner in one round.
+    pub fn swap(
+        partner: usize,
+        send: Range<usize>,
+        recv: Range<usize>,
+        tag: u32,
+        combine: Combine,
+    ) -> Step {
+        Step::SendRecv {
+            to: partner,
+            send,
+            from: partner,
+            recv,
+            tag,
+            combine,
+        }
+    }
+
     /// Units this step sends (0 for a receive or a rounding).
     pub fn sent(&self) -> usize {
         match self {
