@@ -209,7 +209,16 @@ pub(crate) fn decode_ranges(
     range: impl Fn(usize) -> Range<usize>,
 ) -> Result<Vec<Entries>> {
     decode_blocks(cc, blocks, me, |j, b| {
-        Ok((Entries::decode_all(b, range(j))?, true))
+        let e = Entries::decode_all(b, range(j))?;
+        // The blocks are joined as the sorted update: a block out of order would make an
+        // invalid `SparseGrad` (found by the `sparse_wire` fuzz target).
+        if let Some(w) = e.idx.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(Error::InvalidArgument(format!(
+                "received indices {} then {} in block {j}: not strictly increasing",
+                w[0], w[1]
+            )));
+        }
+        Ok((e, true))
     })
 }
 
