@@ -65,6 +65,6 @@ impl CltK {
         }
         let val = scaffold::allreduce_at(cc, &mut self.resid, &idx)?;
         let sum = Entries { idx, val };
-        Ok(scaffold::finish(&self.cfg, &sum, cc.counts(), selected))
+        scaffold::finish(&self.cfg, &sum, cc.counts(), selected)
     }
 }

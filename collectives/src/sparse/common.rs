@@ -460,8 +460,14 @@ pub(crate) fn topk_entries(e: &Entries, k: usize) -> (Entries, Entries) {
     (pick(&keep), pick(&drop))
 }
 
-/// The final update: entries (sorted, distinct, `< d`) divided by P, zeros dropped.
-pub(crate) fn finish_update(e: &Entries, d: usize, p: usize) -> sparsify::SparseGrad<f32> {
+/// The final update: entries (sorted, distinct, `< d`) divided by P, zeros dropped. Entries
+/// out of order (a corrupt or mismatched peer message) are a typed error, never an invalid
+/// `SparseGrad` (found by the `sparse_wire` fuzz target).
+pub(crate) fn finish_update(
+    e: &Entries,
+    d: usize,
+    p: usize,
+) -> crate::Result<sparsify::SparseGrad<f32>> {
     let pf = p as f32;
     let mut idx = Vec::with_capacity(e.len());
     let mut val = Vec::with_capacity(e.len());
@@ -471,7 +477,13 @@ pub(crate) fn finish_update(e: &Entries, d: usize, p: usize) -> sparsify::Sparse
             val.push(v / pf);
         }
     }
-    sparsify::SparseGrad::from_parts_unchecked(idx, val, d)
+    if let Some(w) = idx.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "the summed entries hold index {} before {}: a peer's message is out of order",
+            w[0], w[1]
+        )));
+    }
+    Ok(sparsify::SparseGrad::from_parts_unchecked(idx, val, d))
 }
 
 #[cfg(test)]

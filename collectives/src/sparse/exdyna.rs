@@ -272,7 +272,7 @@ impl ExDyna {
         }
         self.kt = kt;
         self.t += 1;
-        let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), mine.len());
+        let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), mine.len())?;
         // ExDyna (Yoon & Oh, CCGrid 2024) Eq. 5.
         stats.padding = Some(if k_actual == 0 {
             1.0

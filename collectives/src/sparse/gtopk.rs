@@ -93,7 +93,7 @@ impl GTopk {
             .filter(|(&i, _)| in_global(i))
             .map(|(_, &v)| v as f64)
             .sum();
-        let (update, mut stats) = scaffold::finish(&self.cfg, &global, cc.counts(), k);
+        let (update, mut stats) = scaffold::finish(&self.cfg, &global, cc.counts(), k)?;
         stats.mass_dropped = mass_dropped;
         Ok((update, stats))
     }

@@ -166,11 +166,6 @@ impl SparseAllreduce for HiTopK {
         let blocks = bruck(&cci, &gi, summed.encode(), None, tags::HI_INTRA)?;
         let parts = scaffold::decode_ranges(&cci, &blocks, j, |x| block_range(d, n, x))?;
         let counts = cci.counts() + cce.counts();
-        Ok(scaffold::finish(
-            &self.cfg,
-            &scaffold::concat(&parts),
-            counts,
-            selected,
-        ))
+        scaffold::finish(&self.cfg, &scaffold::concat(&parts), counts, selected)
     }
 }

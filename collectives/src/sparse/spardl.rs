@@ -337,6 +337,6 @@ impl SparDl {
                 self.resid[i] = self.work[i];
             }
         }
-        Ok(scaffold::finish(&self.cfg, &all, cc.counts(), selected))
+        scaffold::finish(&self.cfg, &all, cc.counts(), selected)
     }
 }

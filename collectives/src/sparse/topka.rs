@@ -63,7 +63,7 @@ impl TopkA {
             .map(|&i| std::mem::take(&mut self.acc[i as usize]))
             .collect();
         let sum = Entries { idx: union, val };
-        let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), k);
+        let (update, mut stats) = scaffold::finish(&self.cfg, &sum, cc.counts(), k)?;
         stats.padding = Some(1.0);
         Ok((update, stats))
     }

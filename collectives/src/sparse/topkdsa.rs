@@ -125,11 +125,6 @@ impl TopkDsa {
             Ok((e, !dense))
         })?;
         self.dense_blocks = dense_blocks;
-        Ok(scaffold::finish(
-            &self.cfg,
-            &scaffold::concat(&parts),
-            cc.counts(),
-            k,
-        ))
+        scaffold::finish(&self.cfg, &scaffold::concat(&parts), cc.counts(), k)
     }
 }
