@@ -73,12 +73,10 @@ fn sparse_grad_length_fields_are_not_trusted() {
     assert!(largest_alloc() <= ALLOC_LIMIT);
 }
 
-/// ExDyna trusts the counts its peers send (see `fuzz_harness::EXDYNA`): a count word of
-/// 2^31 − 1 makes its step ask for 8 GiB, which the harness's allocator refuses, so this
-/// test **aborts the process** while the bug is open. Run it alone:
-/// `cargo test -p integration-tests --test decoders_fuzz -- --ignored exdyna`.
+/// ExDyna once trusted the counts its peers send (see `fuzz_harness::EXDYNA`): a count word
+/// of 2^31 − 1 made its step ask for 8 GiB. Counts above the sender's partition are now a
+/// typed error before anything is allocated.
 #[test]
-#[ignore = "aborts: ExDyna::step allocates from an unchecked peer count (open bug)"]
 fn exdyna_rejects_a_corrupt_count() {
     for msg in 0..64u8 {
         fuzz_harness::exdyna_wire(&[0, msg, 2, 0, 0, 0xff, 0xff, 0xff, 0x7f]);

@@ -229,6 +229,19 @@ impl ExDyna {
                 .sum();
             self.threshold = (sum / p as f64) as f32;
         }
+        // A rank selects at most its partition: a larger count is a corrupt or mismatched
+        // message, refused before it sizes the padded all-gather (every rank sees the same
+        // counts, so every rank refuses).
+        for (r, &c) in kt.iter().enumerate() {
+            let part = self.part_range(((self.t % p as u64) as usize + r) % p);
+            if c > part.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "ExDyna: rank {r} reports {c} selected entries, more than its partition \
+                     of {}",
+                    part.len()
+                )));
+            }
+        }
         let m_t = kt.iter().copied().max().unwrap_or(0);
         let mut padded = mine.clone();
         padded.resize(m_t, u32::MAX);

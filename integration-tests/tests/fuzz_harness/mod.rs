@@ -270,10 +270,9 @@ const SPARSE: &[Case] = &[
     |c| sparse(&c, SparseAlgo::ALL[7]),
 ];
 
-/// ExDyna, kept apart: its step trusts the per-rank counts it all-gathers and pads its
-/// index list to the largest (`padded.resize(m_t, ..)`), so one corrupt count word asks
-/// for up to 16 GiB. Replayed only by the ignored test that shows the bug, until the count
-/// is checked against the partition size.
+/// ExDyna, kept apart: its step all-gathers per-rank counts and pads its index list to the
+/// largest, so a corrupt count once asked for up to 16 GiB; counts above the sender's
+/// partition are now refused. Replayed by `exdyna_rejects_a_corrupt_count`.
 const EXDYNA: &[Case] = &[|c| sparse(&c, SparseAlgo::ALL[8])];
 
 /// Replays ExDyna with message `data[1]` mutated as [`replayed`] describes; see [`EXDYNA`].
