@@ -121,41 +121,30 @@ fn check_shapes(weights: &[Vec<f32>], grads: &[Vec<f32>]) -> Result<()> {
     Ok(())
 }
 
-struct LarsOpt(Lars);
+/// The `lars-pto` optimizers behind [`Optimizer`]: each already has the trait's `step`
+/// (collective, the parallel tensor operator splitting the work), so only the name differs.
+macro_rules! pto_optimizer {
+    ($($wrapper:ident($inner:ty) = $name:literal),* $(,)?) => {$(
+        struct $wrapper($inner);
 
-impl Optimizer for LarsOpt {
-    fn name(&self) -> String {
-        "lars(pto)".into()
-    }
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        weights: &mut [Vec<f32>],
-        grads: &[Vec<f32>],
-        lr: f32,
-    ) -> Result<()> {
-        self.0.step(comm, weights, grads, f64::from(lr))?;
-        Ok(())
-    }
+        impl Optimizer for $wrapper {
+            fn name(&self) -> String {
+                $name.into()
+            }
+            fn step(
+                &mut self,
+                comm: &dyn Communicator,
+                weights: &mut [Vec<f32>],
+                grads: &[Vec<f32>],
+                lr: f32,
+            ) -> Result<()> {
+                self.0.step(comm, weights, grads, f64::from(lr))?;
+                Ok(())
+            }
+        }
+    )*};
 }
-
-struct LambOpt(Lamb);
-
-impl Optimizer for LambOpt {
-    fn name(&self) -> String {
-        "lamb(pto)".into()
-    }
-    fn step(
-        &mut self,
-        comm: &dyn Communicator,
-        weights: &mut [Vec<f32>],
-        grads: &[Vec<f32>],
-        lr: f32,
-    ) -> Result<()> {
-        self.0.step(comm, weights, grads, f64::from(lr))?;
-        Ok(())
-    }
-}
+pto_optimizer!(LarsOpt(Lars) = "lars(pto)", LambOpt(Lamb) = "lamb(pto)");
 
 /// Builds `kind` for `layers` (name, element count; forward order). SGD uses `momentum`
 /// and `weight_decay`; LARS uses them too, with the default trust coefficient; LAMB its
