@@ -11,6 +11,7 @@
 //! rounds).
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
+use cost_model::plan::ceil_log2;
 use cost_model::{Link, Topology};
 use serde::{Deserialize, Serialize};
 
@@ -80,7 +81,7 @@ impl StepCosts for RuntimeCosts {
         let p = self.ranks;
         let rounds = match self.density {
             Some(_) => p.saturating_sub(1),
-            None => 2 * p.saturating_sub(1) + ceil_log2(p),
+            None => 2 * p.saturating_sub(1) + ceil_log2(p) as usize,
         };
         self.link.alpha_s * rounds as f64
     }
@@ -117,18 +118,13 @@ impl RuntimeCosts {
     /// all-gather of one header per rank, round `s` moving `min(2^s, P − 2^s)` headers.
     fn agree_s(&self) -> f64 {
         let p = self.ranks;
-        (0..ceil_log2(p))
+        (0..ceil_log2(p) as usize)
             .map(|s| {
                 self.link
                     .time(HEADER_BYTES * (1usize << s).min(p - (1 << s)))
             })
             .sum()
     }
-}
-
-/// `⌈log2 p⌉` (0 for p ≤ 1): the rounds of a Bruck all-gather.
-fn ceil_log2(p: usize) -> usize {
-    p.max(1).next_power_of_two().trailing_zeros() as usize
 }
 
 /// Settings of the check.
