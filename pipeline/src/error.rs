@@ -76,18 +76,6 @@ pub enum Error {
         /// The iteration.
         iteration: u64,
     },
-    /// A layer reported before the layers after it (backward runs from the last layer).
-    #[error(
-        "layer {layer} reported out of order in iteration {iteration}: expected layer {expected}"
-    )]
-    LayerOutOfOrder {
-        /// The layer reported.
-        layer: usize,
-        /// The layer expected next.
-        expected: usize,
-        /// The iteration.
-        iteration: u64,
-    },
     /// `finish` (or `begin`) called while layers of the iteration are still missing.
     #[error("iteration {iteration}: {missing} layer(s) not reported before finish")]
     IncompleteIteration {

@@ -11,8 +11,14 @@
 //! consecutive "ready" calls), compression spans on the compute thread and communication
 //! spans on the communication thread.
 //!
+//! Layers may be reported in any order within an iteration, each exactly once: framework
+//! hooks do not promise the strict `L−1 … 0` order. A group is compressed as soon as its
+//! last missing layer arrives, but groups are handed to the communication thread in one
+//! fixed order (the last group first), so every rank issues the same collectives in the
+//! same order whatever order its own hooks fired in.
+//!
 //! Errors are typed and never a silent wrong update: gradients of the wrong length, a
-//! layer reported twice or out of order, `finish` before every layer arrived, ranks at
+//! layer reported twice, `finish` before every layer arrived, ranks at
 //! different iterations or groups ([`Error::RankOutOfStep`]), transport failures. After a
 //! communication failure the reducer stays failed.
 
@@ -56,8 +62,15 @@ pub struct Reducer<C: Communicator + 'static> {
     thread: Option<CommThread<C>>,
     epoch: Instant,
     iteration: u64,
-    /// Layers reported in the current iteration (they arrive L−1, L−2, ..., 0).
+    /// Layers reported in the current iteration (in any order).
     reported: usize,
+    /// Whether each layer has been reported in the current iteration.
+    seen: Vec<bool>,
+    /// Layers of each group not yet reported in the current iteration.
+    missing: Vec<usize>,
+    /// Groups handed to the communication thread in the current iteration (they go
+    /// `G−1, G−2, …, 0`).
+    launched: usize,
     in_iteration: bool,
     t0: f64,
     forward_end: Option<f64>,
@@ -110,6 +123,7 @@ impl<C: Communicator + 'static> Reducer<C> {
             .spawn(move || comm_loop(comm, exchangers, jobs_rx, done_tx, epoch))
             .map_err(|e| Error::CommThread(e.to_string()))?;
         let groups = plan.num_groups();
+        let missing = (0..groups).map(|g| plan.range(g).len()).collect();
         Ok(Reducer {
             sizes: sizes.to_vec(),
             plan,
@@ -124,6 +138,9 @@ impl<C: Communicator + 'static> Reducer<C> {
             epoch,
             iteration: 0,
             reported: 0,
+            seen: vec![false; sizes.len()],
+            missing,
+            launched: 0,
             in_iteration: false,
             t0: 0.0,
             forward_end: None,
@@ -204,8 +221,9 @@ impl<C: Communicator + 'static> Reducer<C> {
         Ok(())
     }
 
-    /// The hook: the gradient of `layer` (forward index) is ready. Layers must arrive in
-    /// backward order, `L−1` down to `0`, once per iteration.
+    /// The hook: the gradient of `layer` (forward index) is ready. Layers may arrive in any
+    /// order, each once per iteration; a group is compressed and communicated when it is
+    /// complete and every group after it has been launched.
     pub fn ready(&mut self, layer: usize, grad: &[f32]) -> Result<()> {
         self.check_failed()?;
         let l_count = self.sizes.len();
@@ -225,25 +243,10 @@ impl<C: Communicator + 'static> Reducer<C> {
         if !self.in_iteration {
             self.begin()?;
         }
-        if self.reported >= l_count {
+        if self.seen[layer] {
             return Err(Error::LayerTwice {
                 layer,
                 iteration: self.iteration,
-            });
-        }
-        let expected = l_count - 1 - self.reported;
-        if layer != expected {
-            return Err(if layer > expected {
-                Error::LayerTwice {
-                    layer,
-                    iteration: self.iteration,
-                }
-            } else {
-                Error::LayerOutOfOrder {
-                    layer,
-                    expected,
-                    iteration: self.iteration,
-                }
             });
         }
         let t = self.now();
@@ -254,10 +257,15 @@ impl<C: Communicator + 'static> Reducer<C> {
         let g = self.plan.group_of(layer);
         let off = self.offsets[layer];
         self.buffers[g][off..off + grad.len()].copy_from_slice(grad);
+        self.seen[layer] = true;
+        self.missing[g] -= 1;
         self.reported += 1;
         self.last_event = self.now();
-        if layer == self.plan.range(g).start {
-            self.launch(g)?;
+        let groups = self.plan.num_groups();
+        while self.launched < groups && self.missing[groups - 1 - self.launched] == 0 {
+            let next = groups - 1 - self.launched;
+            self.launched += 1;
+            self.launch(next)?;
         }
         Ok(())
     }
@@ -388,6 +396,11 @@ impl<C: Communicator + 'static> Reducer<C> {
         });
         self.iteration += 1;
         self.reported = 0;
+        self.seen.fill(false);
+        for (g, m) in self.missing.iter_mut().enumerate() {
+            *m = self.plan.range(g).len();
+        }
+        self.launched = 0;
         self.in_iteration = false;
         Ok(out)
     }
@@ -506,6 +519,50 @@ mod tests {
         }
     }
 
+    /// Every rank reports the layers in its own order (as framework hooks may); the result
+    /// equals the one from the strict backward order, on every rank.
+    #[test]
+    fn layers_in_any_order_give_the_in_order_result() {
+        let sizes = [3usize, 5, 2, 4, 1, 6];
+        let plan = || MergePlan::from_starts(6, vec![0, 2, 3]).unwrap();
+        let grad = |r: usize, l: usize| -> Vec<f32> {
+            (0..sizes[l])
+                .map(|i| ((r * 31 + l * 7 + i) % 11) as f32 - 5.0)
+                .collect()
+        };
+        let run = |shuffled: bool, scheme: &dyn Scheme| {
+            ThreadComm::run(3, |comm| -> Result<Vec<Vec<Vec<f32>>>> {
+                let r = comm.rank();
+                let mut red = Reducer::new(comm, &sizes, plan(), scheme)?;
+                let mut out = Vec::new();
+                for it in 0..3 {
+                    let mut order: Vec<usize> = (0..6).rev().collect();
+                    if shuffled {
+                        // A different order on every rank and iteration.
+                        order.rotate_left((r + it) % 6);
+                        if (r + it) % 2 == 1 {
+                            order.reverse();
+                        }
+                    }
+                    for l in order {
+                        red.ready(l, &grad(r + it, l))?;
+                    }
+                    out.push(red.finish()?);
+                }
+                red.shutdown()?;
+                Ok(out)
+            })
+            .unwrap()
+        };
+        let sparse = TopkAllgather { density: 0.4 };
+        for scheme in [&DenseAllreduce as &dyn Scheme, &sparse] {
+            let want = run(false, scheme);
+            let got = run(true, scheme);
+            assert_eq!(got, want, "{}", scheme.name());
+            assert!(got[0].iter().flatten().flatten().any(|&v| v != 0.0));
+        }
+    }
+
     #[test]
     fn sparse_reducer_matches_a_p1_reference() {
         // With P = 1 and density 1, error feedback returns the gradient itself.
@@ -540,10 +597,6 @@ mod tests {
             assert!(matches!(
                 red.ready(7, &[1.0]),
                 Err(Error::NoSuchLayer { .. })
-            ));
-            assert!(matches!(
-                red.ready(0, &[1.0, 2.0]),
-                Err(Error::LayerOutOfOrder { .. })
             ));
             red.ready(2, &[1.0])?;
             assert!(matches!(
