@@ -9,6 +9,7 @@ use bytemuck::Pod;
 
 use crate::{Error, Result};
 
+pub mod nodes;
 pub mod sim;
 pub mod tap;
 pub mod thread;
@@ -87,6 +88,14 @@ pub trait Communicator: Send {
 
     /// Short name of the backend (`"thread"`, `"mpi"`, `"sim(thread)"`).
     fn backend(&self) -> String;
+
+    /// Which machine (shared-memory node) this rank runs on: ranks with the same id share
+    /// one, so hierarchical algorithms (HiTopKComm, the 2D torus) can take their node
+    /// structure from the transport instead of a guess. `None`: the transport does not know
+    /// (see [`nodes::ranks_per_node`] for how callers resolve it).
+    fn node(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// `impl Communicator` for a type that only hands every call to the communicator `$inner`
@@ -148,6 +157,10 @@ macro_rules! forward_communicator {
             fn backend(&self) -> String {
                 let $s = self;
                 $inner.backend()
+            }
+            fn node(&self) -> Option<u64> {
+                let $s = self;
+                $inner.node()
             }
         }
     };

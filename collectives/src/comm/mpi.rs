@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mpi::collective::CommunicatorCollectives;
+use mpi::collective::{CommunicatorCollectives, SystemOperation};
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Message, Source};
@@ -93,6 +93,9 @@ pub struct MpiComm {
     size: usize,
     timeout: Duration,
     threading: Threading,
+    /// This process's node ([`Communicator::node`]): the lowest world rank of its
+    /// shared-memory group, found once on the world and kept by every split.
+    node: u64,
     _universe: Arc<UniverseGuard>,
 }
 
@@ -114,10 +117,12 @@ impl MpiComm {
             })?;
         let comm = universe.world().duplicate();
         let timeout = super::thread::ThreadConfig::default().timeout;
+        let node = world_node(&comm)?;
         Ok(Self::wrap(
             comm,
             threading,
             timeout,
+            node,
             Arc::new(UniverseGuard(Some(universe))),
         ))
     }
@@ -126,9 +131,11 @@ impl MpiComm {
         comm: SimpleCommunicator,
         threading: Threading,
         timeout: Duration,
+        node: u64,
         universe: Arc<UniverseGuard>,
     ) -> MpiComm {
         MpiComm {
+            node,
             rank: comm.rank() as usize,
             size: comm.size() as usize,
             comm,
@@ -341,6 +348,36 @@ impl Drop for MpiComm {
     }
 }
 
+/// Environment variable that makes every block of `n` world ranks report one node, to run
+/// hierarchical algorithms on one host as if on `P / n` machines (for tests and
+/// demonstrations; without it the node is the shared-memory group).
+pub const RANKS_PER_NODE_ENV: &str = "COLLECTIVES_RANKS_PER_NODE";
+
+/// The node of this process: its shared-memory group (`MPI_Comm_split_type` with
+/// `MPI_COMM_TYPE_SHARED`) named by the group's lowest world rank, or the block of
+/// [`RANKS_PER_NODE_ENV`] ranks when that is set.
+fn world_node(world: &SimpleCommunicator) -> Result<u64> {
+    let rank = world.rank();
+    if let Ok(v) = std::env::var(RANKS_PER_NODE_ENV) {
+        let n = v
+            .trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|&n| n > 0 && world.size() % n == 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{RANKS_PER_NODE_ENV}={v:?} must be a positive divisor of the {} ranks",
+                    world.size()
+                ))
+            })?;
+        return Ok((rank / n) as u64);
+    }
+    let shared = world.split_shared(rank);
+    let mut lowest = rank;
+    shared.all_reduce_into(&rank, &mut lowest, SystemOperation::min());
+    Ok(lowest as u64)
+}
+
 impl Communicator for MpiComm {
     fn rank(&self) -> usize {
         self.rank
@@ -409,6 +446,7 @@ impl Communicator for MpiComm {
             sub,
             self.threading,
             self.timeout,
+            self.node,
             self._universe.clone(),
         )))
     }
@@ -417,6 +455,10 @@ impl Communicator for MpiComm {
         self.progress();
         self.comm.barrier();
         Ok(())
+    }
+
+    fn node(&self) -> Option<u64> {
+        Some(self.node)
     }
 
     fn backend(&self) -> String {

@@ -312,6 +312,12 @@ impl<C: Communicator> Communicator for SimComm<C> {
         self.inner.size()
     }
 
+    /// The topology's node of this rank's world rank (blocks of `ranks_per_node`).
+    fn node(&self) -> Option<u64> {
+        let world = self.world_ranks[self.inner.rank()];
+        Some((world / self.topology.ranks_per_node.max(1)) as u64)
+    }
+
     fn send(&self, dest: usize, tag: Tag, data: &[u8]) -> Result<()> {
         check_tag(tag)?;
         check_rank(dest, self.size())?;

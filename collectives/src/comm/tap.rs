@@ -103,6 +103,9 @@ impl<C: Communicator, T: Tap + 'static> Communicator for Tapped<C, T> {
         self.tap.after(Some(data.len()), Some(n));
         Ok(n)
     }
+    fn node(&self) -> Option<u64> {
+        self.inner.node()
+    }
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
         let sub = self.inner.split(color, key)?;
         Ok(match self.tap.split() {

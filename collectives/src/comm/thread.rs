@@ -23,6 +23,11 @@ use crate::{Error, Result};
 pub struct ThreadConfig {
     /// How long a receive waits before it returns [`Error::Timeout`].
     pub timeout: Duration,
+    /// Threads standing for one node: world rank `r` reports node `r / n`
+    /// ([`Communicator::node`]), so hierarchical algorithms can be run as if on
+    /// `P / n` machines. `None`: every thread reports the same node (one process is one
+    /// machine).
+    pub ranks_per_node: Option<usize>,
 }
 
 impl Default for ThreadConfig {
@@ -35,6 +40,7 @@ impl Default for ThreadConfig {
             .unwrap_or(60.0);
         ThreadConfig {
             timeout: Duration::from_secs_f64(secs),
+            ranks_per_node: None,
         }
     }
 }
@@ -42,7 +48,19 @@ impl Default for ThreadConfig {
 impl ThreadConfig {
     /// A configuration with the given receive timeout.
     pub fn with_timeout(timeout: Duration) -> Self {
-        ThreadConfig { timeout }
+        ThreadConfig {
+            timeout,
+            ranks_per_node: None,
+        }
+    }
+
+    /// The same configuration with `n` threads per emulated node (see
+    /// [`ThreadConfig::ranks_per_node`]).
+    pub fn with_ranks_per_node(self, n: usize) -> Self {
+        ThreadConfig {
+            ranks_per_node: Some(n),
+            ..self
+        }
     }
 }
 
@@ -63,6 +81,7 @@ struct World {
     /// (parent context, split sequence number, colour) → context id.
     contexts: Mutex<HashMap<(u64, u64, u32), u64>>,
     timeout: Duration,
+    ranks_per_node: Option<usize>,
 }
 
 impl World {
@@ -138,11 +157,19 @@ impl ThreadComm {
                 "a world needs at least one rank".into(),
             ));
         }
+        if let Some(n) = config.ranks_per_node {
+            if n == 0 || size % n != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{n} threads per node do not divide the world of {size}"
+                )));
+            }
+        }
         let world = Arc::new(World {
             mailboxes: (0..size).map(|_| Mailbox::default()).collect(),
             failed: AtomicUsize::new(NO_FAILURE),
             contexts: Mutex::new(HashMap::new()),
             timeout: config.timeout,
+            ranks_per_node: config.ranks_per_node,
         });
         let members = Arc::new((0..size).collect::<Vec<_>>());
         Ok((0..size)
@@ -409,6 +436,11 @@ impl Communicator for ThreadComm {
 
     fn backend(&self) -> String {
         "thread".into()
+    }
+
+    fn node(&self) -> Option<u64> {
+        let world = self.members[self.rank];
+        Some(self.world.ranks_per_node.map_or(0, |n| world / n.max(1)) as u64)
     }
 }
 

@@ -40,7 +40,7 @@ mod bcast;
 mod chooser;
 mod exec;
 mod reduce_scatter;
-mod util;
+pub(crate) mod util;
 mod wire;
 
 pub use allgather::{allgather, allgatherv, allgatherv_known, AllgatherAlgo, Gathered};

@@ -50,9 +50,11 @@ pub enum SparseAlgo {
     },
     /// HiTopKComm (Shi et al., MLSys 2021), Algorithm 2 ([`super::HiTopK`]).
     HiTopK {
-        /// GPUs per node `n` (must divide P). `None`: P (one node).
+        /// GPUs per node `n` (must divide P). `None`: the transport's node structure
+        /// ([`crate::comm::nodes::ranks_per_node`]: MPI's shared-memory groups, the
+        /// simulated topology, a thread world's option).
         ranks_per_node: Option<usize>,
-        /// Send values as `f16` (§5.3 uses FP16 on the wire).
+        /// Send values as `f16` (§5.3 uses FP16 on the wire; on by default, as the paper).
         f16_wire: bool,
         /// Selector of the node slice (MSTopK by default).
         selector: Option<SelectorKind>,
@@ -90,7 +92,7 @@ impl SparseAlgo {
         },
         SparseAlgo::HiTopK {
             ranks_per_node: None,
-            f16_wire: false,
+            f16_wire: true,
             selector: None,
         },
         SparseAlgo::ExDyna { warm_start: false },

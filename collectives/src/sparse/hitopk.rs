@@ -7,12 +7,16 @@
 //! 4. an intra-node all-gather of the summed slices.
 //!
 //! Ranks are placed in blocks: rank `r` is on node `r / n` with local index `r mod n`
-//! (`n = ranks_per_node`, which must divide P). The sub-communicators are split once, at
+//! (`n = ranks_per_node`, which must divide P; by default the transport's node structure,
+//! [`crate::comm::nodes::ranks_per_node`]). The sub-communicators are split once, at
 //! construction. With `f16_wire` the values travel as IEEE half (MSTopK/HiTopKComm
 //! (Shi et al., MLSys 2021) §5.3): the reduce-scatter sums through `f16`, and the selected values
-//! are rounded to `f16` with the rounding error kept in the residual. Conserves mass (with the
-//! `f32` wire): what a slice owner does not select stays in its residual, which is zero outside its
-//! slice.
+//! are rounded to `f16` with the rounding error kept in the residual. Conserves mass on both
+//! wires: what a slice owner does not select stays in its residual, and with the `f16` wire
+//! each rank also keeps, outside its slice, what rounding took from the partial sums it sent
+//! in the reduce-scatter (a ring reduce-scatter leaves exactly those `f32` partial sums in
+//! the sender's buffer) and adds it back into its next step's input; with the `f32` wire the
+//! residual is zero outside the slice.
 
 use half::f16;
 use sparsify::SparseGrad;
@@ -29,7 +33,8 @@ pub struct HiTopK {
     n: usize,
     intra: Box<dyn Communicator>,
     inter: Box<dyn Communicator>,
-    /// Residual of this rank's slice only (zero elsewhere), as a full-length vector.
+    /// Residual of this rank's slice, and outside it the `f16` wire's rounding of the
+    /// partial sums this rank sent (zero with the `f32` wire), as a full-length vector.
     resid: Vec<f32>,
     /// Error feedback over the slice.
     fb: Feedback,
@@ -45,7 +50,12 @@ impl HiTopK {
 
     pub(crate) fn from_config(comm: &dyn Communicator, cfg: Config) -> Result<Self> {
         let p = cfg.p;
-        let n = cfg.opts.ranks_per_node.unwrap_or(p);
+        // The node structure: the explicit option, else the transport's (MPI's
+        // shared-memory groups, the simulated topology, a thread world's option).
+        let n = match cfg.opts.ranks_per_node {
+            Some(n) => n,
+            None => crate::comm::nodes::ranks_per_node(comm)?,
+        };
         if n == 0 || p % n != 0 {
             return Err(common::fail_together(
                 comm,
@@ -119,19 +129,38 @@ impl SparseAllreduce for HiTopK {
         let cci = common::counting(self.intra.as_ref());
         let cce = common::counting(self.inter.as_ref());
         let j = self.intra.rank();
-        // 1. Intra-node reduce-scatter (Algorithm 2 line 3).
-        self.buf.copy_from_slice(grad);
+        // 1. Intra-node reduce-scatter (Algorithm 2 line 3) of the gradient plus the wire
+        // rounding carried outside the slice.
+        let slice = block_range(d, n, j);
+        for (i, (b, (&g, &r))) in self
+            .buf
+            .iter_mut()
+            .zip(grad.iter().zip(&self.resid))
+            .enumerate()
+        {
+            *b = if slice.contains(&i) { g } else { g + r };
+        }
         let wire = if f16_wire {
             WireType::F16
         } else {
             WireType::F32
         };
         let dense = DenseOptions::with_wire(wire).unchecked();
-        let slice = reduce_scatter(&cci, &mut self.buf, ReduceScatterAlgo::Ring, &dense)?;
-        if slice != block_range(d, n, j) {
+        if reduce_scatter(&cci, &mut self.buf, ReduceScatterAlgo::Ring, &dense)? != slice {
             return Err(Error::InvalidArgument(
                 "HiTopKComm: unexpected slice".into(),
             ));
+        }
+        // What the f16 wire took from the partial sums this rank sent: outside its slice,
+        // the ring leaves each block as the f32 sum that went out.
+        for (i, (r, &b)) in self.resid.iter_mut().zip(&self.buf).enumerate() {
+            if !slice.contains(&i) {
+                *r = if f16_wire {
+                    b - f16::from_f32(b).to_f32()
+                } else {
+                    0.0
+                };
+            }
         }
         // 2. Top-(ρ·d/n) of residual + slice (Algorithm 2 lines 5-7, Eq. 5).
         let kn = ((self.cfg.density * slice.len() as f64).ceil() as usize).min(slice.len());
