@@ -6,7 +6,8 @@
 //! 3. `cargo test --workspace`, then the `cuda` tests of `sparsify` (NVRTC compiles the
 //!    kernels where libnvrtc is found; the GPU bodies skip without a device)
 //! 4. when `mpirun` is on the PATH: every `mpi_*` test binary built with `--features mpi`,
-//!    run under `mpirun -n P --allow-run-as-root --oversubscribe` for P in {1, 2, 3, 4, 6};
+//!    run under `mpirun -n P --allow-run-as-root --oversubscribe` for P in {1, 2, 3, 4, 6},
+//!    and `mpi_sparse` once more on 2 emulated nodes × 2 ranks;
 //!    then `mpi_faults`, which starts its own short mpirun jobs (one rank exits, is killed
 //!    or stops mid-collective at P = 3 and 4) and checks that each ends within the receive
 //!    timeout plus 10 s with a typed error on every survivor.
@@ -42,6 +43,9 @@ pub struct Args {
 
 /// Packages with an `mpi` feature whose `mpi_*` test binaries run under mpirun.
 const MPI_PACKAGES: &[&str] = &["collectives"];
+
+/// The MPI test binary that also runs on two emulated nodes (HiTopKComm's node structure).
+const NODES_TEST: &str = "mpi_sparse";
 
 /// The MPI test binary that launches its own mpirun jobs (fault injection) instead of
 /// being run under one.
@@ -136,8 +140,18 @@ fn run_mpi_tests(root: &Path, mpirun: &Path, args: &Args) -> CliResult {
             return Err(format!("no mpi_* test binaries found in {pkg}").into());
         }
         for (name, exe) in binaries.iter().filter(|(n, _)| n != MPI_FAULTS) {
-            for &p in &args.ranks {
-                let label = format!("mpirun -n {p} {name}");
+            let mut jobs: Vec<(usize, Option<usize>)> =
+                args.ranks.iter().map(|&p| (p, None)).collect();
+            if name == NODES_TEST {
+                // Two emulated nodes of two ranks: the hierarchical algorithms on the node
+                // structure MPI reports (COLLECTIVES_RANKS_PER_NODE).
+                jobs.push((4, Some(2)));
+            }
+            for (p, ranks_per_node) in jobs {
+                let label = match ranks_per_node {
+                    Some(n) => format!("mpirun -n {p} {name} ({} nodes × {n})", p / n),
+                    None => format!("mpirun -n {p} {name}"),
+                };
                 println!("== {label}");
                 let mut cmd = Command::new(mpirun);
                 cmd.args([
@@ -147,6 +161,9 @@ fn run_mpi_tests(root: &Path, mpirun: &Path, args: &Args) -> CliResult {
                     &p.to_string(),
                 ]);
                 cmd.args(mpi_mca_args());
+                if let Some(n) = ranks_per_node {
+                    cmd.args(["-x", &format!("COLLECTIVES_RANKS_PER_NODE={n}")]);
+                }
                 cmd.arg(exe).current_dir(root);
                 let t = Instant::now();
                 let status = run_with_timeout(cmd, Duration::from_secs(args.mpi_timeout_s))?;
