@@ -99,6 +99,17 @@ impl OmgsCosts {
         })
     }
 
+    /// The paper's 1 GbE cluster at `p` workers, at the density OMGS-SGD trains `model`
+    /// with (0.005 for LSTM-PTB, 0.001 otherwise).
+    pub fn preset_for(p: usize, model: &str) -> Result<Self> {
+        let pre = cost_model::presets::omgs_1gbe(p)?.for_model(model)?;
+        Ok(OmgsCosts {
+            topk: pre.topk,
+            allgather: pre.sparse_allgather,
+            density: pre.density,
+        })
+    }
+
     /// Selected elements of a group of `numel`: `max(1, ⌈ρ·numel⌉)`.
     pub fn selected(&self, numel: usize) -> usize {
         ((self.density * numel as f64).ceil() as usize).clamp(1, numel.max(1))
