@@ -127,6 +127,25 @@ impl OmgsPreset {
     }
 }
 
+impl OmgsPreset {
+    /// A flat topology on which a ring all-gather (`P − 1` rounds of `8·x` bytes: index and
+    /// value per selected element) takes exactly Eq. 11's `(a + b·x·P·4)·2`: per message
+    /// `α = 2a/(P − 1)` and per byte `β = b·P/(P − 1)`. Running the runtime's ring all-gather
+    /// over `SimComm` on it in real time reproduces the authors' fitted network.
+    pub fn ring_allgather_topology(&self) -> Result<Topology> {
+        let p = self.ranks;
+        if p < 2 {
+            return Err(Error::InvalidArgument(
+                "a ring all-gather needs at least 2 ranks".into(),
+            ));
+        }
+        let m = (p - 1) as f64;
+        let a = self.sparse_allgather.a_s;
+        let b = self.sparse_allgather.b_s_per_byte;
+        Topology::flat(p, Link::new(2.0 * a / m, b * p as f64 / m))
+    }
+}
+
 /// Per-message latency of 1 Gbit/s Ethernet with TCP, seconds. Chosen, not published: paper
 /// 000 publishes only whole-collective fits (see [`OMGS_ALLGATHER`]); 50 µs is a typical
 /// one-way small-message latency of MPI over TCP on GbE.
@@ -200,6 +219,16 @@ mod tests {
         for q in [2, 4, 8, 16] {
             assert_eq!(omgs_1gbe(q).unwrap().topology().unwrap().ranks(), q);
         }
+    }
+
+    #[test]
+    fn a_ring_all_gather_on_the_ring_topology_takes_eq_11s_time() {
+        let p = omgs_1gbe(16).unwrap();
+        let t = p.ring_allgather_topology().unwrap();
+        let x = 25_000usize;
+        let ring = 15.0 * t.inter.time(8 * x);
+        let eq11 = p.sparse_allgather.time(x);
+        assert!((ring - eq11).abs() <= 1e-9 * eq11, "{ring} vs {eq11}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod candle_models;
 pub mod check;
 pub mod data;
+pub mod emulated;
 mod error;
 pub mod gantt;
 pub mod optimizer;
