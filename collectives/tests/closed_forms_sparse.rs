@@ -7,7 +7,8 @@
 //! The data-dependent counts the replay needs come from the run itself: the ranks'
 //! `StepStats::selected` (HiTopKComm, ExDyna), the update's support per block (TopkDSA,
 //! HiTopKComm; the gradients are positive, so no sum is exactly zero), SparDL's `h()` and
-//! `last_gathered()` (B-SAG), and for TopkDSA each rank's own selection, recomputed with
+//! `last_gathered()` per team position (B-SAG), Ok-Topk's `last_sent()` and
+//! `last_gathered()`, and for TopkDSA each rank's own selection, recomputed with
 //! the same error feedback and exact top-k the algorithm uses.
 //!
 //! And call by call: every rank's message trace equals the schedule the replay builds from
@@ -16,9 +17,10 @@
 #[path = "support/trace.rs"]
 mod trace;
 
-use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAlgo, SparseAllreduce};
+use collectives::sparse::{build, OkTopk, Sag, SelectorKind, SparDl, SparseAlgo, SparseAllreduce};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
 use cost_model::dense::block_start;
+use cost_model::plan::sparse::SagKind;
 use cost_model::sparse_replay::sparse_schedule;
 use cost_model::{
     predict_sparse, replay_sparse, Algorithm, Link, Observed, Prediction, SparseCase, SparseStep,
@@ -69,11 +71,15 @@ struct Seen {
     /// B-SAG: h before the step and the entries after the sum between teams.
     h: f64,
     gathered: usize,
+    /// Ok-Topk: entries sent to each region, and each region's entries in the all-gather.
+    sent: Vec<usize>,
+    regions: Vec<usize>,
 }
 
 enum Alg {
     Any(Box<dyn SparseAllreduce>),
     Bsag(SparDl),
+    Ok(OkTopk),
 }
 
 /// Runs `STEPS` steps of `name` over SimComm<ThreadComm>, resetting SimComm's counters and
@@ -91,6 +97,9 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
                 teams,
                 selector,
             } => Alg::Bsag(SparDl::new(&sim, d, density, Sag::Bruck, teams, selector)?),
+            SparseAlgo::OkTopk { tau, rebalance } => {
+                Alg::Ok(OkTopk::new(&sim, d, density, tau, rebalance)?)
+            }
             _ => Alg::Any(build(algo, &sim, d, density)?),
         };
         // TopkDSA's selections, recomputed as the algorithm makes them.
@@ -122,6 +131,12 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
                     seen.h = a.h();
                     let res = a.step(&sim, &g)?;
                     seen.gathered = a.last_gathered();
+                    res
+                }
+                Alg::Ok(a) => {
+                    let res = a.step(&sim, &g)?;
+                    seen.sent = a.last_sent().to_vec();
+                    seen.regions = a.last_gathered().to_vec();
                     res
                 }
             };
@@ -160,7 +175,7 @@ fn observed(
             reduced: (0..p).map(|j| support_in(p, j)).collect(),
         },
         Algorithm::SpardlBsag => Observed::Bsag {
-            h: seen[0][s].h,
+            h: (0..m).map(|q| seen[q][s].h).collect(),
             gathered: (0..m).map(|q| seen[q][s].gathered).collect(),
         },
         Algorithm::Hitopk => Observed::HiTopK {
@@ -169,6 +184,10 @@ fn observed(
         },
         Algorithm::Exdyna => Observed::ExDyna {
             selected: seen.iter().map(|r| r[s].selected).collect(),
+        },
+        Algorithm::Oktopk => Observed::OkTopk {
+            sent: seen.iter().map(|r| r[s].sent.clone()).collect(),
+            gathered: seen[0][s].regions.clone(),
         },
         _ => Observed::Worst,
     }
@@ -191,10 +210,10 @@ fn check(topo: &Topology, sparse: SparseAlgo, d: usize, density: f64) -> usize {
     let algo = sparse.cost_algorithm();
     let n = sparse.ranks_per_node().unwrap_or(p);
     let seen = measure(topo, sparse, d, density);
-    // B-SAG team size: P / teams (its default team count is P's smallest prime factor).
+    // B-SAG team size: P / teams (with the algorithm's default team count).
     let teams = sparse
         .teams()
-        .unwrap_or_else(|| (2..=p).find(|f| p % f == 0).unwrap_or(1));
+        .unwrap_or_else(|| SagKind::Bruck.default_teams(p));
     let m = p / teams;
     for s in 0..STEPS {
         let step = SparseStep {
@@ -224,7 +243,7 @@ fn check(topo: &Topology, sparse: SparseAlgo, d: usize, density: f64) -> usize {
     STEPS
 }
 
-const FLAT: [&str; 8] = [
+const FLAT: [&str; 9] = [
     "topka",
     "topkdsa",
     "gtopk",
@@ -233,6 +252,7 @@ const FLAT: [&str; 8] = [
     "spardl_rsag",
     "spardl_bsag",
     "exdyna",
+    "oktopk",
 ];
 
 #[test]
@@ -261,6 +281,19 @@ fn sixteen_ranks_and_large_dense_phases() {
         let topo = Topology::flat(p, inter()).unwrap();
         check(&topo, a("cltk"), 8192, 0.25);
         check(&topo, a("exdyna"), 8192, 0.5);
+    }
+}
+
+/// Ok-Topk with short periods, so that two steps cover every combination of threshold
+/// re-estimation and region re-balancing.
+#[test]
+fn oktopk_periods() {
+    for p in [2usize, 3, 4, 5, 8] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        for (tau, rebalance) in [(1u32, 2u32), (2, 1), (3, 3)] {
+            let ok = SparseAlgo::OkTopk { tau, rebalance };
+            check(&topo, ok, 1001, 0.05);
+        }
     }
 }
 

@@ -126,6 +126,11 @@ impl SparDl {
         self.h
     }
 
+    /// B-SAG's current step of `h` (signed; its magnitude stays in `[½, L(1 − 1/d)]`).
+    pub fn h_step(&self) -> f64 {
+        self.h_step
+    }
+
     /// B-SAG: entries after the last all-gather between teams (`N_t`, Algorithm 2).
     pub fn last_gathered(&self) -> usize {
         self.last_n
@@ -276,7 +281,13 @@ impl SparDl {
             self.h_step = -self.h_step / 2.0;
             self.h_flag = false;
         }
-        self.h = (self.h + self.h_step).clamp(l / self.teams as f64, l.max(l / self.teams as f64));
+        // The step's magnitude stays in [½, L(1 − 1/d)]: below half an entry the rounded h
+        // cannot move (a run of halvings would freeze it), and above the width of h's range
+        // a run of doublings would only throw h from one bound to the other.
+        let lo = l / self.teams as f64;
+        let width = (l - lo).max(0.5);
+        self.h_step = self.h_step.signum() * self.h_step.abs().clamp(0.5, width);
+        self.h = (self.h + self.h_step).clamp(lo, l.max(lo));
         self.last_n = n_t;
         Ok(keep)
     }
