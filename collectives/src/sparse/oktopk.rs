@@ -14,7 +14,9 @@
 //! 4. **Global selection and all-gather.** On a re-estimation step every reduced entry is
 //!    all-gathered and the update is their exact top-k, whose smallest magnitude becomes
 //!    the global threshold; on the other steps each owner keeps the entries of its region
-//!    at or above that threshold and only those are all-gathered (counts first).
+//!    at or above that threshold and only those are all-gathered (counts first), and the
+//!    threshold is nudged by ×/÷1.008 when they leave `[2k/3, 4k/3]` (every rank sees the
+//!    same counts, so every rank holds the same threshold).
 //!
 //! Residuals: a rank's accumulated gradient stays in its residual except at the indices it
 //! selected that made it into the update, which are zeroed (the authors' `involved_indexes`),
@@ -38,6 +40,8 @@ use crate::{Communicator, Error, Result};
 
 /// The authors' factor for nudging the reused local threshold.
 const NUDGE: f32 = 1.012;
+/// The authors' factor for nudging the reused global threshold.
+const NUDGE_GLOBAL: f32 = 1.008;
 
 /// Ok-Topk; see the module docs.
 pub struct OkTopk {
@@ -343,6 +347,11 @@ impl OkTopk {
         let parts = scaffold::decode_ranges(cc, &blocks, self.cfg.rank, |j| self.region(j))?;
         let all = scaffold::concat(&parts);
         if !reestimate {
+            if 3 * all.len() < 2 * k {
+                self.global_th /= NUDGE_GLOBAL;
+            } else if 3 * all.len() > 4 * k {
+                self.global_th *= NUDGE_GLOBAL;
+            }
             return Ok(all);
         }
         let (top, _) = topk_entries(&all, k);
