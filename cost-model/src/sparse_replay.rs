@@ -446,7 +446,7 @@ fn oktopk(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
     };
     let world: Vec<usize> = (0..p).collect();
     let gathered: Vec<usize> = gathered.iter().map(|&n| ENTRY_BYTES * n).collect();
-    for w in 0..p {
+    for (w, mine) in sent.iter().enumerate() {
         for phase in at.phases() {
             match phase {
                 OktopkPhase::Boundaries => {
@@ -460,7 +460,7 @@ fn oktopk(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
                 }
                 OktopkPhase::Reduce => {
                     for (dest, src) in direct_exchanges(p, w) {
-                        let bytes = ENTRY_BYTES * sent[w][dest];
+                        let bytes = ENTRY_BYTES * mine[dest];
                         s.sendrecv(w, dest, bytes, src, T_OK_REDUCE, false);
                     }
                 }
@@ -717,6 +717,41 @@ mod tests {
                 paper + extra
             );
         }
+    }
+
+    #[test]
+    fn oktopk_rounds_and_nominal_bytes() {
+        // k = 4P: 4 entries per rank and region; a re-estimation step gathers all 4P of a
+        // region (disjoint), the others 4.
+        for p in 1..=17usize {
+            let t = Topology::flat(p, LINK).unwrap();
+            let (d, rho) = (100 * p, 0.04);
+            for step in [0u64, 1, 32, 64, 65] {
+                let mut s = SparseStep::new(Algorithm::Oktopk, d, rho);
+                s.step = step;
+                let r = replay(&s, &t);
+                let at = OktopkStep::at(step, OKTOPK_TAU, OKTOPK_REBALANCE);
+                let (l, pm) = (lg(p), p as u64 - 1);
+                let rebalance = if at.rebalance { l } else { 0 };
+                assert_eq!(r.rounds, 2 * pm + 2 * l + rebalance, "P={p} step {step}");
+                let gathered = if at.reestimate { 4 * p as u64 } else { 4 };
+                let bounds = if at.rebalance { 4 * pm * pm } else { 0 };
+                let bytes = bounds + 2 * 4 * pm + 8 * 4 * pm + 8 * gathered * pm;
+                assert_eq!(r.bytes_recv, bytes, "P={p} step {step}");
+            }
+        }
+        // Periods of the step, and observed counts of the wrong shape.
+        let mut s = SparseStep::new(Algorithm::Oktopk, 400, 0.04);
+        s.step = 3;
+        s.oktopk_tau = 3;
+        s.oktopk_rebalance = 100;
+        let t = Topology::flat(4, LINK).unwrap();
+        assert_eq!(replay(&s, &t).rounds, 2 * 3 + 2 * 2);
+        let bad = s.with_observed(Observed::OkTopk {
+            sent: vec![vec![1; 4]; 3],
+            gathered: vec![1; 4],
+        });
+        assert!(replay_sparse(&bad, &t).is_err());
     }
 
     #[test]
