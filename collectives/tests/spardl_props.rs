@@ -10,16 +10,13 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+#[path = "support/grads.rs"]
+mod grads;
+
 /// Random gradient with a shared structure (every 5th index large on every rank) so that
 /// teams overlap, and per-rank noise so that they differ.
 fn grad(seed: u64, rank: usize, step: usize, d: usize) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 32) ^ ((step as u64) << 48));
-    (0..d)
-        .map(|i| {
-            let base = if i % 5 == 0 { 1.0 } else { 0.2 };
-            base * rng.gen_range(-1.0f32..1.0)
-        })
-        .collect()
+    grads::structured(seed, rank, step, d, 5)
 }
 
 /// A gradient mostly shared by all ranks (the same large entries everywhere, drifting

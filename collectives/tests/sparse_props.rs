@@ -6,9 +6,10 @@
 use collectives::sparse::{build, Sag, SparseAlgo, StepStats};
 use collectives::{Communicator, Error, ThreadComm, ThreadConfig};
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use sparsify::SparseGrad;
+
+#[path = "support/grads.rs"]
+mod grads;
 
 /// One rank's record of one step.
 #[derive(Clone)]
@@ -24,14 +25,7 @@ fn grad_for(seed: u64, rank: usize, step: usize, d: usize, zero: bool) -> Vec<f3
     if zero {
         return vec![0.0; d];
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 32) ^ ((step as u64) << 48));
-    (0..d)
-        .map(|i| {
-            // Some structure so indices overlap across ranks, some noise so they differ.
-            let base = if i % 7 == 0 { 1.0 } else { 0.1 };
-            base * rng.gen_range(-1.0f32..1.0)
-        })
-        .collect()
+    grads::structured(seed, rank, step, d, 7)
 }
 
 #[allow(clippy::too_many_arguments)]
