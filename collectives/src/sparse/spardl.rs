@@ -4,7 +4,8 @@
 //! (any team count, with Algorithm 2's adjustment of `h`).
 //!
 //! Blocks (from the authors' code): `chunk = ⌈d / m⌉` for `m` ranks per team,
-//! padded to `chunk · m`; `k_block = ⌊chunk · density⌋`. SRS partners: `rounds =
+//! padded to `chunk · m`; `k_block = max(1, ⌊chunk · density⌋)` (the authors' code has no
+//! `max`, and moves nothing where the floor is 0). SRS partners: `rounds =
 //! ⌈log2 m⌉`, bag sizes `[2^i for i < rounds − 1] + [m − 2^(rounds−1)]` reversed, `gap =
 //! m − sizes[0]`; in round `i` send bag `(pos + gap) …` (`sizes[i]` blocks) to `pos + gap`
 //! and receive blocks `pos …` from `pos − gap`, then `gap /= 2`. A block is top-k'd just
@@ -116,7 +117,7 @@ impl SparDl {
         self.teams
     }
 
-    /// Entries per block, `k_block = ⌊⌈d/m⌉ · density⌋`.
+    /// Entries per block, `k_block = max(1, ⌊⌈d/m⌉ · density⌋)`.
     pub fn k_block(&self) -> usize {
         self.kb
     }
