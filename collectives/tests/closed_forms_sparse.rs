@@ -85,6 +85,17 @@ enum Alg {
 /// Runs `STEPS` steps of `name` over SimComm<ThreadComm>, resetting SimComm's counters and
 /// clocks (after a barrier) before each step. Returns `[rank][step]`.
 fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec<Seen>> {
+    measure_steps(topo, algo, d, density, STEPS)
+}
+
+/// [`measure`] over `steps` steps.
+fn measure_steps(
+    topo: &Topology,
+    algo: SparseAlgo,
+    d: usize,
+    density: f64,
+    steps: usize,
+) -> Vec<Vec<Seen>> {
     let name = algo.name();
     let p = topo.ranks();
     let topo = *topo;
@@ -107,7 +118,7 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
         let mut fb = ErrorFeedback::new(d);
         let mut sel = ExactTopK::new();
         let mut out = Vec::new();
-        for s in 0..STEPS {
+        for s in 0..steps {
             let g = grad(d, r, s);
             let mut seen = Seen::default();
             if name == "topkdsa" {
@@ -295,6 +306,67 @@ fn oktopk_periods() {
             check(&topo, ok, 1001, 0.05);
         }
     }
+}
+
+/// B-SAG's `h` moves separately at each team position (each adjusts from its own `N_t`):
+/// the replay takes one `h` per position and equals SimComm, where taking rank 0's `h` for
+/// every position would not. The gradient makes the positions differ: the first half of
+/// `d` (position 0's block) is the same on every rank, so the teams' top-h coincide and `h`
+/// grows; the second half is per-rank, so they are disjoint and `h` shrinks.
+#[test]
+fn bsag_replay_keeps_h_per_team_position() {
+    const STEPS: usize = 8;
+    let (p, teams, d, density) = (6usize, 3usize, 1200usize, 0.05);
+    let m = p / teams;
+    let topo = Topology::flat(p, inter()).unwrap();
+    let seen = ThreadComm::run(p, |c| -> collectives::Result<Vec<(SimStats, f64, usize)>> {
+        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+        let mut alg = SparDl::new(&sim, d, density, Sag::Bruck, Some(teams), None)?;
+        let r = sim.rank();
+        let mut out = Vec::new();
+        for s in 0..STEPS {
+            let g: Vec<f32> = (0..d)
+                .map(|i| {
+                    let who = if i < d / 2 { 0 } else { r * 104_729 };
+                    ((i * 7919 + who + s * 13) % 1000) as f32 / 1000.0 + 0.001
+                })
+                .collect();
+            sim.barrier()?;
+            sim.reset();
+            let h = alg.h();
+            alg.step(&sim, &g)?;
+            out.push((sim.stats(), h, alg.last_gathered()));
+        }
+        Ok(out)
+    })
+    .unwrap();
+    let bsag = SparseAlgo::SparDl {
+        sag: Sag::Bruck,
+        teams: Some(teams),
+        selector: None,
+    };
+    let mut differ = 0;
+    for s in 0..STEPS {
+        let h: Vec<f64> = (0..m).map(|q| seen[q][s].1).collect();
+        let gathered: Vec<usize> = (0..m).map(|q| seen[q][s].2).collect();
+        let got: Vec<SimStats> = seen.iter().map(|r| r[s].0).collect();
+        let replay = |h: Vec<f64>| {
+            let obs = Observed::Bsag {
+                h,
+                gathered: gathered.clone(),
+            };
+            replay_sparse(&bsag.replay_step(d, density, s as u64, obs), &topo).unwrap()
+        };
+        assert_equal(&format!("B-SAG step {s}"), &replay(h.clone()), &got);
+        if h.iter().any(|&x| x.round() != h[0].round()) {
+            differ += 1;
+            assert!(
+                collectives::prediction_mismatch(&replay(vec![h[0]; m]), &got).is_some(),
+                "step {s}: rank 0's h for every position matched too ({h:?})"
+            );
+        }
+    }
+    assert!(differ > 0, "h never differed between team positions");
 }
 
 #[test]
