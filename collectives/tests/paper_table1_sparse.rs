@@ -23,10 +23,11 @@
 //! steps between threshold re-estimations when the reused thresholds keep the selections
 //! at `k` and the regions hold enough entries (`k/P = 64`) for the re-balanced regions to
 //! stay balanced; with `k/P = 8` random fluctuations of the regions already push single
-//! steps a few words above `6k(P − 1)/P` (seen at P = 4 and 16). A re-estimation step all-gathers every reduced entry and is above it (the paper
-//! amortises it over `τ` steps), which is asserted too. On i.i.d. gradients the reused
-//! thresholds pass more than `k` and the steps leave the range (the ignored
-//! `oktopk_iid_words_per_step` prints by how much).
+//! steps a few words above `6k(P − 1)/P` (seen at P = 4 and 16). A re-estimation step
+//! all-gathers every reduced entry and is above the range (the paper amortises it over
+//! `τ` steps), which is asserted too. On i.i.d. gradients the mean over the steady state of
+//! the error feedback (steps 97 … 127) is in the range, while single steps exceed it by up
+//! to about 10% (printed with `--nocapture`).
 
 use collectives::sparse::{build, Sag, SparseAlgo, StepStats};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
@@ -409,23 +410,28 @@ fn oktopk_reestimation_step_is_above_the_range() {
     }
 }
 
-/// Not a check: Ok-Topk's words per step on i.i.d. gradients over 128 steps, against
-/// Table 1's range (`cargo test -- --ignored --nocapture`). Between re-estimations the
-/// reused thresholds pass several times `k` entries here (the residuals of i.i.d. noise
-/// keep growing), so the steps leave the range at P ≥ 4; see the module docs.
+/// Ok-Topk on i.i.d. gradients, in the steady state of its error feedback (the third
+/// re-estimation cycle, steps 97 … 127): the mean words per worker and step lie in Table 1's
+/// range. Single steps can exceed it (the reused thresholds drift between re-estimations;
+/// printed with `--nocapture`).
 #[test]
-#[ignore]
-fn oktopk_iid_words_per_step() {
+fn oktopk_iid_steady_state_mean_is_in_the_range() {
     for p in [2usize, 4, 8, 16] {
         let (d, density) = (400 * p, 0.02);
         let k = (density * d as f64).ceil();
         let (_, (lo, hi)) = paper::oktopk(p, k);
+        let counts = 2.0 * (p as f64 - 1.0);
         let steps = measure(algo("oktopk"), p, d, density, 128);
-        let tail: Vec<f64> = steps[97..].iter().map(|s| s.calls[0].words_recv).collect();
+        let tail: Vec<f64> = steps[97..]
+            .iter()
+            .flat_map(|s| s.calls.iter().map(|c| c.words_recv - counts))
+            .collect();
         let mean = tail.iter().sum::<f64>() / tail.len() as f64;
-        eprintln!(
-            "P={p} k={k}: range [{lo}, {hi}] words; steps 97..128 (third cycle, reuse) mean {mean:.0}, max {:.0}",
-            tail.iter().copied().fold(0.0, f64::max)
+        let max = tail.iter().copied().fold(0.0, f64::max);
+        eprintln!("Ok-Topk i.i.d. P={p} k={k}: range [{lo}, {hi}] words; steps 97..128 mean {mean:.0}, max {max:.0}");
+        assert!(
+            (lo..=hi).contains(&mean),
+            "P={p}: mean {mean} outside [{lo}, {hi}]"
         );
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! 1. **Local selection by threshold.** Every `τ` steps the local threshold is re-derived
 //!    as the `k`-th largest magnitude of the accumulated gradient (an exact top-k); in
-//!    between it is reused, nudged by ×/÷1.012 when the selection leaves `[2k/3, 5k/4]`.
+//!    between it is reused, raised by ×1.03 (at most 5 times) while it would pass more than
+//!    `4k/3` entries, and nudged by ×/÷1.012 when the selection leaves `[2k/3, 5k/4]`.
 //!    A rank selects its non-zero entries at or above the threshold.
 //! 2. **Balanced regions.** `d` is split into `P` regions, region `j` owned by rank `j`.
 //!    Every `τ'` steps each rank proposes the `P − 1` indices that split its own selection
@@ -40,6 +41,10 @@ use crate::{Communicator, Error, Result};
 
 /// The authors' factor for nudging the reused local threshold.
 const NUDGE: f32 = 1.012;
+/// The authors' factor for raising a reused local threshold that passes too much, and how
+/// many times at most.
+const RAISE: f32 = 1.03;
+const RAISES: usize = 5;
 /// The authors' factor for nudging the reused global threshold.
 const NUDGE_GLOBAL: f32 = 1.008;
 
@@ -173,6 +178,18 @@ impl OkTopk {
         let at = OktopkStep::at(self.t, self.tau, self.rebalance);
         if at.reestimate {
             self.local_th = kth_magnitude(&self.resid, k);
+        } else {
+            for _ in 0..RAISES {
+                let n = self
+                    .resid
+                    .iter()
+                    .filter(|&&v| passes(v, self.local_th))
+                    .count();
+                if 3 * n <= 4 * k {
+                    break;
+                }
+                self.local_th *= RAISE;
+            }
         }
         let th = self.local_th;
         let sel: Vec<u32> = (0..d as u32)
