@@ -7,7 +7,8 @@
 //! The data-dependent counts the replay needs come from the run itself: the ranks'
 //! `StepStats::selected` (HiTopKComm, ExDyna), the update's support per block (TopkDSA,
 //! HiTopKComm; the gradients are positive, so no sum is exactly zero), SparDL's `h()` and
-//! `last_gathered()` (B-SAG), and for TopkDSA each rank's own selection, recomputed with
+//! `last_gathered()` per team position (B-SAG), Ok-Topk's `last_sent()` and
+//! `last_gathered()`, and for TopkDSA each rank's own selection, recomputed with
 //! the same error feedback and exact top-k the algorithm uses.
 //!
 //! And call by call: every rank's message trace equals the schedule the replay builds from
@@ -16,9 +17,10 @@
 #[path = "support/trace.rs"]
 mod trace;
 
-use collectives::sparse::{build, Sag, SelectorKind, SparDl, SparseAlgo, SparseAllreduce};
+use collectives::sparse::{build, OkTopk, Sag, SelectorKind, SparDl, SparseAlgo, SparseAllreduce};
 use collectives::{ClockMode, Communicator, SimComm, SimStats, ThreadComm, Traced};
 use cost_model::dense::block_start;
+use cost_model::plan::sparse::SagKind;
 use cost_model::sparse_replay::sparse_schedule;
 use cost_model::{
     predict_sparse, replay_sparse, Algorithm, Link, Observed, Prediction, SparseCase, SparseStep,
@@ -69,16 +71,31 @@ struct Seen {
     /// B-SAG: h before the step and the entries after the sum between teams.
     h: f64,
     gathered: usize,
+    /// Ok-Topk: entries sent to each region, and each region's entries in the all-gather.
+    sent: Vec<usize>,
+    regions: Vec<usize>,
 }
 
 enum Alg {
     Any(Box<dyn SparseAllreduce>),
     Bsag(SparDl),
+    Ok(OkTopk),
 }
 
 /// Runs `STEPS` steps of `name` over SimComm<ThreadComm>, resetting SimComm's counters and
 /// clocks (after a barrier) before each step. Returns `[rank][step]`.
 fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec<Seen>> {
+    measure_steps(topo, algo, d, density, STEPS)
+}
+
+/// [`measure`] over `steps` steps.
+fn measure_steps(
+    topo: &Topology,
+    algo: SparseAlgo,
+    d: usize,
+    density: f64,
+    steps: usize,
+) -> Vec<Vec<Seen>> {
     let name = algo.name();
     let p = topo.ranks();
     let topo = *topo;
@@ -91,6 +108,9 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
                 teams,
                 selector,
             } => Alg::Bsag(SparDl::new(&sim, d, density, Sag::Bruck, teams, selector)?),
+            SparseAlgo::OkTopk { tau, rebalance } => {
+                Alg::Ok(OkTopk::new(&sim, d, density, tau, rebalance)?)
+            }
             _ => Alg::Any(build(algo, &sim, d, density)?),
         };
         // TopkDSA's selections, recomputed as the algorithm makes them.
@@ -98,7 +118,7 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
         let mut fb = ErrorFeedback::new(d);
         let mut sel = ExactTopK::new();
         let mut out = Vec::new();
-        for s in 0..STEPS {
+        for s in 0..steps {
             let g = grad(d, r, s);
             let mut seen = Seen::default();
             if name == "topkdsa" {
@@ -122,6 +142,12 @@ fn measure(topo: &Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec
                     seen.h = a.h();
                     let res = a.step(&sim, &g)?;
                     seen.gathered = a.last_gathered();
+                    res
+                }
+                Alg::Ok(a) => {
+                    let res = a.step(&sim, &g)?;
+                    seen.sent = a.last_sent().to_vec();
+                    seen.regions = a.last_gathered().to_vec();
                     res
                 }
             };
@@ -160,7 +186,7 @@ fn observed(
             reduced: (0..p).map(|j| support_in(p, j)).collect(),
         },
         Algorithm::SpardlBsag => Observed::Bsag {
-            h: seen[0][s].h,
+            h: (0..m).map(|q| seen[q][s].h).collect(),
             gathered: (0..m).map(|q| seen[q][s].gathered).collect(),
         },
         Algorithm::Hitopk => Observed::HiTopK {
@@ -169,6 +195,10 @@ fn observed(
         },
         Algorithm::Exdyna => Observed::ExDyna {
             selected: seen.iter().map(|r| r[s].selected).collect(),
+        },
+        Algorithm::Oktopk => Observed::OkTopk {
+            sent: seen.iter().map(|r| r[s].sent.clone()).collect(),
+            gathered: seen[0][s].regions.clone(),
         },
         _ => Observed::Worst,
     }
@@ -191,10 +221,10 @@ fn check(topo: &Topology, sparse: SparseAlgo, d: usize, density: f64) -> usize {
     let algo = sparse.cost_algorithm();
     let n = sparse.ranks_per_node().unwrap_or(p);
     let seen = measure(topo, sparse, d, density);
-    // B-SAG team size: P / teams (its default team count is P's smallest prime factor).
+    // B-SAG team size: P / teams (with the algorithm's default team count).
     let teams = sparse
         .teams()
-        .unwrap_or_else(|| (2..=p).find(|f| p % f == 0).unwrap_or(1));
+        .unwrap_or_else(|| SagKind::Bruck.default_teams(p));
     let m = p / teams;
     for s in 0..STEPS {
         let step = SparseStep {
@@ -224,7 +254,7 @@ fn check(topo: &Topology, sparse: SparseAlgo, d: usize, density: f64) -> usize {
     STEPS
 }
 
-const FLAT: [&str; 8] = [
+const FLAT: [&str; 9] = [
     "topka",
     "topkdsa",
     "gtopk",
@@ -233,6 +263,7 @@ const FLAT: [&str; 8] = [
     "spardl_rsag",
     "spardl_bsag",
     "exdyna",
+    "oktopk",
 ];
 
 #[test]
@@ -262,6 +293,80 @@ fn sixteen_ranks_and_large_dense_phases() {
         check(&topo, a("cltk"), 8192, 0.25);
         check(&topo, a("exdyna"), 8192, 0.5);
     }
+}
+
+/// Ok-Topk with short periods, so that two steps cover every combination of threshold
+/// re-estimation and region re-balancing.
+#[test]
+fn oktopk_periods() {
+    for p in [2usize, 3, 4, 5, 8] {
+        let topo = Topology::flat(p, inter()).unwrap();
+        for (tau, rebalance) in [(1u32, 2u32), (2, 1), (3, 3)] {
+            let ok = SparseAlgo::OkTopk { tau, rebalance };
+            check(&topo, ok, 1001, 0.05);
+        }
+    }
+}
+
+/// B-SAG's `h` moves separately at each team position (each adjusts from its own `N_t`):
+/// the replay takes one `h` per position and equals SimComm, where taking rank 0's `h` for
+/// every position would not. The gradient makes the positions differ: the first half of
+/// `d` (position 0's block) is the same on every rank, so the teams' top-h coincide and `h`
+/// grows; the second half is per-rank, so they are disjoint and `h` shrinks.
+#[test]
+fn bsag_replay_keeps_h_per_team_position() {
+    const STEPS: usize = 8;
+    let (p, teams, d, density) = (6usize, 3usize, 1200usize, 0.05);
+    let m = p / teams;
+    let topo = Topology::flat(p, inter()).unwrap();
+    let seen = ThreadComm::run(p, |c| -> collectives::Result<Vec<(SimStats, f64, usize)>> {
+        let sim = SimComm::new(c, topo, ClockMode::Logical)?;
+        let mut alg = SparDl::new(&sim, d, density, Sag::Bruck, Some(teams), None)?;
+        let r = sim.rank();
+        let mut out = Vec::new();
+        for s in 0..STEPS {
+            let g: Vec<f32> = (0..d)
+                .map(|i| {
+                    let who = if i < d / 2 { 0 } else { r * 104_729 };
+                    ((i * 7919 + who + s * 13) % 1000) as f32 / 1000.0 + 0.001
+                })
+                .collect();
+            sim.barrier()?;
+            sim.reset();
+            let h = alg.h();
+            alg.step(&sim, &g)?;
+            out.push((sim.stats(), h, alg.last_gathered()));
+        }
+        Ok(out)
+    })
+    .unwrap();
+    let bsag = SparseAlgo::SparDl {
+        sag: Sag::Bruck,
+        teams: Some(teams),
+        selector: None,
+    };
+    let mut differ = 0;
+    for s in 0..STEPS {
+        let h: Vec<f64> = (0..m).map(|q| seen[q][s].1).collect();
+        let gathered: Vec<usize> = (0..m).map(|q| seen[q][s].2).collect();
+        let got: Vec<SimStats> = seen.iter().map(|r| r[s].0).collect();
+        let replay = |h: Vec<f64>| {
+            let obs = Observed::Bsag {
+                h,
+                gathered: gathered.clone(),
+            };
+            replay_sparse(&bsag.replay_step(d, density, s as u64, obs), &topo).unwrap()
+        };
+        assert_equal(&format!("B-SAG step {s}"), &replay(h.clone()), &got);
+        if h.iter().any(|&x| x.round() != h[0].round()) {
+            differ += 1;
+            assert!(
+                collectives::prediction_mismatch(&replay(vec![h[0]; m]), &got).is_some(),
+                "step {s}: rank 0's h for every position matched too ({h:?})"
+            );
+        }
+    }
+    assert!(differ > 0, "h never differed between team positions");
 }
 
 #[test]

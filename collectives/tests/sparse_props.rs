@@ -6,9 +6,10 @@
 use collectives::sparse::{build, Sag, SparseAlgo, StepStats};
 use collectives::{Communicator, Error, ThreadComm, ThreadConfig};
 use proptest::prelude::*;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use sparsify::SparseGrad;
+
+#[path = "support/grads.rs"]
+mod grads;
 
 /// One rank's record of one step.
 #[derive(Clone)]
@@ -24,14 +25,7 @@ fn grad_for(seed: u64, rank: usize, step: usize, d: usize, zero: bool) -> Vec<f3
     if zero {
         return vec![0.0; d];
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((rank as u64) << 32) ^ ((step as u64) << 48));
-    (0..d)
-        .map(|i| {
-            // Some structure so indices overlap across ranks, some noise so they differ.
-            let base = if i % 7 == 0 { 1.0 } else { 0.1 };
-            base * rng.gen_range(-1.0f32..1.0)
-        })
-        .collect()
+    grads::structured(seed, rank, step, d, 7)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -125,6 +119,20 @@ fn check(name: &str, recs: &[Vec<Rec>], conserving: bool) {
     }
 }
 
+/// Non-vacuity: every step `s` with `exact(s)` of a run on non-zero gradients moved
+/// something. For Ok-Topk those are the steps whose selection was an exact top-k: between
+/// re-estimations it reuses its global threshold, which may pass nothing in a step (the
+/// mass then waits in the residuals, as in the authors' code).
+fn assert_moves(name: &str, recs: &[Vec<Rec>], exact: impl Fn(usize) -> bool) {
+    for (s, r) in recs[0].iter().enumerate().filter(|(s, _)| exact(*s)) {
+        assert!(
+            r.update.nnz() > 0,
+            "{name}: P={} step {s}: empty update from non-zero gradients",
+            recs.len()
+        );
+    }
+}
+
 /// The algorithm `name` with options that fit P (teams dividing P, one node or two).
 fn opts_for(name: &str, p: usize) -> SparseAlgo {
     let mut a: SparseAlgo = name.parse().unwrap();
@@ -168,6 +176,14 @@ proptest! {
         for name in available() {
             let recs = run(name, p, d, density, opts_for(name, p), 3, seed, false);
             check(name, &recs, conserving(name));
+            assert_moves(name, &recs, |s| name != "oktopk" || s == 0);
+        }
+        // Ok-Topk with short periods: re-estimation and re-balancing in every combination.
+        for (tau, rebalance) in [(1u32, 2u32), (2, 1), (2, 3)] {
+            let ok = SparseAlgo::OkTopk { tau, rebalance };
+            let recs = run("oktopk", p, d, density, ok, 4, seed, false);
+            check("oktopk", &recs, true);
+            assert_moves("oktopk", &recs, |s| s as u32 % tau == 0);
         }
     }
 }
@@ -178,6 +194,7 @@ fn every_algorithm_at_small_fixed_sizes() {
         for name in available() {
             let recs = run(name, p, 40 * p + 3, 0.1, opts_for(name, p), 3, 7, false);
             check(name, &recs, conserving(name));
+            assert_moves(name, &recs, |s| name != "oktopk" || s == 0);
         }
     }
 }
@@ -307,6 +324,14 @@ fn bad_input_is_an_error_on_every_rank() {
             f16_wire: false,
             selector: None,
         },
+        SparseAlgo::OkTopk {
+            tau: 0,
+            rebalance: 64,
+        },
+        SparseAlgo::OkTopk {
+            tau: 32,
+            rebalance: 0,
+        },
     ];
     for o in bad {
         let name = o.name();
@@ -317,6 +342,16 @@ fn bad_input_is_an_error_on_every_rank() {
             "{name}: {res:?}"
         );
     }
+    // Different Ok-Topk periods on one rank.
+    let res = run_all_errors(4, |comm| {
+        let tau = if comm.rank() == 3 { 16 } else { 32 };
+        let ok = SparseAlgo::OkTopk { tau, rebalance: 64 };
+        build(ok, comm, 100, 0.1).map(|_| ())
+    });
+    assert!(
+        res.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
+        "{res:?}"
+    );
     // A different algorithm on one rank.
     let res = run_all_errors(3, |comm| {
         let name = if comm.rank() == 1 { "topka" } else { "gtopk" };

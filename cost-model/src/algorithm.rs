@@ -50,11 +50,15 @@ pub enum Algorithm {
     Hitopk,
     /// Sparse: ExDyna (Yoon & Oh, CCGrid 2024).
     Exdyna,
+    /// Sparse: Ok-Topk (Li & Hoefler, PPoPP'22), balanced split reduce-scatter of
+    /// threshold-selected values and an all-gather of the global selection (SparDL (Zhao
+    /// et al.) Table 1 "Ok-Topk").
+    Oktopk,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 18] = [
+    pub const ALL: [Algorithm; 19] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
@@ -73,6 +77,7 @@ impl Algorithm {
         Algorithm::SpardlBsag,
         Algorithm::Hitopk,
         Algorithm::Exdyna,
+        Algorithm::Oktopk,
     ];
 
     /// The short lower-case name.
@@ -96,6 +101,7 @@ impl Algorithm {
             Algorithm::SpardlBsag => "spardl_bsag",
             Algorithm::Hitopk => "hitopk",
             Algorithm::Exdyna => "exdyna",
+            Algorithm::Oktopk => "oktopk",
         }
     }
 
@@ -112,6 +118,7 @@ impl Algorithm {
                 | Algorithm::SpardlBsag
                 | Algorithm::Hitopk
                 | Algorithm::Exdyna
+                | Algorithm::Oktopk
         )
     }
 }

@@ -1,5 +1,5 @@
 //! Communication cost of the sparse all-reduce algorithms, from the papers' closed forms: SparDL
-//! (Zhao et al.) Table 1 (TopkA, TopkDSA, gTopk, SparDL without SAG, with R-SAG and B-SAG),
+//! (Zhao et al.) Table 1 (TopkA, TopkDSA, gTopk, Ok-Topk, SparDL without SAG, with R-SAG and B-SAG),
 //! MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 3 and 7-10 (TopkA on a cluster, HiTopKComm), and
 //! compositions of the dense forms for CLT-k and ExDyna (Yoon & Oh, CCGrid 2024, §IV).
 //!
@@ -19,6 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::sparse::SagKind;
 use crate::{Algorithm, Error, Result, Topology};
 
 /// A sparse all-reduce call to price.
@@ -30,7 +31,8 @@ pub struct SparseCase {
     pub d: usize,
     /// Density ρ in (0, 1].
     pub density: f64,
-    /// SparDL's number of teams (R-SAG, B-SAG); `None`: 2.
+    /// SparDL's number of teams (R-SAG, B-SAG); `None`: the algorithm's default,
+    /// [`SagKind::default_teams`] (the same as `collectives`').
     pub teams: Option<usize>,
 }
 
@@ -83,7 +85,12 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
     let k = (case.density * d).ceil();
     let (a, b) = (topo.inter.alpha_s, topo.inter.beta_s_per_byte);
     let w = 4.0; // bytes per word
-    let teams = case.teams.unwrap_or(2).max(1);
+    let sag = match case.algo {
+        Algorithm::SpardlRsag => SagKind::Recursive,
+        Algorithm::SpardlBsag => SagKind::Bruck,
+        _ => SagKind::None,
+    };
+    let teams = case.teams.unwrap_or_else(|| sag.default_teams(p)).max(1);
     if matches!(case.algo, Algorithm::SpardlRsag | Algorithm::SpardlBsag) && p % teams != 0 {
         return Err(Error::InvalidArgument(format!(
             "{teams} teams do not divide P = {p}"
@@ -121,6 +128,9 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
             2.0 * clg(p / teams) + lg(tf),
             2.0 * k * (tf * tf + 2.0 * pf - 3.0 * tf) / pf,
         ),
+        // SparDL (Zhao et al.) Table 1 "Ok-Topk" (Li & Hoefler, PPoPP'22): 2(P + log P)α and
+        // between 2k(P − 1)/P and 6k(P − 1)/P words; the worst end.
+        Algorithm::Oktopk => flat(2.0 * (pf + l), 6.0 * k * (pf - 1.0) / pf),
         // ExDyna (Yoon & Oh, CCGrid 2024, §IV): all-gather of the counts (⌈log P⌉α, P − 1 words),
         // all-gather of the indices padded to the largest count ((P − 1)k words),
         // all-reduce of the values at the union, worst case |union| = min(P·k, d)
@@ -152,8 +162,7 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
 }
 
 /// Ranks the sparse algorithms for `(P, d, density)` on `topo` by predicted
-/// communication time, fastest first (teams = 2 for the SAG variants, left out when 2
-/// does not divide P).
+/// communication time, fastest first (the SAG variants with their default team counts).
 pub fn rank_sparse(d: usize, density: f64, topo: &Topology) -> Result<Vec<(Algorithm, f64)>> {
     let mut out = Vec::new();
     for algo in Algorithm::ALL.into_iter().filter(|a| a.is_sparse()) {
@@ -201,6 +210,8 @@ mod tests {
         assert!((c(Algorithm::SpardlRsag).time_s - rsag).abs() < 1e-12);
         let bsag = 2.0 * 2.0 + 2.0 + 2.0 * k * (dd * dd + 2.0 * p - 3.0 * dd) / p;
         assert!((c(Algorithm::SpardlBsag).time_s - bsag).abs() < 1e-12);
+        let oktopk = 2.0 * (p + 4.0) + 6.0 * k * (p - 1.0) / p;
+        assert!((c(Algorithm::Oktopk).time_s - oktopk).abs() < 1e-12);
     }
 
     #[test]
@@ -251,6 +262,6 @@ mod tests {
         assert!(bad(Algorithm::Topka, 0.0, None).is_err());
         assert!(bad(Algorithm::Topka, f64::NAN, None).is_err());
         assert!(bad(Algorithm::SpardlRsag, 0.1, Some(4)).is_err());
-        assert_eq!(rank_sparse(100, 0.1, &t).unwrap().len(), 9);
+        assert_eq!(rank_sparse(100, 0.1, &t).unwrap().len(), 10);
     }
 }

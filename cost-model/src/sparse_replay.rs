@@ -20,7 +20,10 @@
 use crate::dense::{block_start, dense_schedule, DenseCase};
 use crate::plan::dense::{bcast_binomial, bruck_rounds, reduce_binomial};
 pub use crate::plan::sparse::{default_allreduce, ENTRY_BYTES, FRAME_BYTES};
-use crate::plan::sparse::{direct_exchanges, k_of, srs_rounds, SagKind, SpardlLayout};
+use crate::plan::sparse::{
+    direct_exchanges, k_of, srs_rounds, OktopkPhase, OktopkStep, SagKind, SpardlLayout,
+    COUNT_BYTES, OKTOPK_REBALANCE, OKTOPK_TAU,
+};
 use crate::plan::{push_schedule, Step};
 use crate::schedule::{Op, Prediction, Schedule};
 use crate::{Algorithm, Collective, Error, Result, Topology};
@@ -38,6 +41,11 @@ const T_EX_COUNTS: u32 = 0x610B;
 const T_EX_IDX: u32 = 0x610C;
 const T_HI_INTER: u32 = 0x610D;
 const T_HI_INTRA: u32 = 0x610E;
+const T_OK_BOUNDS: u32 = 0x6120;
+const T_OK_COUNTS: u32 = 0x6121;
+const T_OK_REDUCE: u32 = 0x6122;
+const T_OK_GCOUNTS: u32 = 0x6123;
+const T_OK_GATHER: u32 = 0x6124;
 /// Offsets that keep the nested dense collectives' keys apart.
 const CTX_BCAST: u32 = 0x1_0000;
 const CTX_ALLREDUCE: u32 = 0x2_0000;
@@ -49,7 +57,10 @@ pub enum Observed {
     /// Every count at its worst case: TopkDSA's `k` entries spread evenly over the blocks
     /// and every reduced block dense; B-SAG's `h = k_b` with nothing in common between
     /// teams; HiTopKComm's exact `⌈ρ·len⌉` per slice with disjoint selections across
-    /// nodes; ExDyna's `k` entries on every rank. The algorithms whose traffic does not
+    /// nodes; ExDyna's `k` entries on every rank; Ok-Topk's `k` entries on every rank,
+    /// spread evenly over the regions, and a global selection of `k` entries in all (on a
+    /// re-estimation step, every reduced entry, disjoint across ranks, at most a region's
+    /// length of `d` split evenly). The algorithms whose traffic does not
     /// depend on the data (TopkA, gTopk, CLT-k, SparDL, R-SAG) need nothing else.
     #[default]
     Worst,
@@ -64,8 +75,10 @@ pub enum Observed {
     },
     /// SparDL with B-SAG.
     Bsag {
-        /// `h` before the step (`SparDl::h()`), rounded and clamped as the algorithm does.
-        h: f64,
+        /// `h[q]`: `h` before the step of the ranks at team position q (`SparDl::h()`;
+        /// each position adjusts its own from its own `N_t`), rounded and clamped as the
+        /// algorithm does.
+        h: Vec<f64>,
         /// `gathered[q]`: entries after the sum between teams at team position q
         /// (`SparDl::last_gathered()` of the ranks at position q).
         gathered: Vec<usize>,
@@ -82,6 +95,13 @@ pub enum Observed {
     ExDyna {
         /// `selected[r]`: entries rank r selected (`StepStats::selected`).
         selected: Vec<usize>,
+    },
+    /// Ok-Topk (`OkTopk::last_sent` and `OkTopk::last_gathered` of each rank).
+    OkTopk {
+        /// `sent[r][j]`: entries rank r selected in region j (sent to rank j).
+        sent: Vec<Vec<usize>>,
+        /// `gathered[j]`: entries region j's owner contributed to the all-gather.
+        gathered: Vec<usize>,
     },
 }
 
@@ -106,6 +126,10 @@ pub struct SparseStep {
     /// ExDyna with `exdyna_warm_start`: on step 0 each rank's threshold rides along in the
     /// count all-gather (4 more bytes per rank).
     pub exdyna_warm_start: bool,
+    /// Ok-Topk's threshold re-estimation period `τ` ([`OKTOPK_TAU`] by default).
+    pub oktopk_tau: u32,
+    /// Ok-Topk's region re-balancing period ([`OKTOPK_REBALANCE`] by default).
+    pub oktopk_rebalance: u32,
     /// The data-dependent counts.
     pub observed: Observed,
 }
@@ -122,6 +146,8 @@ impl SparseStep {
             f16_wire: false,
             step: 0,
             exdyna_warm_start: false,
+            oktopk_tau: OKTOPK_TAU,
+            oktopk_rebalance: OKTOPK_REBALANCE,
             observed: Observed::Worst,
         }
     }
@@ -313,6 +339,7 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
             spardl(&mut s, step, p)?;
         }
         Algorithm::Hitopk => hitopk(&mut s, step, p, rpn)?,
+        Algorithm::Oktopk => oktopk(&mut s, step, p)?,
         Algorithm::Exdyna => {
             let kt = match &step.observed {
                 Observed::ExDyna { selected } => {
@@ -344,16 +371,17 @@ fn spardl(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
     let (m, kb) = (lay.m, lay.k_block);
     let e = ENTRY_BYTES;
     // B-SAG: the h-entry blocks between teams and the final blocks of each position.
-    let (h, fin): (usize, Vec<usize>) = match (&step.observed, step.algo) {
-        (_, Algorithm::Spardl | Algorithm::SpardlRsag) => (0, vec![kb; m]),
+    let (h, fin): (Vec<usize>, Vec<usize>) = match (&step.observed, step.algo) {
+        (_, Algorithm::Spardl | Algorithm::SpardlRsag) => (vec![0; m], vec![kb; m]),
         (Observed::Bsag { h, gathered }, _) => {
+            check_len("B-SAG h", h, m)?;
             check_len("B-SAG gathered", gathered, m)?;
             (
-                lay.bsag_h(*h),
+                h.iter().map(|&h| lay.bsag_h(h)).collect(),
                 gathered.iter().map(|&n| n.min(kb)).collect(),
             )
         }
-        (Observed::Worst, _) => (kb, vec![kb; m]),
+        (Observed::Worst, _) => (vec![kb; m], vec![kb; m]),
         (o, _) => return Err(bad(format!("B-SAG cannot use {o:?}"))),
     };
     for w in 0..p {
@@ -370,7 +398,7 @@ fn spardl(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
             }
             Algorithm::SpardlBsag => {
                 let cross: Vec<usize> = (0..lay.teams).map(|x| lay.rank(x, q)).collect();
-                bruck(s, &cross, t, &vec![e * h; lay.teams], true, T_SAG);
+                bruck(s, &cross, t, &vec![e * h[q]; lay.teams], true, T_SAG);
             }
             _ => {}
         }
@@ -383,6 +411,65 @@ fn spardl(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
             step.algo == Algorithm::SpardlBsag,
             T_AG,
         );
+    }
+    Ok(())
+}
+
+/// Ok-Topk (Li & Hoefler, PPoPP'22): the phases of [`OktopkStep::phases`] with the counts of
+/// `step.observed`.
+fn oktopk(s: &mut Schedule, step: &SparseStep, p: usize) -> Result<()> {
+    let (d, k) = (step.d, step.k());
+    let at = OktopkStep::at(step.step, step.oktopk_tau, step.oktopk_rebalance);
+    let (sent, gathered) = match &step.observed {
+        Observed::OkTopk { sent, gathered } => {
+            check_len("Ok-Topk sent", sent, p)?;
+            for row in sent {
+                check_len("Ok-Topk sent row", row, p)?;
+            }
+            check_len("Ok-Topk gathered", gathered, p)?;
+            (sent.clone(), gathered.clone())
+        }
+        Observed::Worst => {
+            let sent = vec![(0..p).map(|j| len_of(k, p, j)).collect::<Vec<_>>(); p];
+            let gathered = (0..p)
+                .map(|j| {
+                    if at.reestimate {
+                        (p * len_of(k, p, j)).min(len_of(d, p, j))
+                    } else {
+                        len_of(k, p, j)
+                    }
+                })
+                .collect();
+            (sent, gathered)
+        }
+        o => return Err(bad(format!("Ok-Topk cannot use {o:?}"))),
+    };
+    let world: Vec<usize> = (0..p).collect();
+    let gathered: Vec<usize> = gathered.iter().map(|&n| ENTRY_BYTES * n).collect();
+    for (w, mine) in sent.iter().enumerate() {
+        for phase in at.phases() {
+            match phase {
+                OktopkPhase::Boundaries => {
+                    let b = COUNT_BYTES * (p - 1);
+                    bruck(s, &world, w, &vec![b; p], false, T_OK_BOUNDS);
+                }
+                OktopkPhase::Counts => {
+                    for (dest, src) in direct_exchanges(p, w) {
+                        s.sendrecv(w, dest, COUNT_BYTES, src, T_OK_COUNTS, false);
+                    }
+                }
+                OktopkPhase::Reduce => {
+                    for (dest, src) in direct_exchanges(p, w) {
+                        let bytes = ENTRY_BYTES * mine[dest];
+                        s.sendrecv(w, dest, bytes, src, T_OK_REDUCE, false);
+                    }
+                }
+                OktopkPhase::GatherCounts => {
+                    bruck(s, &world, w, &vec![COUNT_BYTES; p], false, T_OK_GCOUNTS);
+                }
+                OktopkPhase::Gather => bruck(s, &world, w, &gathered, false, T_OK_GATHER),
+            }
+        }
     }
     Ok(())
 }
@@ -630,6 +717,41 @@ mod tests {
                 paper + extra
             );
         }
+    }
+
+    #[test]
+    fn oktopk_rounds_and_nominal_bytes() {
+        // k = 4P: 4 entries per rank and region; a re-estimation step gathers all 4P of a
+        // region (disjoint), the others 4.
+        for p in 1..=17usize {
+            let t = Topology::flat(p, LINK).unwrap();
+            let (d, rho) = (100 * p, 0.04);
+            for step in [0u64, 1, 32, 64, 65] {
+                let mut s = SparseStep::new(Algorithm::Oktopk, d, rho);
+                s.step = step;
+                let r = replay(&s, &t);
+                let at = OktopkStep::at(step, OKTOPK_TAU, OKTOPK_REBALANCE);
+                let (l, pm) = (lg(p), p as u64 - 1);
+                let rebalance = if at.rebalance { l } else { 0 };
+                assert_eq!(r.rounds, 2 * pm + 2 * l + rebalance, "P={p} step {step}");
+                let gathered = if at.reestimate { 4 * p as u64 } else { 4 };
+                let bounds = if at.rebalance { 4 * pm * pm } else { 0 };
+                let bytes = bounds + 2 * 4 * pm + 8 * 4 * pm + 8 * gathered * pm;
+                assert_eq!(r.bytes_recv, bytes, "P={p} step {step}");
+            }
+        }
+        // Periods of the step, and observed counts of the wrong shape.
+        let mut s = SparseStep::new(Algorithm::Oktopk, 400, 0.04);
+        s.step = 3;
+        s.oktopk_tau = 3;
+        s.oktopk_rebalance = 100;
+        let t = Topology::flat(4, LINK).unwrap();
+        assert_eq!(replay(&s, &t).rounds, 2 * 3 + 2 * 2);
+        let bad = s.with_observed(Observed::OkTopk {
+            sent: vec![vec![1; 4]; 3],
+            gathered: vec![1; 4],
+        });
+        assert!(replay_sparse(&bad, &t).is_err());
     }
 
     #[test]

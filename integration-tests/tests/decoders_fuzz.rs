@@ -84,6 +84,23 @@ fn exdyna_rejects_a_corrupt_count() {
     }
 }
 
+/// Ok-Topk (the last case of `fuzz_harness::SPARSE`) checks every count, boundary and
+/// index it receives: a word of 2^31 − 1 at the start of any of its messages (the setup's
+/// agreement, the region boundaries, the counts, the entries of both steps) is a typed
+/// error, never an allocation of that size.
+#[test]
+fn oktopk_rejects_corrupt_counts() {
+    const OKTOPK: u8 = 8;
+    for msg in 0..24u8 {
+        let ok = run(
+            "sparse_wire",
+            &[OKTOPK, msg, 2, 0, 0, 0xff, 0xff, 0xff, 0x7f],
+        );
+        assert!(!ok, "message {msg}: a corrupt word was accepted");
+        assert!(largest_alloc() <= ALLOC_LIMIT, "message {msg}");
+    }
+}
+
 /// `allgatherv` trusts the counts it all-gathers (see `fuzz_harness::ALLGATHERV`): this
 /// input, found by `cargo xtask fuzz` in `dense_wire`, makes it **panic**.
 #[test]

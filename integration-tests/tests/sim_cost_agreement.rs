@@ -1,14 +1,15 @@
 //! `collectives`' simulated cluster and `cost_model`'s predictions agree end to end: whole
-//! steps of SparDL (plain and R-SAG) and ExDyna, and a dense ring all-reduce, run on
+//! steps of SparDL (plain and R-SAG), ExDyna and Ok-Topk, and a dense ring all-reduce, run on
 //! `SimComm` over `ThreadComm` with two-level topologies (block placement, fast intra-node
 //! and slow inter-node links); every rank's simulated time, rounds, messages and bytes
 //! equal `cost_model::replay_sparse` / `cost_model::predict_dense`.
 //!
 //! The construction-time agreement exchange is not part of a step: each step starts after
 //! a barrier and `SimComm::reset`. Several consecutive steps are replayed (SparDL's
-//! traffic does not depend on the data; ExDyna's selected counts come from `StepStats`).
+//! traffic does not depend on the data; ExDyna's selected counts come from `StepStats`,
+//! Ok-Topk's per-region counts from `OkTopk::last_sent` and `last_gathered`).
 
-use collectives::sparse::{build, SparseAlgo};
+use collectives::sparse::{build, OkTopk, SparseAlgo, SparseAllreduce};
 use collectives::{
     allreduce, AllreduceAlgo, ClockMode, Communicator, DenseOptions, SimComm, SimStats,
 };
@@ -48,24 +49,40 @@ fn a(name: &str) -> SparseAlgo {
     name.parse().unwrap()
 }
 
-/// Per step, per rank: the simulated stats and `StepStats::selected`.
-fn run_sparse(
-    topo: Topology,
-    algo: SparseAlgo,
-    d: usize,
-    density: f64,
-) -> Vec<Vec<(SimStats, usize)>> {
+/// What one rank saw in one step: the simulated stats, `StepStats::selected`, and for
+/// Ok-Topk the entries it sent to each region and each region's entries in the all-gather.
+type Seen = (SimStats, usize, Vec<usize>, Vec<usize>);
+
+/// Per step, per rank: what [`Seen`] holds.
+fn run_sparse(topo: Topology, algo: SparseAlgo, d: usize, density: f64) -> Vec<Vec<Seen>> {
     let p = topo.ranks();
-    run_ranks(p, move |c| -> AnyResult<Vec<(SimStats, usize)>> {
+    run_ranks(p, move |c| -> AnyResult<Vec<Seen>> {
         let sim = SimComm::new(c, topo, ClockMode::Logical)?;
-        let mut alg = build(algo, &sim, d, density)?;
+        let mut ok = match algo {
+            SparseAlgo::OkTopk { tau, rebalance } => {
+                Some(OkTopk::new(&sim, d, density, tau, rebalance)?)
+            }
+            _ => None,
+        };
+        let mut any = match ok {
+            Some(_) => None,
+            None => Some(build(algo, &sim, d, density)?),
+        };
         let mut out = Vec::new();
         for s in 0..STEPS {
             let g = grad(d, sim.rank(), s, 11);
             sim.barrier()?;
             sim.reset();
+            let alg: &mut dyn SparseAllreduce = match (&mut ok, &mut any) {
+                (Some(a), _) => a,
+                (None, Some(a)) => a.as_mut(),
+                (None, None) => unreachable!("one of the two is built"),
+            };
             let (_u, st) = alg.step(&sim, &g)?;
-            out.push((sim.stats(), st.selected));
+            let (sent, regions) = ok.as_ref().map_or((Vec::new(), Vec::new()), |a| {
+                (a.last_sent().to_vec(), a.last_gathered().to_vec())
+            });
+            out.push((sim.stats(), st.selected, sent, regions));
         }
         Ok(out)
     })
@@ -78,12 +95,15 @@ fn check_sparse(sparse: SparseAlgo, d: usize, density: f64) {
         let runs = run_sparse(topo, sparse, d, density);
         for s in 0..STEPS {
             let seen: Vec<SimStats> = runs.iter().map(|r| r[s].0).collect();
-            let observed = if sparse.cost_algorithm() == Algorithm::Exdyna {
-                Observed::ExDyna {
+            let observed = match sparse.cost_algorithm() {
+                Algorithm::Exdyna => Observed::ExDyna {
                     selected: runs.iter().map(|r| r[s].1).collect(),
-                }
-            } else {
-                Observed::Worst
+                },
+                Algorithm::Oktopk => Observed::OkTopk {
+                    sent: runs.iter().map(|r| r[s].2.clone()).collect(),
+                    gathered: runs[0][s].3.clone(),
+                },
+                _ => Observed::Worst,
             };
             let step = sparse.replay_step(d, density, s as u64, observed);
             let pred = replay_sparse(&step, &topo).expect("replay");
@@ -123,6 +143,20 @@ fn exdyna_step_time_equals_the_replay() {
 #[test]
 fn exdyna_warm_start_step_time_equals_the_replay() {
     check_sparse(SparseAlgo::ExDyna { warm_start: true }, 1000, 0.02);
+}
+
+/// Ok-Topk with periods short enough that three steps re-estimate, re-balance and reuse.
+#[test]
+fn oktopk_step_time_equals_the_replay() {
+    check_sparse(a("oktopk"), 1000, 0.02);
+    check_sparse(
+        SparseAlgo::OkTopk {
+            tau: 2,
+            rebalance: 3,
+        },
+        1000,
+        0.05,
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use cost_model::plan::sparse::{OKTOPK_REBALANCE, OKTOPK_TAU};
 use cost_model::{Algorithm, Observed, SparseStep};
 use sparsify::SelectorKind;
 
@@ -42,8 +43,9 @@ pub enum SparseAlgo {
         /// Which Spar-All-Gather.
         sag: Sag,
         /// Number of teams `d` for R-SAG (a power of two dividing P) and B-SAG (any divisor
-        /// of P). `None`: 2 for R-SAG when P is even, else 1; the smallest prime factor of P
-        /// for B-SAG.
+        /// of P). `None`: `cost_model::plan::sparse::SagKind::default_teams` (2 for R-SAG
+        /// when P is even and at least 4, else 1; for B-SAG the smallest prime factor of P
+        /// that leaves teams of two or more ranks, else 1, so that a prime P keeps SRS).
         teams: Option<usize>,
         /// Block selector.
         selector: Option<SelectorKind>,
@@ -66,11 +68,20 @@ pub enum SparseAlgo {
         /// the online scaling of Algorithm 5 continues from there. Off in the paper.
         warm_start: bool,
     },
+    /// Ok-Topk (Li & Hoefler, PPoPP'22) ([`super::OkTopk`]): threshold selection, balanced
+    /// split reduce-scatter, global selection, all-gather. Its selection is its own
+    /// (thresholds, with an exact top-k every `tau` steps).
+    OkTopk {
+        /// Threshold re-estimation period τ in steps, at least 1 (the authors' code: 32).
+        tau: u32,
+        /// Region re-balancing period in steps, at least 1 (the authors' code: 64).
+        rebalance: u32,
+    },
 }
 
 impl SparseAlgo {
     /// Every algorithm with its default options, in report order.
-    pub const ALL: [SparseAlgo; 9] = [
+    pub const ALL: [SparseAlgo; 10] = [
         SparseAlgo::TopkA { selector: None },
         SparseAlgo::TopkDsa { selector: None },
         SparseAlgo::GTopk { selector: None },
@@ -96,15 +107,20 @@ impl SparseAlgo {
             selector: None,
         },
         SparseAlgo::ExDyna { warm_start: false },
+        SparseAlgo::OkTopk {
+            tau: OKTOPK_TAU,
+            rebalance: OKTOPK_REBALANCE,
+        },
     ];
 
     /// Short lower-case name, the cost model's (`topka`, `topkdsa`, `gtopk`, `cltk`,
-    /// `spardl`, `spardl_rsag`, `spardl_bsag`, `hitopk`, `exdyna`).
+    /// `spardl`, `spardl_rsag`, `spardl_bsag`, `hitopk`, `exdyna`, `oktopk`).
     pub fn name(&self) -> &'static str {
         self.cost_algorithm().name()
     }
 
-    /// The local selector option (`None` for ExDyna, whose selection is its own).
+    /// The local selector option (`None` for ExDyna and Ok-Topk, whose selection is their
+    /// own).
     pub fn selector(&self) -> Option<SelectorKind> {
         match *self {
             SparseAlgo::TopkA { selector }
@@ -113,11 +129,11 @@ impl SparseAlgo {
             | SparseAlgo::CltK { selector }
             | SparseAlgo::SparDl { selector, .. }
             | SparseAlgo::HiTopK { selector, .. } => selector,
-            SparseAlgo::ExDyna { .. } => None,
+            SparseAlgo::ExDyna { .. } | SparseAlgo::OkTopk { .. } => None,
         }
     }
 
-    /// The same algorithm with `selector` (no change for ExDyna).
+    /// The same algorithm with `selector` (no change for ExDyna and Ok-Topk).
     pub fn with_selector(mut self, kind: SelectorKind) -> Self {
         match &mut self {
             SparseAlgo::TopkA { selector }
@@ -126,7 +142,7 @@ impl SparseAlgo {
             | SparseAlgo::CltK { selector }
             | SparseAlgo::SparDl { selector, .. }
             | SparseAlgo::HiTopK { selector, .. } => *selector = Some(kind),
-            SparseAlgo::ExDyna { .. } => {}
+            SparseAlgo::ExDyna { .. } | SparseAlgo::OkTopk { .. } => {}
         }
         self
     }
@@ -157,6 +173,14 @@ impl SparseAlgo {
         matches!(self, SparseAlgo::ExDyna { warm_start: true })
     }
 
+    /// Ok-Topk's periods `(tau, rebalance)` (`None` elsewhere).
+    pub fn oktopk_periods(&self) -> Option<(u32, u32)> {
+        match *self {
+            SparseAlgo::OkTopk { tau, rebalance } => Some((tau, rebalance)),
+            _ => None,
+        }
+    }
+
     /// The cost model's name for this algorithm (its options aside).
     pub fn cost_algorithm(&self) -> Algorithm {
         match *self {
@@ -174,6 +198,7 @@ impl SparseAlgo {
             } => Algorithm::SpardlBsag,
             SparseAlgo::HiTopK { .. } => Algorithm::Hitopk,
             SparseAlgo::ExDyna { .. } => Algorithm::Exdyna,
+            SparseAlgo::OkTopk { .. } => Algorithm::Oktopk,
         }
     }
 
@@ -181,7 +206,12 @@ impl SparseAlgo {
     /// `observed` counts (the replay `cost_model::replay_sparse` prices and
     /// `cost_model::sparse_replay::sparse_schedule` lays out).
     pub fn replay_step(&self, d: usize, density: f64, step: u64, observed: Observed) -> SparseStep {
+        let (oktopk_tau, oktopk_rebalance) = self
+            .oktopk_periods()
+            .unwrap_or((OKTOPK_TAU, OKTOPK_REBALANCE));
         SparseStep {
+            oktopk_tau,
+            oktopk_rebalance,
             teams: self.teams(),
             ranks_per_node: self.ranks_per_node(),
             f16_wire: self.f16_wire(),

@@ -24,6 +24,11 @@ pub(crate) mod tags {
     pub const EX_IDX: Tag = 0x610C;
     pub const HI_INTER: Tag = 0x610D;
     pub const HI_INTRA: Tag = 0x610E;
+    pub const OK_BOUNDS: Tag = 0x6120;
+    pub const OK_COUNTS: Tag = 0x6121;
+    pub const OK_REDUCE: Tag = 0x6122;
+    pub const OK_GCOUNTS: Tag = 0x6123;
+    pub const OK_GATHER: Tag = 0x6124;
 }
 
 /// The options of a [`SparseAlgo`] as flat fields, for the algorithms to read and the
@@ -35,6 +40,7 @@ pub(crate) struct Opts {
     pub ranks_per_node: Option<usize>,
     pub f16_wire: bool,
     pub exdyna_warm_start: bool,
+    pub oktopk: Option<(u32, u32)>,
 }
 
 impl Opts {
@@ -45,6 +51,7 @@ impl Opts {
             ranks_per_node: algo.ranks_per_node(),
             f16_wire: algo.f16_wire(),
             exdyna_warm_start: algo.warm_start(),
+            oktopk: algo.oktopk_periods(),
         }
     }
 }
@@ -87,7 +94,7 @@ impl Config {
     }
 }
 
-const FIELDS: [&str; 8] = [
+const FIELDS: [&str; 10] = [
     "algorithm",
     "dense length d",
     "density",
@@ -96,6 +103,8 @@ const FIELDS: [&str; 8] = [
     "ranks per node",
     "f16 wire",
     "exdyna warm start",
+    "oktopk tau",
+    "oktopk rebalance",
 ];
 
 /// 0 for the algorithm's default, else the position in [`SelectorKind::ALL`] plus one.
@@ -134,7 +143,7 @@ fn setup_inner(
     opts: &Opts,
 ) -> Result<Config> {
     let p = comm.size();
-    let words: [u64; 8] = [
+    let words: [u64; 10] = [
         code,
         d as u64,
         density.to_bits(),
@@ -143,6 +152,8 @@ fn setup_inner(
         opts.ranks_per_node.map_or(0, |t| t as u64),
         opts.f16_wire as u64,
         opts.exdyna_warm_start as u64,
+        opts.oktopk.map_or(0, |t| u64::from(t.0)),
+        opts.oktopk.map_or(0, |t| u64::from(t.1)),
     ];
     if p > 1 {
         let mine: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -176,6 +187,11 @@ fn setup_inner(
         return Err(Error::InvalidArgument(format!(
             "selector {kind} does not return exactly k entries; the sparse allreduces take \
              exact or mstopk"
+        )));
+    }
+    if let Some((tau, rebalance)) = opts.oktopk.filter(|&(t, r)| t == 0 || r == 0) {
+        return Err(Error::InvalidArgument(format!(
+            "Ok-Topk periods must be at least 1 step: tau = {tau}, rebalance = {rebalance}"
         )));
     }
     if !(density.is_finite() && density > 0.0 && density <= 1.0) {

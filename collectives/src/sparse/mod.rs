@@ -1,7 +1,7 @@
 //! Sparse allreduce of top-k gradients: one trait, [`SparseAllreduce`], for TopkA, TopkDSA, gTopk,
 //! CLT-k (baselines of SparDL (Zhao et al.) §4 and ExDyna (Yoon & Oh, CCGrid 2024) §III), SparDL
 //! with its Spar-Reduce-Scatter, global residual collection, R-SAG and B-SAG (SparDL (Zhao et al.)
-//! §3), HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) and ExDyna
+//! §3), Ok-Topk (Li & Hoefler, PPoPP'22; SparDL's main baseline), HiTopKComm (Shi et al., MLSys 2021, §3.2, Algorithm 2) and ExDyna
 //! (Yoon & Oh, CCGrid 2024, §IV, Algorithms 1-5).
 //!
 //! Every algorithm is built from a [`SparseAlgo`] (the variant carries that algorithm's
@@ -41,6 +41,7 @@ mod common;
 mod exdyna;
 mod gtopk;
 mod hitopk;
+mod oktopk;
 mod scaffold;
 mod spardl;
 mod topka;
@@ -51,6 +52,7 @@ pub use cltk::CltK;
 pub use exdyna::ExDyna;
 pub use gtopk::GTopk;
 pub use hitopk::HiTopK;
+pub use oktopk::OkTopk;
 pub use spardl::{Sag, SparDl};
 /// The selector choice, shared with `sparsify`.
 pub use sparsify::SelectorKind;
@@ -143,6 +145,7 @@ pub fn build(
         SparseAlgo::TopkA { .. } => Box::new(TopkA::from_config(cfg)),
         SparseAlgo::TopkDsa { .. } => Box::new(TopkDsa::from_config(cfg)),
         SparseAlgo::GTopk { .. } => Box::new(GTopk::from_config(cfg)),
+        SparseAlgo::OkTopk { .. } => Box::new(OkTopk::from_config(cfg)),
         SparseAlgo::SparDl { sag, .. } => {
             Box::new(SparDl::from_config(cfg, sag).map_err(|e| common::fail_together(comm, e))?)
         }

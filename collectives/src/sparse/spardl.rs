@@ -4,7 +4,8 @@
 //! (any team count, with Algorithm 2's adjustment of `h`).
 //!
 //! Blocks (from the authors' code): `chunk = ⌈d / m⌉` for `m` ranks per team,
-//! padded to `chunk · m`; `k_block = ⌊chunk · density⌋`. SRS partners: `rounds =
+//! padded to `chunk · m`; `k_block = max(1, ⌊chunk · density⌋)` (the authors' code has no
+//! `max`, and moves nothing where the floor is 0). SRS partners: `rounds =
 //! ⌈log2 m⌉`, bag sizes `[2^i for i < rounds − 1] + [m − 2^(rounds−1)]` reversed, `gap =
 //! m − sizes[0]`; in round `i` send bag `(pos + gap) …` (`sizes[i]` blocks) to `pos + gap`
 //! and receive blocks `pos …` from `pos − gap`, then `gap /= 2`. A block is top-k'd just
@@ -116,7 +117,7 @@ impl SparDl {
         self.teams
     }
 
-    /// Entries per block, `k_block = ⌊⌈d/m⌉ · density⌋`.
+    /// Entries per block, `k_block = max(1, ⌊⌈d/m⌉ · density⌋)`.
     pub fn k_block(&self) -> usize {
         self.kb
     }
@@ -124,6 +125,11 @@ impl SparDl {
     /// B-SAG's current `h` (entries each rank contributes to the all-gather between teams).
     pub fn h(&self) -> f64 {
         self.h
+    }
+
+    /// B-SAG's current step of `h` (signed; its magnitude stays in `[½, L(1 − 1/d)]`).
+    pub fn h_step(&self) -> f64 {
+        self.h_step
     }
 
     /// B-SAG: entries after the last all-gather between teams (`N_t`, Algorithm 2).
@@ -276,7 +282,13 @@ impl SparDl {
             self.h_step = -self.h_step / 2.0;
             self.h_flag = false;
         }
-        self.h = (self.h + self.h_step).clamp(l / self.teams as f64, l.max(l / self.teams as f64));
+        // The step's magnitude stays in [½, L(1 − 1/d)]: below half an entry the rounded h
+        // cannot move (a run of halvings would freeze it), and above the width of h's range
+        // a run of doublings would only throw h from one bound to the other.
+        let lo = l / self.teams as f64;
+        let width = (l - lo).max(0.5);
+        self.h_step = self.h_step.signum() * self.h_step.abs().clamp(0.5, width);
+        self.h = (self.h + self.h_step).clamp(lo, l.max(lo));
         self.last_n = n_t;
         Ok(keep)
     }

@@ -54,26 +54,31 @@ pub enum SagKind {
 }
 
 impl SagKind {
-    /// The team count when none is asked for: 1 without SAG, 2 for R-SAG when P is even
-    /// (else 1), the smallest prime factor of P for B-SAG.
+    /// The team count when none is asked for: 1 without SAG; for R-SAG 2 when P is even
+    /// and at least 4, else 1; for B-SAG the smallest prime factor `f` of P when `P/f ≥ 2`,
+    /// else 1. Every default leaves at least two ranks per team (or one team) so that the
+    /// Spar-Reduce-Scatter, SparDL's answer to gradient accumulation, still runs: for a
+    /// prime P the only divisors are 1 and P, and P teams of one rank would skip it.
     pub fn default_teams(self, p: usize) -> usize {
         match self {
             SagKind::None => 1,
             SagKind::Recursive => {
-                if p % 2 == 0 {
+                if p % 2 == 0 && p >= 4 {
                     2
                 } else {
                     1
                 }
             }
-            SagKind::Bruck => (2..=p).find(|f| p % f == 0).unwrap_or(1),
+            SagKind::Bruck => (2..p).find(|f| p % f == 0 && p / f >= 2).unwrap_or(1),
         }
     }
 }
 
 /// SparDL's partition: `teams` teams of `m = P / teams` consecutive ranks; `d` is split
 /// into `m` blocks of `chunk = ⌈d/m⌉` (padded to `chunk · m`), and every block message
-/// carries `k_block = ⌊chunk · ρ⌋` entries (from the authors' code).
+/// carries `k_block = ⌊chunk · ρ⌋` entries (from the authors' code), at least one: where
+/// `⌊chunk · ρ⌋ = 0` the authors' code would move nothing at all, so a block then carries
+/// its single largest entry (as every other algorithm selects `k = max(1, ⌈ρ·d⌉)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpardlLayout {
     /// Number of teams.
@@ -113,7 +118,7 @@ impl SpardlLayout {
         }
         let m = p / teams;
         let chunk = d.div_ceil(m.max(1));
-        let k_block = ((chunk as f64 * density).floor() as usize).min(chunk);
+        let k_block = ((chunk as f64 * density).floor() as usize).clamp(1, chunk.max(1));
         Ok(SpardlLayout {
             teams,
             m,
@@ -123,13 +128,12 @@ impl SpardlLayout {
     }
 
     /// B-SAG's `h` for a step (SparDL (Zhao et al.), Algorithm 2, as implemented): `k_block`
-    /// at full density (every index overlaps), else `round(h)` clamped to
-    /// `[min(1, k_block), k_block]`.
+    /// at full density (every index overlaps), else `round(h)` clamped to `[1, k_block]`.
     pub fn bsag_h(&self, h: f64) -> usize {
         if self.k_block == self.chunk {
             self.k_block
         } else {
-            (h.round() as usize).clamp(self.k_block.min(1), self.k_block)
+            (h.round() as usize).clamp(1, self.k_block)
         }
     }
 
@@ -187,6 +191,71 @@ pub fn srs_rounds(m: usize, q: usize) -> Vec<SrsRound> {
         .collect()
 }
 
+/// Ok-Topk's default period of the threshold re-estimation `τ` (Li & Hoefler, PPoPP'22; the
+/// authors' code re-derives the local and the global threshold every 32 steps).
+pub const OKTOPK_TAU: u32 = 32;
+/// Ok-Topk's default period of the region re-balancing (the authors' code: every 64 steps).
+pub const OKTOPK_REBALANCE: u32 = 64;
+/// Bytes of one count on Ok-Topk's wire (u32).
+pub const COUNT_BYTES: usize = 4;
+
+/// What step `t` of Ok-Topk does besides its reduce-scatter and all-gather.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OktopkStep {
+    /// `t mod τ = 0`: the local threshold is re-derived by an exact top-k, and the global
+    /// selection is the exact top-k of every reduced entry (all of which are all-gathered),
+    /// which also re-derives the global threshold.
+    pub reestimate: bool,
+    /// `t mod τ' = 0`: the region boundaries are re-balanced from this step's selections.
+    pub rebalance: bool,
+}
+
+impl OktopkStep {
+    /// Step `t` with re-estimation period `tau` and re-balancing period `rebalance` (both
+    /// at least 1; 0 is read as 1).
+    pub fn at(t: u64, tau: u32, rebalance: u32) -> Self {
+        OktopkStep {
+            reestimate: t % u64::from(tau.max(1)) == 0,
+            rebalance: t % u64::from(rebalance.max(1)) == 0,
+        }
+    }
+
+    /// The phases of this step, in order.
+    pub fn phases(self) -> Vec<OktopkPhase> {
+        let mut v = Vec::with_capacity(5);
+        if self.rebalance {
+            v.push(OktopkPhase::Boundaries);
+        }
+        v.extend([
+            OktopkPhase::Counts,
+            OktopkPhase::Reduce,
+            OktopkPhase::GatherCounts,
+            OktopkPhase::Gather,
+        ]);
+        v
+    }
+}
+
+/// One phase of an Ok-Topk step (Li & Hoefler, PPoPP'22, §3; the round structure of the
+/// authors' code). Direct phases take the `P − 1` rounds of [`direct_exchanges`]; the
+/// all-gathers are Bruck's (`⌈log2 P⌉` rounds) with block sizes every receiver knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OktopkPhase {
+    /// Re-balancing: all-gather every rank's `P − 1` proposed region boundaries (the
+    /// indices that split its own selection into `P` equal counts, [`COUNT_BYTES`] each);
+    /// the new boundaries are their means.
+    Boundaries,
+    /// The counts of the reduce-scatter: rank `r` tells rank `j` how many of its selected
+    /// entries lie in region `j` (one [`COUNT_BYTES`] word per direct exchange).
+    Counts,
+    /// Split reduce-scatter: those entries, straight to the region's owner.
+    Reduce,
+    /// All-gather of each owner's count of globally selected entries.
+    GatherCounts,
+    /// All-gather of the globally selected entries of every region.
+    Gather,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +278,37 @@ mod tests {
         assert!(SpardlLayout::new(SagKind::Bruck, Some(4), 6, 60, 0.1).is_err());
         let l = SpardlLayout::new(SagKind::Bruck, None, 9, 90, 0.1).unwrap();
         assert_eq!((l.teams, l.m, l.chunk, l.k_block), (3, 3, 30, 3));
+        // ⌊⌈d/m⌉·ρ⌋ = ⌊10 · 0.01⌋ = 0: one entry per block, never an empty message.
+        let l = SpardlLayout::new(SagKind::None, None, 6, 60, 0.01).unwrap();
+        assert_eq!((l.chunk, l.k_block), (10, 1));
+    }
+
+    #[test]
+    fn default_teams_keep_the_spar_reduce_scatter() {
+        for p in 1..=64usize {
+            for sag in [SagKind::None, SagKind::Recursive, SagKind::Bruck] {
+                let t = sag.default_teams(p);
+                assert!(p % t == 0, "{sag:?} P={p}: {t}");
+                assert!(t == 1 || p / t >= 2, "{sag:?} P={p}: {t} teams of one");
+                assert!(SpardlLayout::new(sag, None, p, 10 * p, 0.1).is_ok());
+            }
+        }
+        // Prime P: one team (all of SRS), not P teams of one rank.
+        assert_eq!(SagKind::Bruck.default_teams(7), 1);
+        assert_eq!(SagKind::Bruck.default_teams(9), 3);
+        assert_eq!(SagKind::Recursive.default_teams(2), 1);
+        assert_eq!(SagKind::Recursive.default_teams(6), 2);
+    }
+
+    #[test]
+    fn oktopk_phases_follow_the_periods() {
+        let s = |t| OktopkStep::at(t, 4, 8);
+        assert_eq!(s(0).phases().len(), 5);
+        assert_eq!(s(0).phases()[0], OktopkPhase::Boundaries);
+        assert!(s(4).reestimate && !s(4).rebalance);
+        assert!(!s(5).reestimate && !s(5).rebalance);
+        assert_eq!(s(5).phases().len(), 4);
+        assert!(s(16).reestimate && s(16).rebalance);
+        assert!(OktopkStep::at(3, 0, 0).reestimate);
     }
 }

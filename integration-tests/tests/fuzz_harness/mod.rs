@@ -258,7 +258,8 @@ pub fn allgatherv_wire(data: &[u8]) -> bool {
 }
 
 /// Every sparse allreduce but ExDyna: its setup's agreement, then two steps of its
-/// messages.
+/// messages (for Ok-Topk step 0 re-balances its regions and re-estimates its thresholds,
+/// step 1 reuses them: every message kind, counts included).
 const SPARSE: &[Case] = &[
     |c| sparse(&c, SparseAlgo::ALL[0]),
     |c| sparse(&c, SparseAlgo::ALL[1]),
@@ -268,6 +269,7 @@ const SPARSE: &[Case] = &[
     |c| sparse(&c, SparseAlgo::ALL[5]),
     |c| sparse(&c, SparseAlgo::ALL[6]),
     |c| sparse(&c, SparseAlgo::ALL[7]),
+    |c| sparse(&c, SparseAlgo::ALL[9]),
 ];
 
 /// ExDyna, kept apart: its step all-gathers per-rank counts and pads its index list to the
