@@ -62,6 +62,8 @@ pub enum SchemeKind {
     Hitopk,
     /// ExDyna (Yoon & Oh, CCGrid 2024).
     Exdyna,
+    /// Ok-Topk (Li & Hoefler, PPoPP 2022).
+    Oktopk,
     /// MSTopK + HiTopKComm, then dense 2D torus (MLSys 2021 §5.6).
     Switch,
     /// BSP-SGD of Linear Pipelining (Wang et al.), Algorithm 1: per layer, an LP reduce to
@@ -109,10 +111,14 @@ impl SchemeKind {
             SchemeKind::SpardlBsag => spardl(Sag::Bruck),
             SchemeKind::Hitopk => SparseAlgo::HiTopK {
                 ranks_per_node: None,
-                f16_wire: false,
+                f16_wire: true,
                 selector: None,
             },
             SchemeKind::Exdyna => SparseAlgo::ExDyna { warm_start: false },
+            SchemeKind::Oktopk => SparseAlgo::OkTopk {
+                tau: cost_model::plan::sparse::OKTOPK_TAU,
+                rebalance: cost_model::plan::sparse::OKTOPK_REBALANCE,
+            },
             _ => return None,
         })
     }
@@ -309,7 +315,7 @@ pub fn for_epoch(
         Box::new(CollectiveScheme {
             algo: SparseAlgo::HiTopK {
                 ranks_per_node: None,
-                f16_wire: false,
+                f16_wire: true,
                 selector: Some(SelectorKind::MsTopK),
             },
             density: cfg.density,
