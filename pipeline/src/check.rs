@@ -272,14 +272,8 @@ fn run(
             drop(reducer.shutdown()?);
             Ok(out)
         },
-    )
-    .map_err(|e| match e {
-        collectives::RunError::Failed { error, .. } => error,
-        other => Error::CommThread(other.to_string()),
-    })?;
-    outs.into_iter()
-        .next()
-        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+    );
+    crate::error::rank0(outs)
 }
 
 fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {

@@ -144,15 +144,8 @@ pub fn measure(
         }
         drop(reducer.shutdown()?);
         Ok::<f64, Error>(times.iter().sum::<f64>() / times.len().max(1) as f64)
-    })
-    .map_err(|e| match e {
-        collectives::RunError::Failed { error, .. } => error,
-        other => Error::CommThread(other.to_string()),
-    })?;
-    per_rank
-        .first()
-        .copied()
-        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+    });
+    crate::error::rank0(per_rank)
 }
 
 #[cfg(test)]

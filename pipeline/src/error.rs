@@ -167,3 +167,17 @@ from_message!(
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Rank 0's result of a thread world (`ThreadComm::run*`), or the first rank's failure as
+/// this crate's error.
+pub(crate) fn rank0<T>(
+    outs: std::result::Result<Vec<T>, collectives::RunError<Error>>,
+) -> Result<T> {
+    outs.map_err(|e| match e {
+        collectives::RunError::Failed { error, .. } => error,
+        other => Error::CommThread(other.to_string()),
+    })?
+    .into_iter()
+    .next()
+    .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+}
