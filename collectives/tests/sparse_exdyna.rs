@@ -113,3 +113,35 @@ fn warm_start_must_agree_across_ranks() {
         "{res:?}"
     );
 }
+
+#[test]
+#[ignore]
+fn explore() {
+    let env = |k: &str, v: f64| std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(v);
+    let (p, d, density) = (env("P", 4.0) as usize, 1usize << env("LGD", 15.0) as u32, env("RHO", 0.01));
+    for warm in [true, false] {
+        let steps: usize = std::env::var("STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+        let t0 = std::time::Instant::now();
+        let out = ThreadComm::run(p, |comm| -> collectives::Result<Vec<collectives::sparse::ExDynaStats>> {
+            let mut alg = ExDyna::new(&comm, d, density, warm)?;
+            let mut v = Vec::new();
+            for s in 0..steps {
+                let g = grad(comm.rank(), s, d);
+                alg.step(&comm, &g)?;
+                v.push(*alg.last_stats());
+            }
+            Ok(v)
+        })
+        .unwrap();
+        println!("warm={warm} {:?}", t0.elapsed());
+        for s in out[0].iter().filter(|s| s.step < 20 || s.step % 25 == 0) {
+            println!("{} thr {:.4e} ratio {:.3} f {:.3} err {:.4} moved {}", s.step, s.threshold, s.ratio(), s.padding_ratio, s.global_error, s.blocks_moved);
+        }
+        let last_bad = out[0].iter().rposition(|s| (s.ratio() - 1.0).abs() > 0.1);
+        let r: Vec<f64> = out[0].iter().map(|s| s.ratio()).collect();
+        let w = 20;
+        let last_badw = (w..=r.len()).rev().find(|&e| ((r[e - w..e].iter().sum::<f64>() / w as f64) - 1.0).abs() > 0.1);
+        let tail = r[r.len() - 200..].iter().sum::<f64>() / 200.0;
+        println!("last outside ±10%: {last_bad:?} windowed {last_badw:?} tail mean {tail:.3}");
+    }
+}

@@ -85,6 +85,10 @@ pub enum Observed {
     },
 }
 
+/// Steps of ExDyna's fast mode that select with exact partition thresholds
+/// (`collectives::sparse::ExDyna::WARM_STEPS`).
+pub const EXDYNA_WARM_STEPS: u64 = 4;
+
 /// One step of a sparse all-reduce to replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseStep {
@@ -103,8 +107,8 @@ pub struct SparseStep {
     pub f16_wire: bool,
     /// Step number since construction (CLT-k's leader is `step mod P`).
     pub step: u64,
-    /// ExDyna with `exdyna_warm_start`: on step 0 each rank's threshold rides along in the
-    /// count all-gather (4 more bytes per rank).
+    /// ExDyna with `exdyna_warm_start`: on steps below [`EXDYNA_WARM_STEPS`] each rank's
+    /// threshold rides along in the count all-gather (4 more bytes per rank).
     pub exdyna_warm_start: bool,
     /// The data-dependent counts.
     pub observed: Observed,
@@ -324,13 +328,14 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
             };
             let m_t = kt.iter().copied().max().unwrap_or(0);
             // The count, plus the warm-start threshold on a warm first step.
-            let warm = step.exdyna_warm_start && step.step == 0 && k < step.d;
+            let warm = step.exdyna_warm_start && step.step < EXDYNA_WARM_STEPS && k < step.d;
             let head = if warm { 8 } else { 4 };
             for w in 0..p {
                 bruck(&mut s, &world, w, &vec![head; p], false, T_EX_COUNTS);
                 bruck(&mut s, &world, w, &vec![4 * m_t; p], false, T_EX_IDX);
             }
-            let u: usize = kt.iter().sum();
+            // The values at the union, and each rank's local error ‖e_{i,t}‖ (one word).
+            let u: usize = kt.iter().sum::<usize>() + 1;
             let ar = DenseCase::new(Collective::Allreduce, default_allreduce(p, 4 * u), u);
             world_dense(&mut s, &ar, CTX_ALLREDUCE)?;
         }
