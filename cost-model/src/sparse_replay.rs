@@ -334,8 +334,8 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 bruck(&mut s, &world, w, &vec![head; p], false, T_EX_COUNTS);
                 bruck(&mut s, &world, w, &vec![4 * m_t; p], false, T_EX_IDX);
             }
-            // The values at the union, and each rank's local error ‖e_{i,t}‖ (one word).
-            let u: usize = kt.iter().sum::<usize>() + 1;
+            // The values at the union, and the ranks' local errors ‖e_{i,t}‖ (P words).
+            let u: usize = kt.iter().sum::<usize>() + p;
             let ar = DenseCase::new(Collective::Allreduce, default_allreduce(p, 4 * u), u);
             world_dense(&mut s, &ar, CTX_ALLREDUCE)?;
         }

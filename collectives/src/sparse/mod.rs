@@ -48,7 +48,7 @@ mod topkdsa;
 
 pub use algo::SparseAlgo;
 pub use cltk::CltK;
-pub use exdyna::{ExDyna, ExDynaStats};
+pub use exdyna::{steady_state, ExDyna, ExDynaStats};
 pub use gtopk::GTopk;
 pub use hitopk::HiTopK;
 pub use spardl::{Sag, SparDl};
