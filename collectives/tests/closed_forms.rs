@@ -96,6 +96,7 @@ fn measure_traced(
                 Collective::Reduce => {
                     let a = match algo {
                         Algorithm::Binomial => ReduceAlgo::Binomial,
+                        Algorithm::Be => ReduceAlgo::BidirectionalExchange,
                         _ => ReduceAlgo::LinearPipeline { block_bytes: BLOCK },
                     };
                     reduce(&sim, &mut buf, p - 1, a, &opts)?;
