@@ -64,12 +64,12 @@ fn table_1(f: Family, op: Collective, p: usize) -> Cost {
         (Family::Mst, Collective::Reduce) => (lg, lg * n, lg * n),
         (Family::Mst, Collective::Allreduce) => (2.0 * lg, 2.0 * lg * n, lg * n),
         (Family::Lp, Collective::Broadcast) => (pf - 1.0 + n / b, b * (pf - 1.0) + n, 0.0),
-        (Family::Lp, Collective::Reduce) => {
-            (pf - 1.0 + n / b, b * pf - b + n, b * pf - b + n)
-        }
-        (Family::Lp, Collective::Allreduce) => {
-            (2.0 * (pf - 1.0 + n / b), 2.0 * (b * pf - b + n), b * pf - b + n)
-        }
+        (Family::Lp, Collective::Reduce) => (pf - 1.0 + n / b, b * pf - b + n, b * pf - b + n),
+        (Family::Lp, Collective::Allreduce) => (
+            2.0 * (pf - 1.0 + n / b),
+            2.0 * (b * pf - b + n),
+            b * pf - b + n,
+        ),
         _ => unreachable!(),
     }
 }
@@ -168,11 +168,18 @@ fn table_1_against_measured_counts() {
     let (mut exact, mut bounded) = (0, 0);
     for p in 2..=17usize {
         for f in [Family::Lp, Family::Mst, Family::Be] {
-            for op in [Collective::Broadcast, Collective::Reduce, Collective::Allreduce] {
+            for op in [
+                Collective::Broadcast,
+                Collective::Reduce,
+                Collective::Allreduce,
+            ] {
                 let paper = table_1(f, op, p);
                 let got = measure(f, op, p);
                 assert!(got.0 > 0.0 && got.1 > 0.0, "nothing measured");
-                let what = format!("P={p} {f:?} {}: paper {paper:?}, measured {got:?}", op.name());
+                let what = format!(
+                    "P={p} {f:?} {}: paper {paper:?}, measured {got:?}",
+                    op.name()
+                );
                 let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
                 match applies(f, op, p) {
                     Expect::Equal => {

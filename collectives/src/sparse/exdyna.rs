@@ -469,3 +469,42 @@ impl ExDyna {
         Ok((update, stats))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(ratios: &[f64]) -> Vec<ExDynaStats> {
+        ratios
+            .iter()
+            .enumerate()
+            .map(|(t, &r)| ExDynaStats {
+                step: t as u64,
+                target: 1000,
+                selected: (r * 1000.0).round() as usize,
+                ..ExDynaStats::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn steady_state_is_where_every_later_window_is_inside() {
+        // 10 steps far above k, then alternating 0.85 / 1.15 (single steps outside ±10%,
+        // every 4-step mean at 1.0).
+        let mut r = vec![5.0; 10];
+        r.extend((0..40).map(|i| if i % 2 == 0 { 0.85 } else { 1.15 }));
+        let (at, mean) = steady_state(&run(&r), 4, 0.1).unwrap();
+        assert_eq!(
+            at, 13,
+            "first window wholly after the transient ends at step 13"
+        );
+        assert!((mean - 1.0).abs() < 0.01, "{mean}");
+        // A late excursion moves the settling point past it.
+        r[40] = 3.0;
+        assert_eq!(steady_state(&run(&r), 4, 0.1).unwrap().0, 44);
+        // Never inside, or too short: none.
+        assert_eq!(steady_state(&run(&[2.0; 30]), 4, 0.1), None);
+        assert_eq!(steady_state(&run(&[1.0; 3]), 4, 0.1), None);
+        assert_eq!(steady_state(&run(&[1.0; 4]), 4, 0.1).map(|x| x.0), Some(3));
+    }
+}
