@@ -118,6 +118,10 @@ fn warm_start_must_agree_across_ranks() {
     );
 }
 
+/// One rank's view of one step: ExDyna's stats, `StepStats::selected`, the residual's norm
+/// and the partition starts.
+type Seen = (ExDynaStats, usize, f64, Vec<usize>);
+
 /// Every rank's stats, selected count and residual norm at each step of `steps`, with
 /// gradients `g(rank, step)`.
 fn trace(
@@ -127,7 +131,7 @@ fn trace(
     warm: bool,
     steps: usize,
     g: impl Fn(usize, usize) -> Vec<f32> + Sync,
-) -> Vec<Vec<(ExDynaStats, usize, f64, Vec<usize>)>> {
+) -> Vec<Vec<Seen>> {
     ThreadComm::run(p, |comm| -> collectives::Result<Vec<_>> {
         let mut alg = ExDyna::new(&comm, d, density, warm)?;
         let mut out = Vec::with_capacity(steps);
