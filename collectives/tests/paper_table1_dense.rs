@@ -84,38 +84,39 @@ fn case(f: Family, op: Collective) -> DenseCase {
     DenseCase::new(op, algo, N).with_block_bytes(4 * B)
 }
 
+/// The executed algorithms of family `f`: broadcast, reduce, all-reduce.
+fn algos(f: Family) -> (BroadcastAlgo, ReduceAlgo, AllreduceAlgo) {
+    let block_bytes = 4 * B;
+    match f {
+        Family::Lp => (
+            BroadcastAlgo::LinearPipeline { block_bytes },
+            ReduceAlgo::LinearPipeline { block_bytes },
+            AllreduceAlgo::LinearPipeline { block_bytes },
+        ),
+        Family::Mst => (
+            BroadcastAlgo::Binomial,
+            ReduceAlgo::Binomial,
+            AllreduceAlgo::Binomial,
+        ),
+        Family::Be => (
+            BroadcastAlgo::ScatterAllgather,
+            ReduceAlgo::BidirectionalExchange,
+            AllreduceAlgo::BidirectionalExchange,
+        ),
+    }
+}
+
 /// Completion time of `f`'s `op` of N words on P ranks under `SimComm` with `link`.
 fn simulate(f: Family, op: Collective, p: usize, link: Link) -> f64 {
     let opts = DenseOptions::default().unchecked();
-    let lp = 4 * B;
+    let (bc, re, ar) = algos(f);
     let clocks = ThreadComm::run(p, |c| -> collectives::Result<f64> {
         let sim = SimComm::new(c, Topology::flat(p, link)?, ClockMode::Logical)?;
         let mut buf = vec![1f32; N];
         match op {
-            Collective::Broadcast => {
-                let a = match f {
-                    Family::Lp => BroadcastAlgo::LinearPipeline { block_bytes: lp },
-                    Family::Mst => BroadcastAlgo::Binomial,
-                    Family::Be => BroadcastAlgo::ScatterAllgather,
-                };
-                broadcast(&sim, &mut buf, 0, a, &opts)?;
-            }
-            Collective::Reduce => {
-                let a = match f {
-                    Family::Lp => ReduceAlgo::LinearPipeline { block_bytes: lp },
-                    Family::Mst => ReduceAlgo::Binomial,
-                    Family::Be => ReduceAlgo::BidirectionalExchange,
-                };
-                reduce(&sim, &mut buf, 0, a, &opts)?;
-            }
-            _ => {
-                let a = match f {
-                    Family::Lp => AllreduceAlgo::LinearPipeline { block_bytes: lp },
-                    Family::Mst => AllreduceAlgo::Binomial,
-                    Family::Be => AllreduceAlgo::BidirectionalExchange,
-                };
-                allreduce(&sim, &mut buf, a, &opts)?;
-            }
+            Collective::Broadcast => broadcast(&sim, &mut buf, 0, bc, &opts)?,
+            Collective::Reduce => reduce(&sim, &mut buf, 0, re, &opts)?,
+            _ => allreduce(&sim, &mut buf, ar, &opts)?,
         }
         Ok(sim.stats().clock_s)
     })

@@ -73,6 +73,23 @@ impl ReduceAlgo {
         }
     }
 
+    /// The reduce algorithm the cost model calls `algo` (`binomial`, `lp` with pipeline
+    /// blocks of `block_bytes`, `be`); an algorithm that has no reduce is a typed error.
+    pub fn from_algorithm(algo: cost_model::Algorithm, block_bytes: usize) -> Result<Self> {
+        use cost_model::Algorithm as A;
+        Ok(match algo {
+            A::Binomial => ReduceAlgo::Binomial,
+            A::Lp => ReduceAlgo::LinearPipeline { block_bytes },
+            A::Be => ReduceAlgo::BidirectionalExchange,
+            a => {
+                return Err(Error::InvalidArgument(format!(
+                    "reduce has no {} algorithm",
+                    a.name()
+                )))
+            }
+        })
+    }
+
     fn code(&self) -> (u64, u64) {
         match self {
             ReduceAlgo::Binomial => (1, 0),
@@ -158,4 +175,21 @@ fn reduce_w<C: Communicator + ?Sized, W: WireElem>(
         ReduceAlgo::BidirectionalExchange => plan::reduce_be(n, p, r, root),
     };
     run_wire::<C, W>(comm, buf, &steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduce_algorithms_by_cost_model_name() {
+        for &a in cost_model::Collective::Reduce.algorithms() {
+            let r = ReduceAlgo::from_algorithm(a, 64).unwrap();
+            assert_eq!(r.name(), a.name());
+        }
+        assert!(matches!(
+            ReduceAlgo::from_algorithm(cost_model::Algorithm::Ring, 64),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
 }
