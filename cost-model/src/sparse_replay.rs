@@ -327,7 +327,7 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 o => return Err(bad(format!("ExDyna cannot use {o:?}"))),
             };
             let m_t = kt.iter().copied().max().unwrap_or(0);
-            // The count, plus the warm-start threshold on a warm first step.
+            // The count, plus the threshold on a warm-start step.
             let warm = step.exdyna_warm_start && step.step < EXDYNA_WARM_STEPS && k < step.d;
             let head = if warm { 8 } else { 4 };
             for w in 0..p {
