@@ -272,7 +272,7 @@ fn every_step_is_its_cost_model_replay_across_the_warm_steps() {
     for warm in [true, false] {
         let algo = SparseAlgo::ExDyna { warm_start: warm };
         let runs = ThreadComm::run(p, |c| -> collectives::Result<Vec<_>> {
-            let sim = SimComm::new(c, topo.clone(), ClockMode::Logical)?;
+            let sim = SimComm::new(c, topo, ClockMode::Logical)?;
             let mut alg = ExDyna::new(&sim, d, density, warm)?;
             let mut out = Vec::new();
             for s in 0..ExDyna::WARM_STEPS as usize + 3 {
