@@ -103,7 +103,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
         }
         let when = at.map_or(format!("not within {ran} steps"), |a| a.to_string());
         out.findings.push(format!(
-            "ExDyna (Yoon & Oh, CCGrid 2024), {mode}, P = {p}, d = 2^{}, ρ = {density}: steady              k'/k = {ratio:.3} from step {when} (target 1 ± {TOL}: {verdict}; the paper: the              threshold satisfies the user-set density \"within a few iterations\", §I)",
+            "ExDyna (Yoon & Oh, CCGrid 2024), {mode}, P = {p}, d = 2^{}, ρ = {density}: steady \
+             k'/k = {ratio:.3} from step {when} (target 1 ± {TOL}: {verdict}; the paper: the \
+             threshold satisfies the user-set density \"within a few iterations\", §I)",
             dd.trailing_zeros()
         ));
         settle_rows.push(vec![
