@@ -94,10 +94,7 @@ fn measure_traced(
                     broadcast(&sim, &mut buf, p - 1, a, &opts)?;
                 }
                 Collective::Reduce => {
-                    let a = match algo {
-                        Algorithm::Binomial => ReduceAlgo::Binomial,
-                        _ => ReduceAlgo::LinearPipeline { block_bytes: BLOCK },
-                    };
+                    let a = ReduceAlgo::from_algorithm(algo, BLOCK)?;
                     reduce(&sim, &mut buf, p - 1, a, &opts)?;
                 }
             }

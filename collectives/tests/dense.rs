@@ -168,6 +168,7 @@ fn check_others(p: usize, n: usize, seed: u64) -> Result<(), String> {
             for a in [
                 ReduceAlgo::Binomial,
                 ReduceAlgo::LinearPipeline { block_bytes: 8 },
+                ReduceAlgo::BidirectionalExchange,
             ] {
                 let mut buf = mine.clone();
                 reduce(comm, &mut buf, root, a, &o)?;

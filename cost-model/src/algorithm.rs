@@ -183,7 +183,7 @@ impl Collective {
             Collective::Allgather => &[Ring, RecursiveDoubling, Bruck],
             Collective::ReduceScatter => &[Ring, RecursiveDoubling],
             Collective::Broadcast => &[Binomial, ScatterAllgather, Lp],
-            Collective::Reduce => &[Binomial, Lp],
+            Collective::Reduce => &[Binomial, Lp, Be],
         }
     }
 }

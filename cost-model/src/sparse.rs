@@ -133,10 +133,10 @@ pub fn predict_sparse(case: &SparseCase, topo: &Topology) -> Result<SparseCost> 
         Algorithm::Oktopk => flat(2.0 * (pf + l), 6.0 * k * (pf - 1.0) / pf),
         // ExDyna (Yoon & Oh, CCGrid 2024, §IV): all-gather of the counts (⌈log P⌉α, P − 1 words),
         // all-gather of the indices padded to the largest count ((P − 1)k words),
-        // all-reduce of the values at the union, worst case |union| = min(P·k, d)
-        // (Rabenseifner).
+        // all-reduce of the values at the union, worst case |union| = min(P·k, d), and of
+        // the P local errors of Eq. 1 (Rabenseifner).
         Algorithm::Exdyna => {
-            let u = (pf * k).min(d);
+            let u = (pf * k).min(d) + pf;
             flat(4.0 * l, (pf - 1.0) * (k + 1.0) + 2.0 * (pf - 1.0) / pf * u)
         }
         // MSTopK/HiTopKComm (Shi et al., MLSys 2021) Eq. 7-10 with n GPUs per node and m nodes:

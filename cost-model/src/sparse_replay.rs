@@ -105,6 +105,10 @@ pub enum Observed {
     },
 }
 
+/// Steps of ExDyna's fast mode that select with exact partition thresholds
+/// (`collectives::sparse::ExDyna::WARM_STEPS`).
+pub const EXDYNA_WARM_STEPS: u64 = 4;
+
 /// One step of a sparse all-reduce to replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseStep {
@@ -123,8 +127,8 @@ pub struct SparseStep {
     pub f16_wire: bool,
     /// Step number since construction (CLT-k's leader is `step mod P`).
     pub step: u64,
-    /// ExDyna with `exdyna_warm_start`: on step 0 each rank's threshold rides along in the
-    /// count all-gather (4 more bytes per rank).
+    /// ExDyna with `exdyna_warm_start`: on steps below [`EXDYNA_WARM_STEPS`] each rank's
+    /// threshold rides along in the count all-gather (4 more bytes per rank).
     pub exdyna_warm_start: bool,
     /// Ok-Topk's threshold re-estimation period `τ` ([`OKTOPK_TAU`] by default).
     pub oktopk_tau: u32,
@@ -350,14 +354,15 @@ pub fn sparse_schedule(step: &SparseStep, p: usize, rpn: usize) -> Result<Schedu
                 o => return Err(bad(format!("ExDyna cannot use {o:?}"))),
             };
             let m_t = kt.iter().copied().max().unwrap_or(0);
-            // The count, plus the warm-start threshold on a warm first step.
-            let warm = step.exdyna_warm_start && step.step == 0 && k < step.d;
+            // The count, plus the threshold on a warm-start step.
+            let warm = step.exdyna_warm_start && step.step < EXDYNA_WARM_STEPS && k < step.d;
             let head = if warm { 8 } else { 4 };
             for w in 0..p {
                 bruck(&mut s, &world, w, &vec![head; p], false, T_EX_COUNTS);
                 bruck(&mut s, &world, w, &vec![4 * m_t; p], false, T_EX_IDX);
             }
-            let u: usize = kt.iter().sum();
+            // The values at the union, and the ranks' local errors ‖e_{i,t}‖ (P words).
+            let u: usize = kt.iter().sum::<usize>() + p;
             let ar = DenseCase::new(Collective::Allreduce, default_allreduce(p, 4 * u), u);
             world_dense(&mut s, &ar, CTX_ALLREDUCE)?;
         }

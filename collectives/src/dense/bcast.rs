@@ -1,5 +1,5 @@
 //! Broadcast (binomial tree, scatter + all-gather, linear pipeline) and reduce (binomial tree,
-//! linear pipeline). The tree is Linear Pipelining's MST; the pipeline is Linear Pipelining
+//! linear pipeline, bidirectional exchange). The tree is Linear Pipelining's MST; the pipeline is Linear Pipelining
 //! (Wang et al.) §3 (Fig. 2a, 2b); scatter + all-gather is van de Geijn's long-message broadcast
 //! (Thakur, Rabenseifner & Gropp 2005, §3.2).
 
@@ -58,21 +58,43 @@ pub enum ReduceAlgo {
         /// Pipeline block size b in bytes on the wire (≥ one element).
         block_bytes: usize,
     },
+    /// Bidirectional exchange: BE reduce-scatter, then a gather of the blocks to the root
+    /// (Linear Pipelining (Wang et al.) Table 1 "BE", after Chan et al. 2007).
+    BidirectionalExchange,
 }
 
 impl ReduceAlgo {
-    /// Short name: `binomial`, `lp`.
+    /// Short name: `binomial`, `lp`, `be`.
     pub fn name(&self) -> &'static str {
         match self {
             ReduceAlgo::Binomial => "binomial",
             ReduceAlgo::LinearPipeline { .. } => "lp",
+            ReduceAlgo::BidirectionalExchange => "be",
         }
+    }
+
+    /// The reduce algorithm the cost model calls `algo` (`binomial`, `lp` with pipeline
+    /// blocks of `block_bytes`, `be`); an algorithm that has no reduce is a typed error.
+    pub fn from_algorithm(algo: cost_model::Algorithm, block_bytes: usize) -> Result<Self> {
+        use cost_model::Algorithm as A;
+        Ok(match algo {
+            A::Binomial => ReduceAlgo::Binomial,
+            A::Lp => ReduceAlgo::LinearPipeline { block_bytes },
+            A::Be => ReduceAlgo::BidirectionalExchange,
+            a => {
+                return Err(Error::InvalidArgument(format!(
+                    "reduce has no {} algorithm",
+                    a.name()
+                )))
+            }
+        })
     }
 
     fn code(&self) -> (u64, u64) {
         match self {
             ReduceAlgo::Binomial => (1, 0),
             ReduceAlgo::LinearPipeline { block_bytes } => (2, *block_bytes as u64),
+            ReduceAlgo::BidirectionalExchange => (3, 0),
         }
     }
 }
@@ -150,6 +172,24 @@ fn reduce_w<C: Communicator + ?Sized, W: WireElem>(
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
             plan::reduce_lp(n, p, r, root, be)
         }
+        ReduceAlgo::BidirectionalExchange => plan::reduce_be(n, p, r, root),
     };
     run_wire::<C, W>(comm, buf, &steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduce_algorithms_by_cost_model_name() {
+        for &a in cost_model::Collective::Reduce.algorithms() {
+            let r = ReduceAlgo::from_algorithm(a, 64).unwrap();
+            assert_eq!(r.name(), a.name());
+        }
+        assert!(matches!(
+            ReduceAlgo::from_algorithm(cost_model::Algorithm::Ring, 64),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
 }

@@ -63,9 +63,12 @@ pub enum SparseAlgo {
     },
     /// ExDyna (Yoon & Oh, CCGrid 2024) ([`super::ExDyna`]).
     ExDyna {
-        /// On the first step, start from the partitions' exact top-k thresholds instead of
-        /// ExDyna's `1/(2√k)` (which can select far more than `k` for hundreds of steps);
-        /// the online scaling of Algorithm 5 continues from there. Off in the paper.
+        /// Fast convergence, not in the paper (off: the paper's Algorithm 5 alone, which
+        /// from its start `1/(2√k)` selects far more than `k` for hundreds of steps): the
+        /// first `ExDyna::WARM_STEPS` steps select with the partitions' exact top-k
+        /// thresholds, and outside Algorithm 5's band `[k/β, β·k]` the threshold step
+        /// doubles while the count stays on one side (up to 5%) and halves when it
+        /// crosses; see [`super::ExDyna`].
         warm_start: bool,
     },
     /// Ok-Topk (Li & Hoefler, PPoPP'22) ([`super::OkTopk`]): threshold selection, balanced
@@ -168,7 +171,7 @@ impl SparseAlgo {
         matches!(self, SparseAlgo::HiTopK { f16_wire: true, .. })
     }
 
-    /// ExDyna's warm start option (`false` elsewhere).
+    /// ExDyna's fast-convergence option (`false` elsewhere).
     pub fn warm_start(&self) -> bool {
         matches!(self, SparseAlgo::ExDyna { warm_start: true })
     }

@@ -49,7 +49,7 @@ mod topkdsa;
 
 pub use algo::SparseAlgo;
 pub use cltk::CltK;
-pub use exdyna::ExDyna;
+pub use exdyna::{steady_state, ExDyna, ExDynaStats};
 pub use gtopk::GTopk;
 pub use hitopk::HiTopK;
 pub use oktopk::OkTopk;

@@ -55,6 +55,8 @@ pub mod tags {
     pub const RS_FOLD_IN: u32 = 0x6021;
     /// Fold-out of a stand-alone reduce-scatter.
     pub const RS_FOLD_OUT: u32 = 0x6022;
+    /// Gather phase of the bidirectional-exchange reduce.
+    pub const BE_GATHER: u32 = 0x6023;
 }
 
 /// A sub-communicator view: index in the group → rank.
@@ -777,6 +779,72 @@ pub fn reduce_lp(n: usize, p: usize, r: usize, root: usize, be: usize) -> Vec<St
             });
         }
     }
+    out
+}
+
+/// Bidirectional-exchange reduce of `n` elements to `root` (Linear Pipelining (Wang et
+/// al.) §3.2 and Table 1 "BE": "a reduce-scatter plus a gather", after Chan et al. 2007):
+/// the BE reduce-scatter of [`be_rs`] among the acting ranks, then a gather of the reduced
+/// blocks to the root along the pairs of [`be_ag`] (partner distance p2/2, …, 1), where the
+/// upper partner sends its range and drops out, so the ranges double towards the root.
+/// Ranks are numbered from the root so that the root acts for virtual rank 0 (for P not a
+/// power of two, the [`Fold`]'s extra ranks first send their whole vector to their partner
+/// and then sit out). Powers of two: `2 log2 P` messages, `2(P−1)/P·n` elements and
+/// `(P−1)/P·n` reduced elements on the root's path, the table's cost.
+pub fn reduce_be(n: usize, p: usize, r: usize, root: usize) -> Vec<Step> {
+    let mut out = Vec::new();
+    if p <= 1 {
+        return out;
+    }
+    let fold = Fold::new(p);
+    // The root is the actor of virtual rank 0: relative rank 1 when rank 0 folds out.
+    let shift = fold.actor(0);
+    let rel = (r + p + shift - root) % p;
+    let abs = move |x: usize| (x + root + p - shift) % p;
+    let vb = bounds(n, fold.p2, 0);
+    let mut body = Vec::new();
+    match fold.virt(rel) {
+        None => body.push(Step::Send {
+            to: rel + 1,
+            tag: tags::RS_FOLD_IN,
+            range: 0..n,
+        }),
+        Some(v) => {
+            if fold.takes_in(rel) {
+                body.push(Step::Recv {
+                    from: rel - 1,
+                    tag: tags::RS_FOLD_IN,
+                    range: 0..n,
+                    combine: Combine::ADD,
+                });
+            }
+            let own = be_rs(&mut body, &vb, fold, v, tags::RS_ALONE);
+            let (lo, mut hi) = (own, own + 1);
+            let mut mask = fold.p2 / 2;
+            while mask >= 1 && v < 2 * mask {
+                let s = hi - lo;
+                let partner = fold.actor(v ^ mask);
+                if v & mask != 0 {
+                    body.push(Step::Send {
+                        to: partner,
+                        tag: tags::BE_GATHER,
+                        range: rng(&vb, lo, hi),
+                    });
+                    break;
+                }
+                // As in [`be_ag`], the lower partner's range grows upwards.
+                body.push(Step::Recv {
+                    from: partner,
+                    tag: tags::BE_GATHER,
+                    range: rng(&vb, hi, hi + s),
+                    combine: Combine::Copy,
+                });
+                hi += s;
+                mask /= 2;
+            }
+        }
+    }
+    out.extend(body.iter().map(|s| s.relocated(&abs, 0)));
     out
 }
 
