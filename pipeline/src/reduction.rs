@@ -16,7 +16,7 @@
 
 use collectives::dense::AllreduceAlgo;
 use collectives::sparse::{Sag, SelectorKind, SparseAlgo};
-use cost_model::Topology;
+use cost_model::{Link, Topology};
 use serde::{Deserialize, Serialize};
 
 use crate::check::RuntimeCosts;
@@ -154,15 +154,31 @@ fn dense_phase(cfg: &TrainConfig, epoch: usize) -> bool {
     ) || (cfg.scheme == SchemeKind::Switch && epoch >= cfg.switch_epochs)
 }
 
-/// Pipeline block of the LP collectives: 64 KiB, the paper's setting.
+/// Pipeline block of the LP collectives when the link is unknown: 64 KiB, the paper's
+/// setting.
 const LP_BLOCK: usize = 64 << 10;
+
+/// The LP block for `op` on a group of `numel` `f32` over `ranks`: Linear Pipelining
+/// (Wang et al.)'s optimal `b` for the emulated link when there is one
+/// ([`cost_model::dense::lp_optimal_block_bytes`]), else [`LP_BLOCK`].
+fn lp_block(op: cost_model::Collective, numel: usize, ranks: usize, link: Option<Link>) -> usize {
+    link.and_then(|l| {
+        cost_model::dense::lp_optimal_block_bytes(op, 4 * numel, 4, ranks, l, 0.0).ok()
+    })
+    .unwrap_or(LP_BLOCK)
+}
 
 /// BSP-SGD's reduce + broadcast (Linear Pipelining (Wang et al.), Algorithm 2 lines 2-5):
 /// an LP reduce of the group's gradient to rank 0, then an LP broadcast of the sum, which
 /// every rank averages. (The paper's root applies the update and broadcasts the weights;
 /// broadcasting the averaged gradient instead moves as many bytes, and every rank then
 /// applies the same update to the same weights.)
-struct LpReduceBroadcast;
+struct LpReduceBroadcast {
+    /// Block of the reduce, bytes.
+    reduce_block: usize,
+    /// Block of the broadcast, bytes.
+    bcast_block: usize,
+}
 
 impl Exchange for LpReduceBroadcast {
     fn exchange(
@@ -178,7 +194,7 @@ impl Exchange for LpReduceBroadcast {
         };
         crate::schemes::agree(comm, ctx)?;
         let opts = DenseOptions::default().unchecked();
-        let block_bytes = LP_BLOCK;
+        let block_bytes = self.reduce_block;
         reduce(
             comm,
             &mut data,
@@ -186,6 +202,7 @@ impl Exchange for LpReduceBroadcast {
             ReduceAlgo::LinearPipeline { block_bytes },
             &opts,
         )?;
+        let block_bytes = self.bcast_block;
         broadcast(
             comm,
             &mut data,
@@ -286,15 +303,22 @@ pub fn for_epoch(
     topology: Option<&Topology>,
 ) -> Result<(Box<dyn Scheme>, Planner, BoxedCosts)> {
     let dense = dense_phase(cfg, epoch);
+    let link = topology.map(|t| t.inter);
     let scheme: Box<dyn Scheme> = if dense {
         if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
             // BSP-SGD Algorithms 1 and 2's exchange.
-            uncompressed("bsp-lp-reduce-broadcast", |_, _| {
-                Box::new(LpReduceBroadcast)
+            uncompressed("bsp-lp-reduce-broadcast", move |numel, ranks| {
+                Box::new(LpReduceBroadcast {
+                    reduce_block: lp_block(cost_model::Collective::Reduce, numel, ranks, link),
+                    bcast_block: lp_block(cost_model::Collective::Broadcast, numel, ranks, link),
+                })
             })
         } else if cfg.scheme == SchemeKind::Bsp3 {
-            dense_algo(AllreduceAlgo::LinearPipeline {
-                block_bytes: LP_BLOCK,
+            uncompressed("bsp-lp-allreduce", move |numel, ranks| {
+                let block_bytes = lp_block(cost_model::Collective::Allreduce, numel, ranks, link);
+                Box::new(DenseExchange {
+                    algo: AllreduceAlgo::LinearPipeline { block_bytes },
+                })
             })
         } else if cfg.scheme == SchemeKind::Dense && topology.is_none() {
             // The cost model chooses the algorithm per group size
