@@ -45,15 +45,15 @@ const NUM_BLK: usize = 1024;
 /// ExDyna; see the module docs.
 pub struct ExDyna {
     cfg: Config,
-    resid: Vec<f32>,
+    pub(super) resid: Vec<f32>,
     sz_blk: usize,
     min_blk: usize,
-    blk_part: Vec<usize>,
-    blk_pos: Vec<usize>,
-    threshold: f32,
+    pub(super) blk_part: Vec<usize>,
+    pub(super) blk_pos: Vec<usize>,
+    pub(super) threshold: f32,
     /// Per-worker counts of the previous step.
-    kt: Vec<usize>,
-    t: u64,
+    pub(super) kt: Vec<usize>,
+    pub(super) t: u64,
 }
 
 impl ExDyna {
@@ -172,6 +172,7 @@ impl ExDyna {
 impl SparseAllreduce for ExDyna {
     accessors!("exdyna", |s| &s.resid);
     counted_step!();
+    super::state::stateful!();
 }
 
 impl ExDyna {
