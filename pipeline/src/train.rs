@@ -24,6 +24,7 @@ use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{self, Header, RankPart, Replicated};
 use crate::data::{batch_tensors, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
@@ -110,6 +111,18 @@ pub enum Transport {
     Sim(Topology, ClockMode),
 }
 
+/// Where and when a run writes checkpoints, and whether it resumes from one (see
+/// [`crate::checkpoint`]). Checkpoints start once the profile's plan is in place.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CheckpointConfig {
+    /// The directory (`None`: no checkpoints).
+    pub dir: Option<std::path::PathBuf>,
+    /// Write one every this many steps (0: only when the run stops early).
+    pub every: usize,
+    /// Continue from the newest intact checkpoint in `dir` (an error if there is none).
+    pub resume: bool,
+}
+
 /// Everything a training run needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
@@ -156,6 +169,12 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Transport.
     pub transport: Transport,
+    /// Checkpoints (not part of the configuration fingerprint: they do not change the
+    /// numbers).
+    pub checkpoint: CheckpointConfig,
+    /// Stop after this many steps in all (those before a resume included), writing a
+    /// checkpoint first when `checkpoint.dir` is set: a run cut short on purpose.
+    pub stop_after_steps: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -182,6 +201,8 @@ impl Default for TrainConfig {
             trace_iters: 20,
             seed: 1,
             transport: Transport::Thread,
+            checkpoint: CheckpointConfig::default(),
+            stop_after_steps: None,
         }
     }
 }
@@ -281,6 +302,19 @@ pub struct TrainReport {
     /// FNV-1a hash of the final parameters' bit patterns (the value compared across ranks
     /// after every step with `check_params`), to compare runs, e.g. threads against MPI.
     pub final_param_hash: u64,
+    /// Steps restored from a checkpoint (0 for a fresh run).
+    #[serde(default)]
+    pub first_step: usize,
+    /// Steps done at the end (all of them, those before a resume included).
+    #[serde(default)]
+    pub steps: usize,
+    /// The parameter hash after each step this run took (steps `first_step + 1` on), to
+    /// compare a resumed run with an uninterrupted one step by step.
+    #[serde(default)]
+    pub step_param_hashes: Vec<u64>,
+    /// The last checkpoint written, if any.
+    #[serde(default)]
+    pub last_checkpoint: Option<std::path::PathBuf>,
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
@@ -333,7 +367,22 @@ fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
             cfg.profile_iters
         )));
     }
-    Ok(())
+    let ck = &cfg.checkpoint;
+    if ck.dir.is_none() && (ck.resume || ck.every > 0) {
+        return Err(Error::InvalidArgument(
+            "checkpoints (every, resume) need a checkpoint directory".into(),
+        ));
+    }
+    match cfg.stop_after_steps {
+        Some(0) => Err(Error::InvalidArgument("stop after 0 steps".into())),
+        Some(s) if ck.dir.is_some() && s < cfg.profile_iters => {
+            Err(Error::InvalidArgument(format!(
+                "a checkpoint at step {s} would fall in the {}-step profile; stop at {} or later",
+                cfg.profile_iters, cfg.profile_iters
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// FNV-1a over the bit patterns of every value.
@@ -476,11 +525,8 @@ pub fn run_rank<C: Communicator + 'static>(
     // A second communicator for the optimizer and the agreement checks: the reducer's
     // moves into its communication thread.
     let ctrl = comm.split(0, rank as u32)?;
-    agree_u64(
-        &*ctrl,
-        config_fingerprint(cfg, &layers),
-        "the model or the configuration",
-    )?;
+    let fingerprint = config_fingerprint(cfg, &layers);
+    agree_u64(&*ctrl, fingerprint, "the model or the configuration")?;
     let mut weights = staged::get_params(&*model)?;
     agree_u64(&*ctrl, hash_params(&weights), "the initial parameters")?;
     let named: Vec<(String, usize)> = layers
@@ -505,32 +551,62 @@ pub fn run_rank<C: Communicator + 'static>(
     };
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
-    // Profiling phase: dense, one group.
-    let mut reducer = Reducer::new(
-        counting,
-        &sizes,
-        MergePlan::single(l_count),
-        &*reduction::profiling_scheme(),
-    )?;
     let mut phase = Phase::Profile(Vec::new());
-    let mut plan = MergePlan::single(l_count);
     let mut planner_name = String::from("profile");
     let mut predicted: Option<Timeline> = None;
     let mut profile_bw = Vec::new();
     let mut accum = Accum {
         sum: Breakdown::default(),
     };
-    let mut epochs = Vec::new();
     let mut trace_events = Vec::new();
-    let mut checked = 0usize;
-    let mut train_time = 0.0;
+    let mut saved = Replicated::default();
+    let mut resumed_loader = None;
+    let mut bytes_before = 0u64;
+    let (mut reducer, mut plan) = match &cfg.checkpoint.dir {
+        Some(dir) if cfg.checkpoint.resume => {
+            let r = checkpoint::load(&*ctrl, dir, fingerprint)?;
+            let local = resume_rank(counting, cfg, &*model, &mut *opt, &r, &sizes, topology);
+            let (reducer, plan, pred) = checkpoint::agree_ok(&*ctrl, local)?;
+            weights = r.replicated.weights.clone();
+            predicted = Some(pred);
+            phase = Phase::Planned(());
+            planner_name = r.replicated.planner.clone();
+            profile_bw = r.replicated.profile_bw.clone();
+            resumed_loader = Some(r.mine.loader);
+            bytes_before = r.mine.bytes_sent;
+            saved = r.replicated;
+            (reducer, plan)
+        }
+        // Profiling phase: dense, one group.
+        _ => (
+            Reducer::new(
+                counting,
+                &sizes,
+                MergePlan::single(l_count),
+                &*reduction::profiling_scheme(),
+            )?,
+            MergePlan::single(l_count),
+        ),
+    };
+    let first_step = saved.step as usize;
+    let mut step = first_step;
+    let mut reducer_epoch = saved.reducer_epoch as usize;
+    let mut epochs = std::mem::take(&mut saved.epochs);
+    let mut checked = saved.checked as usize;
+    let mut train_time = saved.train_time_s;
+    let mut step_hashes = Vec::new();
+    let mut last_checkpoint = None;
+    let mut stopped = false;
     let warmup_iters = cfg.warmup_epochs * iters as f64;
-    let mut step = 0usize;
     let mut since_rebuild = 0usize;
     let t_run = Instant::now();
-    for epoch in 0..cfg.epochs {
+    let start_epoch = saved.epoch as usize;
+    for epoch in start_epoch..cfg.epochs {
+        let resuming = epoch == start_epoch && resumed_loader.is_some();
+        let first_it = if resuming { saved.iter as usize } else { 0 };
         // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
-        if matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch) {
+        if first_it == 0 && matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch)
+        {
             let (r, pl, name) = rebuild(
                 reducer,
                 cfg,
@@ -544,12 +620,30 @@ pub fn run_rank<C: Communicator + 'static>(
             predicted = Some(r.1);
             plan = pl;
             planner_name = name;
+            reducer_epoch = epoch;
             since_rebuild = 0;
         }
         let t_epoch = Instant::now();
-        let (mut loss_sum, mut right) = (0.0f32, 0usize);
-        let mut batches = loader.epoch(epoch as u64);
-        for it in 0..iters {
+        let (mut loss_sum, mut right) = if resuming {
+            (saved.loss_sum as f32, saved.right as usize)
+        } else {
+            (0.0f32, 0usize)
+        };
+        let mut batches = match resumed_loader.take() {
+            Some(state) if resuming && first_it < iters => {
+                if state.epoch != epoch as u64 || state.position != first_it * cfg.batch {
+                    return Err(checkpoint::CheckpointError::State(format!(
+                        "rank {rank}: loader at epoch {} sample {}, the step at epoch {epoch} \
+                         iteration {first_it}",
+                        state.epoch, state.position
+                    ))
+                    .into());
+                }
+                loader.resume(&state)?
+            }
+            _ => loader.epoch(epoch as u64),
+        };
+        for it in first_it..iters {
             let batch = batches.next().ok_or_else(|| {
                 Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
             })??;
@@ -570,12 +664,10 @@ pub fn run_rank<C: Communicator + 'static>(
             let opt_s = t_opt.elapsed().as_secs_f64();
             step += 1;
             since_rebuild += 1;
+            let hash = hash_params(&weights);
+            step_hashes.push(hash);
             if cfg.check_params {
-                agree_u64(
-                    &*ctrl,
-                    hash_params(&weights),
-                    &format!("the parameters after step {step}"),
-                )?;
+                agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
                 checked += 1;
             }
             let tl = reducer
@@ -598,6 +690,7 @@ pub fn run_rank<C: Communicator + 'static>(
                         predicted = Some(r.1);
                         plan = pl;
                         planner_name = name;
+                        reducer_epoch = epoch;
                         since_rebuild = 0;
                         phase = Phase::Planned(());
                     }
@@ -617,9 +710,54 @@ pub fn run_rank<C: Communicator + 'static>(
                     });
                 }
             }
+            let stop = cfg.stop_after_steps == Some(step);
+            let every = cfg.checkpoint.every;
+            if let (Some(dir), Phase::Planned(())) = (&cfg.checkpoint.dir, &phase) {
+                if stop || (every > 0 && step % every == 0) {
+                    let replicated = Replicated {
+                        step: step as u64,
+                        epoch: epoch as u64,
+                        iter: (it + 1) as u64,
+                        reducer_epoch: reducer_epoch as u64,
+                        plan_starts: plan.starts().iter().map(|&s| s as u64).collect(),
+                        planner: planner_name.clone(),
+                        profile_bw: profile_bw.clone(),
+                        weights: weights.clone(),
+                        optimizer: opt.save_state(),
+                        epochs: epochs.clone(),
+                        train_time_s: train_time + t_epoch.elapsed().as_secs_f64(),
+                        loss_sum: f64::from(loss_sum),
+                        right: right as u64,
+                        checked: checked as u64,
+                    };
+                    let mine = reducer.save_state().and_then(|state| {
+                        Ok(RankPart {
+                            loader: batches.state(),
+                            reducer: state,
+                            buffers: staged::get_buffers(&*model)?,
+                            bytes_sent: bytes_before + meter.counts().bytes_sent,
+                        })
+                    });
+                    let mine = checkpoint::agree_ok(&*ctrl, mine)?;
+                    let header = Header {
+                        ranks: p,
+                        fingerprint,
+                        step: step as u64,
+                    };
+                    last_checkpoint =
+                        Some(checkpoint::save(&*ctrl, dir, header, &replicated, &mine)?);
+                }
+            }
+            if stop {
+                stopped = true;
+                break;
+            }
         }
         drop(batches);
         train_time += t_epoch.elapsed().as_secs_f64();
+        if stopped {
+            break;
+        }
         if let (Some(x), Some(y)) = (&test_x, &test_y) {
             let stats = EpochStats {
                 epoch: epoch + 1,
@@ -636,7 +774,7 @@ pub fn run_rank<C: Communicator + 'static>(
     }
     drop(reducer.shutdown()?);
     // Bytes per rank, averaged over ranks.
-    let mine = meter.counts().bytes_sent as f64;
+    let mine = (bytes_before + meter.counts().bytes_sent) as f64;
     let mut all = vec![0.0f64; p];
     dense::allgather(
         &*ctrl,
@@ -670,8 +808,45 @@ pub fn run_rank<C: Communicator + 'static>(
         breakdown: accum.mean(&predicted),
         params_checked_steps: checked,
         final_param_hash: hash_params(&weights),
+        first_step,
+        steps: step,
+        step_param_hashes: step_hashes,
+        last_checkpoint,
         trace: trace_events,
     })
+}
+
+/// This rank's side of a resume: the replicated state (weights, batch-norm statistics,
+/// optimizer) into the model and optimizer, and the reducer of the saved plan and epoch
+/// with this rank's residuals and sparse-algorithm state. Local; the caller agrees on the
+/// outcome.
+fn resume_rank<C: Communicator + 'static>(
+    comm: C,
+    cfg: &TrainConfig,
+    model: &dyn Staged,
+    opt: &mut dyn optimizer::Optimizer,
+    r: &checkpoint::Restored,
+    sizes: &[usize],
+    topology: Option<&Topology>,
+) -> Result<(Reducer<C>, MergePlan, Timeline)> {
+    let s = &r.replicated;
+    staged::set_params(model, &s.weights)?;
+    staged::set_buffers(model, &r.mine.buffers)?;
+    opt.restore_state(&s.optimizer)?;
+    let starts = s.plan_starts.iter().map(|&x| x as usize).collect();
+    let plan = MergePlan::from_starts(sizes.len(), starts)?;
+    let profile = profile_for(model, &s.profile_bw)?;
+    let ((mut reducer, predicted), plan, _) = build_reducer(
+        comm,
+        cfg,
+        s.reducer_epoch as usize,
+        sizes,
+        profile,
+        topology,
+        Some(plan),
+    )?;
+    reducer.restore_state(&r.mine.reducer)?;
+    Ok((reducer, plan, predicted))
 }
 
 enum Phase {
@@ -745,15 +920,30 @@ fn rebuild<C: Communicator + 'static>(
     _previous: &Option<Timeline>,
 ) -> Result<Rebuilt<C>> {
     let comm = reducer.shutdown()?;
+    build_reducer(comm, cfg, epoch, sizes, profile, topology, None)
+}
+
+/// The reducer of `cfg`'s scheme at `epoch` over `comm`, with `fixed` as its plan (a
+/// resumed run's) or else the given groups or the planner's plan, and its prediction.
+fn build_reducer<C: Communicator + 'static>(
+    comm: C,
+    cfg: &TrainConfig,
+    epoch: usize,
+    sizes: &[usize],
+    profile: LayerProfile,
+    topology: Option<&Topology>,
+    fixed: Option<MergePlan>,
+) -> Result<Rebuilt<C>> {
     let (scheme, planner, costs) = reduction::for_epoch(cfg, epoch, comm.size(), sizes, topology)?;
-    let plan = match &cfg.groups {
-        Some(g) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
+    let plan = match (fixed, &cfg.groups) {
+        (Some(plan), _) => plan,
+        (None, Some(g)) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
             Error::InvalidPlan(format!(
                 "the plan does not fit the model's {} layers: {e}",
                 sizes.len()
             ))
         })?,
-        None => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
+        (None, None) => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
     };
     reduction::check_density(cfg, epoch, &plan, sizes)?;
     let predicted = predict(&profile, &plan, &&*costs)?;
