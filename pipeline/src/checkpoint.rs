@@ -585,7 +585,15 @@ fn shared_outcome(
         return Ok(());
     }
     let e: CheckpointError = serde_json::from_slice(&text)?;
+    leave_together(ctrl);
     Err(e.into())
+}
+
+/// Waits until every rank has finished the exchange before an error is returned: a
+/// fail-fast transport would otherwise end a slower peer's receive with `PeerFailed`
+/// instead of the shared error. The barrier's own outcome changes nothing about it.
+fn leave_together(ctrl: &dyn Communicator) {
+    let _ = ctrl.barrier();
 }
 
 /// Rank 0's `bytes` on every rank.
@@ -687,6 +695,7 @@ pub(crate) fn agree_ok<T>(ctrl: &dyn Communicator, local: Result<T>) -> Result<T
         _ => Vec::new(),
     };
     let text = broadcast_from(ctrl, first, text)?;
+    leave_together(ctrl);
     Err(CheckpointError::State(format!("rank {first}: {}", String::from_utf8_lossy(&text))).into())
 }
 
@@ -756,7 +765,11 @@ mod tests {
         let check = |b: &[u8], ranks, fp| decode_file(&path, b, ranks, fp);
         assert!(matches!(
             check(&bytes, 3, 0xfeed),
-            Err(CheckpointError::Ranks { saved: 2, ranks: 3, .. })
+            Err(CheckpointError::Ranks {
+                saved: 2,
+                ranks: 3,
+                ..
+            })
         ));
         assert!(matches!(
             check(&bytes, 2, 0xbeef),
@@ -860,7 +873,12 @@ mod tests {
         for _ in 0..groups {
             let c = d.bytes().unwrap();
             if !c.is_empty() {
-                sum += Dec(c).f32s().unwrap().iter().map(|&v| f64::from(v)).sum::<f64>();
+                sum += Dec(c)
+                    .f32s()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .sum::<f64>();
             }
             let x = d.bytes().unwrap();
             if !x.is_empty() {
@@ -931,7 +949,11 @@ mod tests {
                 let updates = out[0].1;
                 let left: f64 = out.iter().map(|o| o.2).sum();
                 assert!(out.iter().all(|o| o.1 == updates));
-                assert!(left.abs() > 1.0, "{}: no residual mass ({left})", scheme.name());
+                assert!(
+                    left.abs() > 1.0,
+                    "{}: no residual mass ({left})",
+                    scheme.name()
+                );
                 let balance = grads - (p as f64 * updates + left);
                 if restore {
                     assert!(out.iter().all(|o| o.3), "{}: updates differ", scheme.name());

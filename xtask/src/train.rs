@@ -349,11 +349,15 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         }
     }
     println!(
-        "{:<8} steps {}..={} (resumed from step {}){}",
+        "{:<8} steps {}..={}{}{}",
         r.scheme,
         r.first_step + 1,
         r.steps,
-        r.first_step,
+        if r.first_step > 0 {
+            format!(" (resumed after step {})", r.first_step)
+        } else {
+            String::new()
+        },
         r.last_checkpoint
             .as_ref()
             .map(|p| format!("; last checkpoint {}", p.display()))
