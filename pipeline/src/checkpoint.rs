@@ -562,12 +562,32 @@ pub fn latest(
     }))
 }
 
-/// Removes all but the newest [`KEEP`] checkpoints and any leftover temporary file.
+/// Removes all but the newest [`KEEP`] checkpoints, and temporary files that crashed
+/// writes left (rank 0 is the only writer, so none is in progress).
 fn prune(dir: &Path) -> std::result::Result<(), CheckpointError> {
     for (_, path) in list(dir)?.into_iter().skip(KEEP) {
         std::fs::remove_file(&path).map_err(io(&path))?;
     }
+    for entry in std::fs::read_dir(dir).map_err(io(dir))?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("ckpt-") && name.ends_with(".bin.tmp") {
+            std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+        }
+    }
     Ok(())
+}
+
+/// Writes the file of the checkpoint after `step` into `dir` ([`write_atomic`]), then
+/// removes all but the newest [`KEEP`] and any temporary file a crash left.
+pub fn save_file(
+    dir: &Path,
+    bytes: &[u8],
+    step: u64,
+) -> std::result::Result<PathBuf, CheckpointError> {
+    let path = write_atomic(dir, &file_name(step), bytes)?;
+    prune(dir)?;
+    Ok(path)
 }
 
 /// Rank 0's outcome on every rank: `Ok` on rank 0 gives every rank `Ok(())`; rank 0's
@@ -622,7 +642,7 @@ pub fn save(
         parts.push(ctrl.recv(r, TAG)?);
     }
     let bytes = encode_file(header, &replicated.encode(), &parts);
-    let written = write_atomic(dir, &file_name(header.step), &bytes).and_then(|_| prune(dir));
+    let written = save_file(dir, &bytes, header.step).map(|_| ());
     shared_outcome(ctrl, written)?;
     Ok(path)
 }
@@ -837,11 +857,10 @@ mod tests {
             latest(d, 2, 0xbeef),
             Err(CheckpointError::Config { .. })
         ));
-        // The next save replaces the stale temporary file and keeps the newest two.
-        write_atomic(d, &file_name(12), &file(12)).unwrap();
-        prune(d).unwrap();
+        // The next save removes the stale temporary file and keeps the newest two.
+        save_file(d, &file(13), 13).unwrap();
         let steps: Vec<u64> = list(d).unwrap().iter().map(|x| x.0).collect();
-        assert_eq!(steps, vec![12, 9]);
+        assert_eq!(steps, vec![13, 9]);
         assert!(!d.join(format!("{}.tmp", file_name(12))).exists());
         let empty = tempfile::tempdir().unwrap();
         assert!(matches!(
@@ -862,6 +881,44 @@ mod tests {
             prefixed.extend_from_slice(&bytes);
             prop_assert!(decode_file(Path::new("x"), &prefixed, 2, 0xfeed).is_err());
         }
+    }
+
+    #[test]
+    fn reducer_state_misuse_is_a_typed_error() {
+        ThreadComm::run(1, |comm| -> Result<()> {
+            let topk = TopkAllgather { density: 0.5 };
+            let mut red = Reducer::new(comm, &[2, 3], MergePlan::layerwise(2), &topk)?;
+            red.ready(1, &[1.0, -2.0, 3.0])?;
+            assert!(matches!(
+                red.save_state(),
+                Err(Error::IncompleteIteration { missing: 1, .. })
+            ));
+            red.ready(0, &[4.0, 5.0])?;
+            red.finish()?;
+            let good = red.save_state()?;
+            assert!(residual_sum(&good) != 0.0);
+            // Truncated bytes and another group count change nothing; a residual of the
+            // wrong length leaves the reducer failed.
+            assert!(matches!(
+                red.restore_state(&good[..good.len() - 1]),
+                Err(Error::Checkpoint(CheckpointError::State(_)))
+            ));
+            let comm = red.shutdown()?;
+            let mut one = Reducer::new(comm, &[2, 3], MergePlan::single(2), &topk)?;
+            assert!(matches!(
+                one.restore_state(&good),
+                Err(Error::InvalidArgument(_))
+            ));
+            let comm = one.shutdown()?;
+            let mut other = Reducer::new(comm, &[3, 2], MergePlan::layerwise(2), &topk)?;
+            assert!(matches!(
+                other.restore_state(&good),
+                Err(Error::Sparsify(sparsify::Error::LengthMismatch { .. }))
+            ));
+            assert!(other.ready(1, &[0.0; 2]).is_err());
+            Ok(())
+        })
+        .unwrap();
     }
 
     /// Every rank's residual mass held by `state` (a reducer's): compressor residuals and

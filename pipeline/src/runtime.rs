@@ -427,7 +427,9 @@ impl<C: Communicator + 'static> Reducer<C> {
     }
 
     /// Continues from [`Self::save_state`]'s output, for the same plan; between
-    /// iterations. A state of another group count or lengths is an error.
+    /// iterations. Bytes that do not parse, or a state of another group count, are an
+    /// error that changes nothing; a group's state that does not fit (another length)
+    /// leaves the reducer failed, as a half-restored reducer must not run.
     pub fn restore_state(&mut self, state: &[u8]) -> Result<()> {
         self.check_failed()?;
         let mut d = crate::checkpoint::Dec(state);
@@ -439,13 +441,22 @@ impl<C: Communicator + 'static> Reducer<C> {
                 self.compressors.len()
             )));
         }
-        let mut exchanged = Vec::with_capacity(groups);
-        for c in &mut self.compressors {
-            c.restore_state(d.bytes()?)?;
-            exchanged.push(d.bytes()?.to_vec());
+        let mut parts = Vec::with_capacity(groups);
+        for _ in 0..groups {
+            parts.push((d.bytes()?, d.bytes()?.to_vec()));
         }
         d.finish()?;
-        self.ask(|tx| Job::Restore(exchanged, tx))??;
+        let mut exchanged = Vec::with_capacity(groups);
+        let mut applied = Ok(());
+        for (c, (mine, x)) in self.compressors.iter_mut().zip(parts) {
+            applied = applied.and_then(|()| c.restore_state(mine));
+            exchanged.push(x);
+        }
+        let applied = applied.and_then(|()| self.ask(|tx| Job::Restore(exchanged, tx))?);
+        if let Err(e) = &applied {
+            self.failed = Some(e.clone());
+        }
+        applied?;
         self.iteration = iteration;
         Ok(())
     }

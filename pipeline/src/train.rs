@@ -552,7 +552,6 @@ pub fn run_rank<C: Communicator + 'static>(
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
     let mut phase = Phase::Profile(Vec::new());
-    let mut planner_name = String::from("profile");
     let mut predicted: Option<Timeline> = None;
     let mut profile_bw = Vec::new();
     let mut accum = Accum {
@@ -562,20 +561,19 @@ pub fn run_rank<C: Communicator + 'static>(
     let mut saved = Replicated::default();
     let mut resumed_loader = None;
     let mut bytes_before = 0u64;
-    let (mut reducer, mut plan) = match &cfg.checkpoint.dir {
+    let (mut reducer, mut current) = match &cfg.checkpoint.dir {
         Some(dir) if cfg.checkpoint.resume => {
             let r = checkpoint::load(&*ctrl, dir, fingerprint)?;
             let local = resume_rank(counting, cfg, &*model, &mut *opt, &r, &sizes, topology);
-            let (reducer, plan, pred) = checkpoint::agree_ok(&*ctrl, local)?;
+            let (reducer, pred, in_use) = checkpoint::agree_ok(&*ctrl, local)?;
             weights = r.replicated.weights.clone();
             predicted = Some(pred);
             phase = Phase::Planned(());
-            planner_name = r.replicated.planner.clone();
             profile_bw = r.replicated.profile_bw.clone();
             resumed_loader = Some(r.mine.loader);
             bytes_before = r.mine.bytes_sent;
             saved = r.replicated;
-            (reducer, plan)
+            (reducer, in_use)
         }
         // Profiling phase: dense, one group.
         _ => (
@@ -585,12 +583,15 @@ pub fn run_rank<C: Communicator + 'static>(
                 MergePlan::single(l_count),
                 &*reduction::profiling_scheme(),
             )?,
-            MergePlan::single(l_count),
+            InUse {
+                plan: MergePlan::single(l_count),
+                planner: "profile".into(),
+                epoch: 0,
+            },
         ),
     };
     let first_step = saved.step as usize;
     let mut step = first_step;
-    let mut reducer_epoch = saved.reducer_epoch as usize;
     let mut epochs = std::mem::take(&mut saved.epochs);
     let mut checked = saved.checked as usize;
     let mut train_time = saved.train_time_s;
@@ -607,7 +608,7 @@ pub fn run_rank<C: Communicator + 'static>(
         // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
         if first_it == 0 && matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch)
         {
-            let (r, pl, name) = rebuild(
+            let (r, t, in_use) = rebuild(
                 reducer,
                 cfg,
                 epoch,
@@ -616,12 +617,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 topology,
                 &predicted,
             )?;
-            reducer = r.0;
-            predicted = Some(r.1);
-            plan = pl;
-            planner_name = name;
-            reducer_epoch = epoch;
-            since_rebuild = 0;
+            (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
         }
         let t_epoch = Instant::now();
         let (mut loss_sum, mut right) = if resuming {
@@ -684,14 +680,9 @@ pub fn run_rank<C: Communicator + 'static>(
                         let samples = std::mem::take(samples);
                         profile_bw = shared_backward_times(&*ctrl, &samples)?;
                         let profile = profile_for(&*model, &profile_bw)?;
-                        let (r, pl, name) =
+                        let (r, t, in_use) =
                             rebuild(reducer, cfg, epoch, &sizes, profile, topology, &None)?;
-                        reducer = r.0;
-                        predicted = Some(r.1);
-                        plan = pl;
-                        planner_name = name;
-                        reducer_epoch = epoch;
-                        since_rebuild = 0;
+                        (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
                         phase = Phase::Planned(());
                     }
                 }
@@ -718,9 +709,9 @@ pub fn run_rank<C: Communicator + 'static>(
                         step: step as u64,
                         epoch: epoch as u64,
                         iter: (it + 1) as u64,
-                        reducer_epoch: reducer_epoch as u64,
-                        plan_starts: plan.starts().iter().map(|&s| s as u64).collect(),
-                        planner: planner_name.clone(),
+                        reducer_epoch: current.epoch as u64,
+                        plan_starts: current.plan.starts().iter().map(|&s| s as u64).collect(),
+                        planner: current.planner.clone(),
                         profile_bw: profile_bw.clone(),
                         weights: weights.clone(),
                         optimizer: opt.save_state(),
@@ -792,14 +783,14 @@ pub fn run_rank<C: Communicator + 'static>(
     })?;
     Ok(TrainReport {
         scheme: cfg.scheme.to_string(),
-        planner: planner_name,
+        planner: current.planner,
         model: model.name(),
         data: data.name.clone(),
         optimizer: opt.name(),
         backend,
         ranks: p,
         density: cfg.density,
-        groups: plan.groups(),
+        groups: current.plan.groups(),
         profile_backward_s: profile_bw,
         test_acc: epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
         epochs,
@@ -828,7 +819,7 @@ fn resume_rank<C: Communicator + 'static>(
     r: &checkpoint::Restored,
     sizes: &[usize],
     topology: Option<&Topology>,
-) -> Result<(Reducer<C>, MergePlan, Timeline)> {
+) -> Result<Rebuilt<C>> {
     let s = &r.replicated;
     staged::set_params(model, &s.weights)?;
     staged::set_buffers(model, &r.mine.buffers)?;
@@ -836,7 +827,7 @@ fn resume_rank<C: Communicator + 'static>(
     let starts = s.plan_starts.iter().map(|&x| x as usize).collect();
     let plan = MergePlan::from_starts(sizes.len(), starts)?;
     let profile = profile_for(model, &s.profile_bw)?;
-    let ((mut reducer, predicted), plan, _) = build_reducer(
+    let (mut reducer, predicted, in_use) = build_reducer(
         comm,
         cfg,
         s.reducer_epoch as usize,
@@ -846,7 +837,8 @@ fn resume_rank<C: Communicator + 'static>(
         Some(plan),
     )?;
     reducer.restore_state(&r.mine.reducer)?;
-    Ok((reducer, plan, predicted))
+    let planner = s.planner.clone();
+    Ok((reducer, predicted, InUse { planner, ..in_use }))
 }
 
 enum Phase {
@@ -907,7 +899,16 @@ fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
     MergePlan::from_starts(l, starts)
 }
 
-type Rebuilt<C> = ((Reducer<C>, Timeline), MergePlan, String);
+/// The merge in use: its plan, the planner's name, and the epoch its scheme was built for
+/// (the §5.6 switch changes the scheme).
+struct InUse {
+    plan: MergePlan,
+    planner: String,
+    epoch: usize,
+}
+
+/// A reducer, its predicted timeline, and its merge.
+type Rebuilt<C> = (Reducer<C>, Timeline, InUse);
 
 /// Shuts `reducer` down and builds the reducer of `cfg`'s scheme at `epoch` with its plan.
 fn rebuild<C: Communicator + 'static>(
@@ -948,12 +949,20 @@ fn build_reducer<C: Communicator + 'static>(
     reduction::check_density(cfg, epoch, &plan, sizes)?;
     let predicted = predict(&profile, &plan, &&*costs)?;
     let r = Reducer::new(comm, sizes, plan.clone(), &*scheme)?;
-    let name = if cfg.groups.is_some() {
+    let planner = if cfg.groups.is_some() {
         "given".to_string()
     } else {
         planner.to_string()
     };
-    Ok(((r, predicted), plan, name))
+    Ok((
+        r,
+        predicted,
+        InUse {
+            plan,
+            planner,
+            epoch,
+        },
+    ))
 }
 
 /// Trains with `cfg.ranks` thread ranks (over `SimComm` for [`Transport::Sim`]); rank 0's
