@@ -459,33 +459,33 @@ pub fn decode_file(
         });
     }
     let mut d = Dec(rest);
-    let parse = |d: &mut Dec| -> Result<(u64, u64, Vec<u8>, Vec<Vec<u8>>)> {
-        let (fp, step) = (d.u64()?, d.u64()?);
+    let parse = |d: &mut Dec| -> Result<File> {
+        let header = Header {
+            ranks,
+            fingerprint: d.u64()?,
+            step: d.u64()?,
+        };
         let replicated = d.bytes()?.to_vec();
         let parts = (0..ranks)
             .map(|_| d.bytes().map(<[u8]>::to_vec))
             .collect::<Result<_>>()?;
         d.finish()?;
-        Ok((fp, step, replicated, parts))
+        Ok(File {
+            path: path.to_path_buf(),
+            header,
+            replicated,
+            parts,
+        })
     };
-    let (fp, step, replicated, parts) = parse(&mut d).map_err(|e| corrupt(e.to_string()))?;
-    if fp != fingerprint {
+    let file = parse(&mut d).map_err(|e| corrupt(e.to_string()))?;
+    if file.header.fingerprint != fingerprint {
         return Err(CheckpointError::Config {
             path: name.clone(),
-            saved: fp,
+            saved: file.header.fingerprint,
             current: fingerprint,
         });
     }
-    Ok(File {
-        path: path.to_path_buf(),
-        header: Header {
-            ranks,
-            fingerprint: fp,
-            step,
-        },
-        replicated,
-        parts,
-    })
+    Ok(file)
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
@@ -536,7 +536,7 @@ pub fn list(dir: &Path) -> std::result::Result<Vec<(u64, PathBuf)>, CheckpointEr
             out.push((step, entry.path()));
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|x| std::cmp::Reverse(x.0));
     Ok(out)
 }
 

@@ -276,7 +276,8 @@ mod tests {
         // A restored optimizer continues bit-identically; a state of the wrong shape is
         // refused.
         for kind in [OptimizerKind::Sgd, OptimizerKind::Lars, OptimizerKind::Lamb] {
-            let out = ThreadComm::run(2, |comm| -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+            type Weights = Vec<Vec<f32>>;
+            let out = ThreadComm::run(2, |comm| -> Result<(Weights, Weights)> {
                 let g = vec![vec![0.5, -0.5, 0.1, 1.0], vec![0.3, -0.3]];
                 let mut a = build(kind, &comm, &layers, 0.9, 1e-4)?;
                 let mut wa = vec![vec![1.0, -2.0, 0.5, 3.0], vec![0.1, 0.2]];
