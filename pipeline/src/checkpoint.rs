@@ -652,6 +652,8 @@ pub fn save(
 pub struct Restored {
     /// The file (as rank 0 read it).
     pub path: PathBuf,
+    /// Newer files rank 0 skipped as damaged, with why (empty on the other ranks).
+    pub skipped: Vec<String>,
     /// The replicated part.
     pub replicated: Replicated,
     /// This rank's part.
@@ -664,11 +666,10 @@ pub struct Restored {
 pub fn load(ctrl: &dyn Communicator, dir: &Path, fingerprint: u64) -> Result<Restored> {
     let p = ctrl.size();
     let mut file = None;
+    let mut skipped = Vec::new();
     let outcome = if ctrl.rank() == 0 {
-        latest(dir, p, fingerprint).map(|(f, skipped)| {
-            for s in skipped {
-                tracing::warn!("skipped a damaged checkpoint: {s}");
-            }
+        latest(dir, p, fingerprint).map(|(f, s)| {
+            skipped = s.iter().map(ToString::to_string).collect();
             file = Some(f);
         })
     } else {
@@ -691,6 +692,7 @@ pub fn load(ctrl: &dyn Communicator, dir: &Path, fingerprint: u64) -> Result<Res
     let (replicated, mine) = agree_ok(ctrl, decoded)?;
     Ok(Restored {
         path,
+        skipped,
         replicated,
         mine,
     })

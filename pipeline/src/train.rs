@@ -315,6 +315,12 @@ pub struct TrainReport {
     /// The last checkpoint written, if any.
     #[serde(default)]
     pub last_checkpoint: Option<std::path::PathBuf>,
+    /// The checkpoint this run resumed from, if any.
+    #[serde(default)]
+    pub resumed_from: Option<std::path::PathBuf>,
+    /// Newer checkpoints skipped as damaged when resuming, with why (rank 0's report).
+    #[serde(default)]
+    pub skipped_checkpoints: Vec<String>,
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
@@ -561,6 +567,8 @@ pub fn run_rank<C: Communicator + 'static>(
     let mut saved = Replicated::default();
     let mut resumed_loader = None;
     let mut bytes_before = 0u64;
+    let mut resumed_from = None;
+    let mut skipped_checkpoints = Vec::new();
     let (mut reducer, mut current) = match &cfg.checkpoint.dir {
         Some(dir) if cfg.checkpoint.resume => {
             let r = checkpoint::load(&*ctrl, dir, fingerprint)?;
@@ -572,6 +580,8 @@ pub fn run_rank<C: Communicator + 'static>(
             profile_bw = r.replicated.profile_bw.clone();
             resumed_loader = Some(r.mine.loader);
             bytes_before = r.mine.bytes_sent;
+            resumed_from = Some(r.path);
+            skipped_checkpoints = r.skipped;
             saved = r.replicated;
             (reducer, in_use)
         }
@@ -803,6 +813,8 @@ pub fn run_rank<C: Communicator + 'static>(
         steps: step,
         step_param_hashes: step_hashes,
         last_checkpoint,
+        resumed_from,
+        skipped_checkpoints,
         trace: trace_events,
     })
 }

@@ -95,6 +95,8 @@ fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
         let resumed =
             pipeline::train(&with_checkpoints(&cfg, tmp.path(), 0, true), &data, None).unwrap();
         assert_continues(&whole, &resumed, stop);
+        assert_eq!(resumed.resumed_from, cut.last_checkpoint);
+        assert!(resumed.skipped_checkpoints.is_empty());
         assert_eq!(resumed.epochs.len(), 2);
         assert!(resumed.test_acc > 20.0, "{scheme}: {}", resumed.test_acc);
 
@@ -109,6 +111,7 @@ fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
             let resumed =
                 pipeline::train(&with_checkpoints(&cfg, tmp.path(), 0, true), &data, None).unwrap();
             assert_continues(&whole, &resumed, 10);
+            assert_eq!(resumed.skipped_checkpoints.len(), 1);
         }
     }
 }

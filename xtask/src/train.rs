@@ -339,6 +339,9 @@ fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
 
 fn print_report(r: &TrainReport, step_hashes: bool) {
     let b = &r.breakdown;
+    for s in &r.skipped_checkpoints {
+        eprintln!("warning: skipped a damaged checkpoint: {s}");
+    }
     if step_hashes {
         for (i, h) in r.step_param_hashes.iter().enumerate() {
             println!(
@@ -353,10 +356,13 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         r.scheme,
         r.first_step + 1,
         r.steps,
-        if r.first_step > 0 {
-            format!(" (resumed after step {})", r.first_step)
-        } else {
-            String::new()
+        match &r.resumed_from {
+            Some(p) => format!(
+                " (resumed after step {} from {})",
+                r.first_step,
+                p.display()
+            ),
+            None => String::new(),
         },
         r.last_checkpoint
             .as_ref()
