@@ -215,4 +215,23 @@ fn checkpoint_options_that_cannot_work_are_refused() {
             "{bad:?}"
         );
     }
+    // A sparse algorithm that exports no state cannot be checkpointed: the save is a
+    // typed error (on every rank), not a checkpoint without its residuals.
+    let topka = TrainConfig {
+        stop_after_steps: Some(3),
+        ..with_checkpoints(&config(SchemeKind::Topka), tmp.path(), 0, false)
+    };
+    let res = ThreadComm::run_all(
+        4,
+        ThreadConfig::with_timeout(std::time::Duration::from_secs(20)),
+        |comm| run_rank(comm, &topka, &data, None, None),
+    )
+    .unwrap();
+    for r in res {
+        assert!(
+            matches!(r, Err(Error::Checkpoint(CheckpointError::State(_)))),
+            "{r:?}"
+        );
+    }
+    assert!(pipeline::checkpoint::list(tmp.path()).unwrap().is_empty());
 }
