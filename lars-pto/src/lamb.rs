@@ -290,6 +290,25 @@ impl Lamb {
         (&self.exp_avg, &self.exp_avg_sq)
     }
 
+    /// Continues from saved [`Self::moments`] and [`Self::steps`] (a checkpoint): both
+    /// moments one per layer of its size, or both empty before the first step. On error
+    /// nothing changes.
+    pub fn restore_moments(
+        &mut self,
+        exp_avg: Vec<Vec<f32>>,
+        exp_avg_sq: Vec<Vec<f32>>,
+        steps: u64,
+    ) -> Result<()> {
+        if !(exp_avg.is_empty() && exp_avg_sq.is_empty()) {
+            check_list(self.pto.numels(), Tensor::ExpAvg, &exp_avg)?;
+            check_list(self.pto.numels(), Tensor::ExpAvgSq, &exp_avg_sq)?;
+        }
+        self.exp_avg = exp_avg;
+        self.exp_avg_sq = exp_avg_sq;
+        self.steps = steps;
+        Ok(())
+    }
+
     /// Every layer's coefficients for step `t` (1-based) from the state before it: the
     /// weights, the gradients and the moments `exp_avg`, `exp_avg_sq` of step `t − 1`.
     /// Collective in [`Mode::Parallel`]. Does not change anything.

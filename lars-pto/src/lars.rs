@@ -188,6 +188,16 @@ impl Lars {
         &self.momentum
     }
 
+    /// Continues from saved [`Self::momentum_buffers`] (a checkpoint): one per layer of its
+    /// size, or none before the first step. On error nothing changes.
+    pub fn restore_momentum(&mut self, momentum: Vec<Vec<f32>>) -> Result<()> {
+        if !momentum.is_empty() {
+            check_list(self.pto.numels(), Tensor::Momentum, &momentum)?;
+        }
+        self.momentum = momentum;
+        Ok(())
+    }
+
     /// Every layer's coefficients for global learning rate `lr`, on every rank.
     /// Collective in [`Mode::Parallel`].
     pub fn coefficients<C, W, G>(

@@ -133,6 +133,9 @@ pub enum Error {
     /// The optimizer (LARS/LAMB with PTO) failed.
     #[error("optimizer: {0}")]
     Optimizer(String),
+    /// A checkpoint could not be written or used (the same on every rank).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Ranks disagree on what must be the same everywhere (model, configuration, or the
     /// parameters after a step).
     #[error("rank {rank} disagrees with rank {peer} on {what}")]

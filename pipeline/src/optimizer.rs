@@ -11,6 +11,7 @@ use collectives::Communicator;
 use lars_pto::{Lamb, LambConfig, Lars, LarsConfig, LayerSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{Dec, Enc};
 use crate::{Error, Result};
 
 /// Updates the weights from the averaged gradients.
@@ -26,6 +27,11 @@ pub trait Optimizer: Send {
         grads: &[Vec<f32>],
         lr: f32,
     ) -> Result<()>;
+    /// Its state (momentum, moments, step count), for a checkpoint: the same on every
+    /// rank, as the steps are.
+    fn save_state(&self) -> Vec<u8>;
+    /// Continues from [`Self::save_state`]'s output of the same optimizer and layers.
+    fn restore_state(&mut self, state: &[u8]) -> Result<()>;
 }
 
 /// Which optimizer to build.
@@ -99,6 +105,19 @@ impl Optimizer for Sgd {
         }
         Ok(())
     }
+    fn save_state(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.f32_lists(&self.velocity);
+        e.0
+    }
+    /// The velocity's shapes are checked against the weights at the next step.
+    fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        let mut d = Dec(state);
+        let velocity = d.f32_lists()?;
+        d.finish()?;
+        self.velocity = velocity;
+        Ok(())
+    }
 }
 
 fn check_shapes(weights: &[Vec<f32>], grads: &[Vec<f32>]) -> Result<()> {
@@ -141,8 +160,52 @@ macro_rules! pto_optimizer {
                 self.0.step(comm, weights, grads, f64::from(lr))?;
                 Ok(())
             }
+            fn save_state(&self) -> Vec<u8> {
+                PtoState::save(&self.0)
+            }
+            fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+                PtoState::restore(&mut self.0, state)
+            }
         }
     )*};
+}
+
+/// The checkpoint state of a `lars-pto` optimizer.
+trait PtoState {
+    fn save(&self) -> Vec<u8>;
+    fn restore(&mut self, state: &[u8]) -> Result<()>;
+}
+
+impl PtoState for Lars {
+    /// The momentum buffers.
+    fn save(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.f32_lists(self.momentum_buffers());
+        e.0
+    }
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        let mut d = Dec(state);
+        let momentum = d.f32_lists()?;
+        d.finish()?;
+        Ok(self.restore_momentum(momentum)?)
+    }
+}
+
+impl PtoState for Lamb {
+    /// The step count and both moments.
+    fn save(&self) -> Vec<u8> {
+        let (m, v) = self.moments();
+        let mut e = Enc::default();
+        e.u64(self.steps()).f32_lists(m).f32_lists(v);
+        e.0
+    }
+    fn restore(&mut self, state: &[u8]) -> Result<()> {
+        let mut d = Dec(state);
+        let steps = d.u64()?;
+        let (m, v) = (d.f32_lists()?, d.f32_lists()?);
+        d.finish()?;
+        Ok(self.restore_moments(m, v, steps)?)
+    }
 }
 pto_optimizer!(LarsOpt(Lars) = "lars(pto)", LambOpt(Lamb) = "lamb(pto)");
 
@@ -210,6 +273,30 @@ mod tests {
             );
         }
         assert!(Sgd::new(1.0, 0.0).is_err());
+        // A restored optimizer continues bit-identically; a state of the wrong shape is
+        // refused.
+        for kind in [OptimizerKind::Sgd, OptimizerKind::Lars, OptimizerKind::Lamb] {
+            type Weights = Vec<Vec<f32>>;
+            let out = ThreadComm::run(2, |comm| -> Result<(Weights, Weights)> {
+                let g = vec![vec![0.5, -0.5, 0.1, 1.0], vec![0.3, -0.3]];
+                let mut a = build(kind, &comm, &layers, 0.9, 1e-4)?;
+                let mut wa = vec![vec![1.0, -2.0, 0.5, 3.0], vec![0.1, 0.2]];
+                for _ in 0..2 {
+                    a.step(&comm, &mut wa, &g, 0.1)?;
+                }
+                let mut b = build(kind, &comm, &layers, 0.9, 1e-4)?;
+                b.restore_state(&a.save_state())?;
+                let mut wb = wa.clone();
+                a.step(&comm, &mut wa, &g, 0.1)?;
+                b.step(&comm, &mut wb, &g, 0.1)?;
+                assert!(b.restore_state(&a.save_state()[..7]).is_err());
+                Ok((wa, wb))
+            })
+            .unwrap();
+            for (a, b) in out {
+                assert_eq!(a, b, "{kind}");
+            }
+        }
         let bad = ThreadComm::run(1, |comm| -> Result<()> {
             let mut opt = build(OptimizerKind::Sgd, &comm, &layers, 0.9, 0.0)?;
             opt.step(&comm, &mut [vec![0.0; 4]], &[vec![0.0; 3]], 0.1)

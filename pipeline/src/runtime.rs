@@ -34,8 +34,13 @@ use crate::{Error, Result};
 
 pub use crate::schemes::{Compress, Exchange, ExchangeCtx, Payload, Scheme};
 
+/// The exchangers' checkpoint states, one per group.
+type States = Vec<Vec<u8>>;
+
 enum Job {
     Group { ctx: ExchangeCtx, payload: Payload },
+    Save(Sender<Result<States>>),
+    Restore(States, Sender<Result<()>>),
     Stop,
 }
 
@@ -414,6 +419,71 @@ impl<C: Communicator + 'static> Reducer<C> {
         self.last.as_ref()
     }
 
+    /// Everything the reducer carries to the next iteration, for a checkpoint: the
+    /// iteration count and every group's compressor and exchanger state (residuals, a
+    /// sparse algorithm's thresholds and partitions). Only between iterations.
+    pub fn save_state(&self) -> Result<Vec<u8>> {
+        self.check_failed()?;
+        if self.reported != 0 {
+            return Err(Error::IncompleteIteration {
+                iteration: self.iteration,
+                missing: self.sizes.len() - self.reported,
+            });
+        }
+        let exchanged = self.ask(Job::Save)??;
+        let mut e = crate::checkpoint::Enc::default();
+        e.u64(self.iteration).u64(self.compressors.len() as u64);
+        for (c, x) in self.compressors.iter().zip(&exchanged) {
+            e.bytes(&c.save_state()?).bytes(x);
+        }
+        Ok(e.0)
+    }
+
+    /// Continues from [`Self::save_state`]'s output, for the same plan; between
+    /// iterations. Bytes that do not parse, or a state of another group count, are an
+    /// error that changes nothing; a group's state that does not fit (another length)
+    /// leaves the reducer failed, as a half-restored reducer must not run.
+    pub fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        self.check_failed()?;
+        let mut d = crate::checkpoint::Dec(state);
+        let iteration = d.u64()?;
+        let groups = d.usize()?;
+        if groups != self.compressors.len() || self.reported != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a reducer state of {groups} groups for a reducer of {} between iterations",
+                self.compressors.len()
+            )));
+        }
+        let mut parts = Vec::with_capacity(groups);
+        for _ in 0..groups {
+            parts.push((d.bytes()?, d.bytes()?.to_vec()));
+        }
+        d.finish()?;
+        let mut exchanged = Vec::with_capacity(groups);
+        let mut applied = Ok(());
+        for (c, (mine, x)) in self.compressors.iter_mut().zip(parts) {
+            applied = applied.and_then(|()| c.restore_state(mine));
+            exchanged.push(x);
+        }
+        let applied = applied.and_then(|()| self.ask(|tx| Job::Restore(exchanged, tx))?);
+        if let Err(e) = &applied {
+            self.failed = Some(e.clone());
+        }
+        applied?;
+        self.iteration = iteration;
+        Ok(())
+    }
+
+    /// Sends the communication thread a job that answers on a channel, and waits for the
+    /// answer.
+    fn ask<T>(&self, job: impl FnOnce(Sender<T>) -> Job) -> Result<T> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let gone = || Error::CommThread("the communication thread is gone".into());
+        let t = self.thread.as_ref().ok_or_else(gone)?;
+        t.jobs.send(job(tx)).map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())
+    }
+
     /// Stops the communication thread and returns the communicator.
     pub fn shutdown(mut self) -> Result<C> {
         let t = self
@@ -445,8 +515,28 @@ fn comm_loop<C: Communicator>(
 ) -> C {
     let mut broken: Option<Error> = None;
     while let Ok(job) = jobs.recv() {
-        let Job::Group { ctx, payload } = job else {
-            break;
+        let (ctx, payload) = match job {
+            Job::Group { ctx, payload } => (ctx, payload),
+            Job::Save(answer) => {
+                let states = match &broken {
+                    Some(e) => Err(e.clone()),
+                    None => exchangers.iter().map(|x| x.save_state()).collect(),
+                };
+                let _ = answer.send(states);
+                continue;
+            }
+            Job::Restore(states, answer) => {
+                let r = match &broken {
+                    Some(e) => Err(e.clone()),
+                    None => exchangers
+                        .iter_mut()
+                        .zip(&states)
+                        .try_for_each(|(x, s)| x.restore_state(s)),
+                };
+                let _ = answer.send(r);
+                continue;
+            }
+            Job::Stop => break,
         };
         let group = ctx.group as usize;
         let result = if let Some(e) = &broken {

@@ -55,6 +55,27 @@ pub trait Compress: Send {
     fn compress(&mut self, grad: Vec<f32>) -> Result<Payload>;
     /// Changes the density (density warm-up); a no-op for dense schemes.
     fn set_density(&mut self, _density: f64) {}
+    /// What it carries to the next iteration (the error-feedback residual), for a
+    /// checkpoint; empty when nothing.
+    fn save_state(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    /// Continues from [`Self::save_state`]'s output.
+    fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        no_state(state)
+    }
+}
+
+/// The default restore of a stateless half: only an empty state fits.
+fn no_state(state: &[u8]) -> Result<()> {
+    if state.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "a stateless reduction given {} bytes of state",
+            state.len()
+        )))
+    }
 }
 
 /// Communication-thread half: returns the group's gradient averaged over the ranks, the
@@ -67,6 +88,15 @@ pub trait Exchange: Send {
         ctx: ExchangeCtx,
         payload: Payload,
     ) -> Result<Vec<f32>>;
+    /// What it carries to the next exchange (a sparse algorithm's residual, thresholds,
+    /// partitions), for a checkpoint; empty when nothing.
+    fn save_state(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    /// Continues from [`Self::save_state`]'s output.
+    fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        no_state(state)
+    }
 }
 
 /// One group's halves: the compressor (compute thread) and the exchange (communication
@@ -217,6 +247,20 @@ impl Compress for TopkCompress {
 
     fn set_density(&mut self, density: f64) {
         self.density = density;
+    }
+
+    /// The residual (the exact top-k selector keeps no state of its own).
+    fn save_state(&self) -> Result<Vec<u8>> {
+        let mut e = crate::checkpoint::Enc::default();
+        e.f32s(self.feedback.residual());
+        Ok(e.0)
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        let mut d = crate::checkpoint::Dec(state);
+        let residual = d.f32s()?;
+        d.finish()?;
+        Ok(self.feedback.restore(&residual)?)
     }
 }
 
@@ -406,6 +450,8 @@ pub struct CollectiveSparse {
     algo: SparseAlgo,
     density: f64,
     alg: Option<Box<dyn collectives::sparse::SparseAllreduce>>,
+    /// A restored state waiting for the algorithm's (collective) construction.
+    pending: Option<collectives::sparse::AlgoState>,
 }
 
 impl Exchange for CollectiveSparse {
@@ -421,15 +467,40 @@ impl Exchange for CollectiveSparse {
         agree(comm, ctx)?;
         let alg = match &mut self.alg {
             Some(a) => a,
-            None => self.alg.insert(collectives::sparse::build(
-                self.algo,
-                comm,
-                ctx.numel,
-                self.density,
-            )?),
+            None => {
+                let mut a = collectives::sparse::build(self.algo, comm, ctx.numel, self.density)?;
+                if let Some(state) = self.pending.take() {
+                    a.import_state(&state)?;
+                }
+                self.alg.insert(a)
+            }
         };
         let (update, _stats) = alg.step(comm, &grad)?;
         Ok(update.to_dense())
+    }
+
+    /// The algorithm's [`collectives::sparse::AlgoState`] (empty before its first step);
+    /// an algorithm that exports none cannot be checkpointed.
+    fn save_state(&self) -> Result<Vec<u8>> {
+        match (&self.alg, &self.pending) {
+            (Some(a), _) => a.export_state().map(|s| s.encode()).ok_or_else(|| {
+                Error::InvalidArgument(format!("{} cannot be checkpointed", self.algo))
+            }),
+            (None, Some(s)) => Ok(s.encode()),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    fn restore_state(&mut self, state: &[u8]) -> Result<()> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        let state = collectives::sparse::AlgoState::decode(state)?;
+        match &mut self.alg {
+            Some(a) => a.import_state(&state)?,
+            None => self.pending = Some(state),
+        }
+        Ok(())
     }
 }
 
@@ -453,6 +524,7 @@ impl Scheme for CollectiveScheme {
                 algo: self.algo,
                 density: self.density,
                 alg: None,
+                pending: None,
             }),
         ))
     }
@@ -530,6 +602,7 @@ mod tests {
                 algo: SparseAlgo::ALL[4],
                 density: 0.5,
                 alg: None,
+                pending: None,
             }),
         ]
     }

@@ -39,6 +39,11 @@ pub trait Staged: Send + Sync {
     fn forward_stage(&self, i: usize, x: &Tensor, train: bool) -> candle_core::Result<Tensor>;
     /// Stage `i`'s trainable parameters (name, variable), in a fixed order.
     fn stage_params(&self, i: usize) -> &[(String, Var)];
+    /// Stage `i`'s state that training changes but no gradient reaches (batch-norm
+    /// running statistics), in a fixed order: a checkpoint saves it. None by default.
+    fn stage_buffers(&self, _i: usize) -> &[(String, Var)] {
+        &[]
+    }
     /// The loss of the final output against the targets; cross entropy over the last
     /// dimension by default (logits `[N, C]`, targets `u32 [N]`).
     fn loss(&self, logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
@@ -73,23 +78,44 @@ pub fn layer_stages(model: &dyn Staged) -> Vec<usize> {
         .collect()
 }
 
+/// Which variables of a stage: [`Staged::stage_params`] or [`Staged::stage_buffers`].
+type Pick = fn(&dyn Staged, usize) -> &[(String, Var)];
+
 /// Every parameter's values, one vector per layer, forward order.
 pub fn get_params(model: &dyn Staged) -> Result<Vec<Vec<f32>>> {
+    get_vars(model, |m, s| m.stage_params(s))
+}
+
+/// Overwrites every parameter from `values` (one vector per layer, forward order).
+pub fn set_params(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
+    set_vars(model, |m, s| m.stage_params(s), values)
+}
+
+/// Every buffer's values ([`Staged::stage_buffers`]), forward order.
+pub fn get_buffers(model: &dyn Staged) -> Result<Vec<Vec<f32>>> {
+    get_vars(model, |m, s| m.stage_buffers(s))
+}
+
+/// Overwrites every buffer from `values` (forward order).
+pub fn set_buffers(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
+    set_vars(model, |m, s| m.stage_buffers(s), values)
+}
+
+fn get_vars(model: &dyn Staged, pick: Pick) -> Result<Vec<Vec<f32>>> {
     let mut out = Vec::new();
     for s in 0..model.num_stages() {
-        for (_, v) in model.stage_params(s) {
+        for (_, v) in pick(model, s) {
             out.push(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
         }
     }
     Ok(out)
 }
 
-/// Overwrites every parameter from `values` (one vector per layer, forward order).
-pub fn set_params(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
+fn set_vars(model: &dyn Staged, pick: Pick, values: &[Vec<f32>]) -> Result<()> {
     let dev = model.device();
     let mut i = 0;
     for s in 0..model.num_stages() {
-        for (name, v) in model.stage_params(s) {
+        for (name, v) in pick(model, s) {
             let w = values.get(i).ok_or_else(|| {
                 Error::InvalidArgument(format!("{} values for more layers", values.len()))
             })?;
@@ -225,6 +251,7 @@ type StageFn = Box<dyn Fn(&Tensor, bool) -> candle_core::Result<Tensor> + Send +
 
 struct Stage {
     params: Vec<(String, Var)>,
+    buffers: Vec<(String, Var)>,
     run: StageFn,
 }
 
@@ -265,20 +292,21 @@ impl Stages {
         let vm = VarMap::new();
         let vb = VarBuilder::from_varmap(&vm, DType::F32, &self.device).pp(name);
         let module = Arc::new(build(vb)?);
-        let mut params: Vec<(String, Var)> = vm
+        let (mut buffers, mut params): (Vec<(String, Var)>, Vec<_>) = vm
             .data()
             .lock()
             .map_err(|_| Error::Model("poisoned VarMap".into()))?
             .iter()
-            .filter(|(n, _)| !(n.ends_with("running_mean") || n.ends_with("running_var")))
             .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
+            .partition(|(n, _)| n.ends_with("running_mean") || n.ends_with("running_var"));
         params.sort_by(|a, b| a.0.cmp(&b.0));
+        buffers.sort_by(|a, b| a.0.cmp(&b.0));
         for (n, v) in &params {
             seeded_init(self.seed, n, v, &self.device)?;
         }
         self.stages.push(Stage {
             params,
+            buffers,
             run: Box::new(move |x, train| module.forward_t(x, train)),
         });
         Ok(self)
@@ -291,6 +319,7 @@ impl Stages {
     {
         self.stages.push(Stage {
             params: Vec::new(),
+            buffers: Vec::new(),
             run: Box::new(f),
         });
         self
@@ -304,6 +333,7 @@ impl Stages {
     {
         self.stages.push(Stage {
             params,
+            buffers: Vec::new(),
             run: Box::new(f),
         });
         self
@@ -327,6 +357,12 @@ impl Staged for Stages {
         self.stages
             .get(i)
             .map(|s| s.params.as_slice())
+            .unwrap_or(&[])
+    }
+    fn stage_buffers(&self, i: usize) -> &[(String, Var)] {
+        self.stages
+            .get(i)
+            .map(|s| s.buffers.as_slice())
             .unwrap_or(&[])
     }
     fn device(&self) -> Device {

@@ -24,6 +24,7 @@ use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{self, Header, RankPart, Replicated};
 use crate::data::{batch_tensors, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
@@ -110,6 +111,18 @@ pub enum Transport {
     Sim(Topology, ClockMode),
 }
 
+/// Where and when a run writes checkpoints, and whether it resumes from one (see
+/// [`crate::checkpoint`]). Checkpoints start once the profile's plan is in place.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CheckpointConfig {
+    /// The directory (`None`: no checkpoints).
+    pub dir: Option<std::path::PathBuf>,
+    /// Write one every this many steps (0: only when the run stops early).
+    pub every: usize,
+    /// Continue from the newest intact checkpoint in `dir` (an error if there is none).
+    pub resume: bool,
+}
+
 /// Everything a training run needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
@@ -156,6 +169,12 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Transport.
     pub transport: Transport,
+    /// Checkpoints (not part of the configuration fingerprint: they do not change the
+    /// numbers).
+    pub checkpoint: CheckpointConfig,
+    /// Stop after this many steps in all (those before a resume included), writing a
+    /// checkpoint first when `checkpoint.dir` is set: a run cut short on purpose.
+    pub stop_after_steps: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -182,6 +201,8 @@ impl Default for TrainConfig {
             trace_iters: 20,
             seed: 1,
             transport: Transport::Thread,
+            checkpoint: CheckpointConfig::default(),
+            stop_after_steps: None,
         }
     }
 }
@@ -281,6 +302,25 @@ pub struct TrainReport {
     /// FNV-1a hash of the final parameters' bit patterns (the value compared across ranks
     /// after every step with `check_params`), to compare runs, e.g. threads against MPI.
     pub final_param_hash: u64,
+    /// Steps restored from a checkpoint (0 for a fresh run).
+    #[serde(default)]
+    pub first_step: usize,
+    /// Steps done at the end (all of them, those before a resume included).
+    #[serde(default)]
+    pub steps: usize,
+    /// The parameter hash after each step this run took (steps `first_step + 1` on), to
+    /// compare a resumed run with an uninterrupted one step by step.
+    #[serde(default)]
+    pub step_param_hashes: Vec<u64>,
+    /// The last checkpoint written, if any.
+    #[serde(default)]
+    pub last_checkpoint: Option<std::path::PathBuf>,
+    /// The checkpoint this run resumed from, if any.
+    #[serde(default)]
+    pub resumed_from: Option<std::path::PathBuf>,
+    /// Newer checkpoints skipped as damaged when resuming, with why (rank 0's report).
+    #[serde(default)]
+    pub skipped_checkpoints: Vec<String>,
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
@@ -333,7 +373,22 @@ fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
             cfg.profile_iters
         )));
     }
-    Ok(())
+    let ck = &cfg.checkpoint;
+    if ck.dir.is_none() && (ck.resume || ck.every > 0) {
+        return Err(Error::InvalidArgument(
+            "checkpoints (every, resume) need a checkpoint directory".into(),
+        ));
+    }
+    match cfg.stop_after_steps {
+        Some(0) => Err(Error::InvalidArgument("stop after 0 steps".into())),
+        Some(s) if ck.dir.is_some() && s < cfg.profile_iters => {
+            Err(Error::InvalidArgument(format!(
+                "a checkpoint at step {s} would fall in the {}-step profile; stop at {} or later",
+                cfg.profile_iters, cfg.profile_iters
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// FNV-1a over the bit patterns of every value.
@@ -476,11 +531,8 @@ pub fn run_rank<C: Communicator + 'static>(
     // A second communicator for the optimizer and the agreement checks: the reducer's
     // moves into its communication thread.
     let ctrl = comm.split(0, rank as u32)?;
-    agree_u64(
-        &*ctrl,
-        config_fingerprint(cfg, &layers),
-        "the model or the configuration",
-    )?;
+    let fingerprint = config_fingerprint(cfg, &layers);
+    agree_u64(&*ctrl, fingerprint, "the model or the configuration")?;
     let mut weights = staged::get_params(&*model)?;
     agree_u64(&*ctrl, hash_params(&weights), "the initial parameters")?;
     let named: Vec<(String, usize)> = layers
@@ -505,33 +557,68 @@ pub fn run_rank<C: Communicator + 'static>(
     };
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
-    // Profiling phase: dense, one group.
-    let mut reducer = Reducer::new(
-        counting,
-        &sizes,
-        MergePlan::single(l_count),
-        &*reduction::profiling_scheme(),
-    )?;
     let mut phase = Phase::Profile(Vec::new());
-    let mut plan = MergePlan::single(l_count);
-    let mut planner_name = String::from("profile");
     let mut predicted: Option<Timeline> = None;
     let mut profile_bw = Vec::new();
     let mut accum = Accum {
         sum: Breakdown::default(),
     };
-    let mut epochs = Vec::new();
     let mut trace_events = Vec::new();
-    let mut checked = 0usize;
-    let mut train_time = 0.0;
+    let mut saved = Replicated::default();
+    let mut resumed_loader = None;
+    let mut bytes_before = 0u64;
+    let mut resumed_from = None;
+    let mut skipped_checkpoints = Vec::new();
+    let (mut reducer, mut current) = match &cfg.checkpoint.dir {
+        Some(dir) if cfg.checkpoint.resume => {
+            let r = checkpoint::load(&*ctrl, dir, fingerprint)?;
+            let local = resume_rank(counting, cfg, &*model, &mut *opt, &r, &sizes, topology);
+            let (reducer, pred, in_use) = checkpoint::agree_ok(&*ctrl, local)?;
+            weights = r.replicated.weights.clone();
+            predicted = Some(pred);
+            phase = Phase::Planned(());
+            profile_bw = r.replicated.profile_bw.clone();
+            resumed_loader = Some(r.mine.loader);
+            bytes_before = r.mine.bytes_sent;
+            resumed_from = Some(r.path);
+            skipped_checkpoints = r.skipped;
+            saved = r.replicated;
+            (reducer, in_use)
+        }
+        // Profiling phase: dense, one group.
+        _ => (
+            Reducer::new(
+                counting,
+                &sizes,
+                MergePlan::single(l_count),
+                &*reduction::profiling_scheme(),
+            )?,
+            InUse {
+                plan: MergePlan::single(l_count),
+                planner: "profile".into(),
+                epoch: 0,
+            },
+        ),
+    };
+    let first_step = saved.step as usize;
+    let mut step = first_step;
+    let mut epochs = std::mem::take(&mut saved.epochs);
+    let mut checked = saved.checked as usize;
+    let mut train_time = saved.train_time_s;
+    let mut step_hashes = Vec::new();
+    let mut last_checkpoint = None;
+    let mut stopped = false;
     let warmup_iters = cfg.warmup_epochs * iters as f64;
-    let mut step = 0usize;
     let mut since_rebuild = 0usize;
     let t_run = Instant::now();
-    for epoch in 0..cfg.epochs {
+    let start_epoch = saved.epoch as usize;
+    for epoch in start_epoch..cfg.epochs {
+        let resuming = epoch == start_epoch && resumed_loader.is_some();
+        let first_it = if resuming { saved.iter as usize } else { 0 };
         // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
-        if matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch) {
-            let (r, pl, name) = rebuild(
+        if first_it == 0 && matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch)
+        {
+            let (r, t, in_use) = rebuild(
                 reducer,
                 cfg,
                 epoch,
@@ -540,16 +627,29 @@ pub fn run_rank<C: Communicator + 'static>(
                 topology,
                 &predicted,
             )?;
-            reducer = r.0;
-            predicted = Some(r.1);
-            plan = pl;
-            planner_name = name;
-            since_rebuild = 0;
+            (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
         }
         let t_epoch = Instant::now();
-        let (mut loss_sum, mut right) = (0.0f32, 0usize);
-        let mut batches = loader.epoch(epoch as u64);
-        for it in 0..iters {
+        let (mut loss_sum, mut right) = if resuming {
+            (saved.loss_sum as f32, saved.right as usize)
+        } else {
+            (0.0f32, 0usize)
+        };
+        let mut batches = match resumed_loader.take() {
+            Some(state) if resuming && first_it < iters => {
+                if state.epoch != epoch as u64 || state.position != first_it * cfg.batch {
+                    return Err(checkpoint::CheckpointError::State(format!(
+                        "rank {rank}: loader at epoch {} sample {}, the step at epoch {epoch} \
+                         iteration {first_it}",
+                        state.epoch, state.position
+                    ))
+                    .into());
+                }
+                loader.resume(&state)?
+            }
+            _ => loader.epoch(epoch as u64),
+        };
+        for it in first_it..iters {
             let batch = batches.next().ok_or_else(|| {
                 Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
             })??;
@@ -570,12 +670,10 @@ pub fn run_rank<C: Communicator + 'static>(
             let opt_s = t_opt.elapsed().as_secs_f64();
             step += 1;
             since_rebuild += 1;
+            let hash = hash_params(&weights);
+            step_hashes.push(hash);
             if cfg.check_params {
-                agree_u64(
-                    &*ctrl,
-                    hash_params(&weights),
-                    &format!("the parameters after step {step}"),
-                )?;
+                agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
                 checked += 1;
             }
             let tl = reducer
@@ -592,13 +690,9 @@ pub fn run_rank<C: Communicator + 'static>(
                         let samples = std::mem::take(samples);
                         profile_bw = shared_backward_times(&*ctrl, &samples)?;
                         let profile = profile_for(&*model, &profile_bw)?;
-                        let (r, pl, name) =
+                        let (r, t, in_use) =
                             rebuild(reducer, cfg, epoch, &sizes, profile, topology, &None)?;
-                        reducer = r.0;
-                        predicted = Some(r.1);
-                        plan = pl;
-                        planner_name = name;
-                        since_rebuild = 0;
+                        (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
                         phase = Phase::Planned(());
                     }
                 }
@@ -617,9 +711,54 @@ pub fn run_rank<C: Communicator + 'static>(
                     });
                 }
             }
+            let stop = cfg.stop_after_steps == Some(step);
+            let every = cfg.checkpoint.every;
+            if let (Some(dir), Phase::Planned(())) = (&cfg.checkpoint.dir, &phase) {
+                if stop || (every > 0 && step % every == 0) {
+                    let replicated = Replicated {
+                        step: step as u64,
+                        epoch: epoch as u64,
+                        iter: (it + 1) as u64,
+                        reducer_epoch: current.epoch as u64,
+                        plan_starts: current.plan.starts().iter().map(|&s| s as u64).collect(),
+                        planner: current.planner.clone(),
+                        profile_bw: profile_bw.clone(),
+                        weights: weights.clone(),
+                        optimizer: opt.save_state(),
+                        epochs: epochs.clone(),
+                        train_time_s: train_time + t_epoch.elapsed().as_secs_f64(),
+                        loss_sum: f64::from(loss_sum),
+                        right: right as u64,
+                        checked: checked as u64,
+                    };
+                    let mine = reducer.save_state().and_then(|state| {
+                        Ok(RankPart {
+                            loader: batches.state(),
+                            reducer: state,
+                            buffers: staged::get_buffers(&*model)?,
+                            bytes_sent: bytes_before + meter.counts().bytes_sent,
+                        })
+                    });
+                    let mine = checkpoint::agree_ok(&*ctrl, mine)?;
+                    let header = Header {
+                        ranks: p,
+                        fingerprint,
+                        step: step as u64,
+                    };
+                    last_checkpoint =
+                        Some(checkpoint::save(&*ctrl, dir, header, &replicated, &mine)?);
+                }
+            }
+            if stop {
+                stopped = true;
+                break;
+            }
         }
         drop(batches);
         train_time += t_epoch.elapsed().as_secs_f64();
+        if stopped {
+            break;
+        }
         if let (Some(x), Some(y)) = (&test_x, &test_y) {
             let stats = EpochStats {
                 epoch: epoch + 1,
@@ -636,7 +775,7 @@ pub fn run_rank<C: Communicator + 'static>(
     }
     drop(reducer.shutdown()?);
     // Bytes per rank, averaged over ranks.
-    let mine = meter.counts().bytes_sent as f64;
+    let mine = (bytes_before + meter.counts().bytes_sent) as f64;
     let mut all = vec![0.0f64; p];
     dense::allgather(
         &*ctrl,
@@ -654,14 +793,14 @@ pub fn run_rank<C: Communicator + 'static>(
     })?;
     Ok(TrainReport {
         scheme: cfg.scheme.to_string(),
-        planner: planner_name,
+        planner: current.planner,
         model: model.name(),
         data: data.name.clone(),
         optimizer: opt.name(),
         backend,
         ranks: p,
         density: cfg.density,
-        groups: plan.groups(),
+        groups: current.plan.groups(),
         profile_backward_s: profile_bw,
         test_acc: epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
         epochs,
@@ -670,8 +809,48 @@ pub fn run_rank<C: Communicator + 'static>(
         breakdown: accum.mean(&predicted),
         params_checked_steps: checked,
         final_param_hash: hash_params(&weights),
+        first_step,
+        steps: step,
+        step_param_hashes: step_hashes,
+        last_checkpoint,
+        resumed_from,
+        skipped_checkpoints,
         trace: trace_events,
     })
+}
+
+/// This rank's side of a resume: the replicated state (weights, batch-norm statistics,
+/// optimizer) into the model and optimizer, and the reducer of the saved plan and epoch
+/// with this rank's residuals and sparse-algorithm state. Local; the caller agrees on the
+/// outcome.
+fn resume_rank<C: Communicator + 'static>(
+    comm: C,
+    cfg: &TrainConfig,
+    model: &dyn Staged,
+    opt: &mut dyn optimizer::Optimizer,
+    r: &checkpoint::Restored,
+    sizes: &[usize],
+    topology: Option<&Topology>,
+) -> Result<Rebuilt<C>> {
+    let s = &r.replicated;
+    staged::set_params(model, &s.weights)?;
+    staged::set_buffers(model, &r.mine.buffers)?;
+    opt.restore_state(&s.optimizer)?;
+    let starts = s.plan_starts.iter().map(|&x| x as usize).collect();
+    let plan = MergePlan::from_starts(sizes.len(), starts)?;
+    let profile = profile_for(model, &s.profile_bw)?;
+    let (mut reducer, predicted, in_use) = build_reducer(
+        comm,
+        cfg,
+        s.reducer_epoch as usize,
+        sizes,
+        profile,
+        topology,
+        Some(plan),
+    )?;
+    reducer.restore_state(&r.mine.reducer)?;
+    let planner = s.planner.clone();
+    Ok((reducer, predicted, InUse { planner, ..in_use }))
 }
 
 enum Phase {
@@ -732,7 +911,16 @@ fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
     MergePlan::from_starts(l, starts)
 }
 
-type Rebuilt<C> = ((Reducer<C>, Timeline), MergePlan, String);
+/// The merge in use: its plan, the planner's name, and the epoch its scheme was built for
+/// (the §5.6 switch changes the scheme).
+struct InUse {
+    plan: MergePlan,
+    planner: String,
+    epoch: usize,
+}
+
+/// A reducer, its predicted timeline, and its merge.
+type Rebuilt<C> = (Reducer<C>, Timeline, InUse);
 
 /// Shuts `reducer` down and builds the reducer of `cfg`'s scheme at `epoch` with its plan.
 fn rebuild<C: Communicator + 'static>(
@@ -745,25 +933,48 @@ fn rebuild<C: Communicator + 'static>(
     _previous: &Option<Timeline>,
 ) -> Result<Rebuilt<C>> {
     let comm = reducer.shutdown()?;
+    build_reducer(comm, cfg, epoch, sizes, profile, topology, None)
+}
+
+/// The reducer of `cfg`'s scheme at `epoch` over `comm`, with `fixed` as its plan (a
+/// resumed run's) or else the given groups or the planner's plan, and its prediction.
+fn build_reducer<C: Communicator + 'static>(
+    comm: C,
+    cfg: &TrainConfig,
+    epoch: usize,
+    sizes: &[usize],
+    profile: LayerProfile,
+    topology: Option<&Topology>,
+    fixed: Option<MergePlan>,
+) -> Result<Rebuilt<C>> {
     let (scheme, planner, costs) = reduction::for_epoch(cfg, epoch, comm.size(), sizes, topology)?;
-    let plan = match &cfg.groups {
-        Some(g) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
+    let plan = match (fixed, &cfg.groups) {
+        (Some(plan), _) => plan,
+        (None, Some(g)) => MergePlan::from_groups(sizes.len(), g).map_err(|e| {
             Error::InvalidPlan(format!(
                 "the plan does not fit the model's {} layers: {e}",
                 sizes.len()
             ))
         })?,
-        None => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
+        (None, None) => shared_plan(&comm, &planner.plan(&profile, &&*costs)?)?,
     };
     reduction::check_density(cfg, epoch, &plan, sizes)?;
     let predicted = predict(&profile, &plan, &&*costs)?;
     let r = Reducer::new(comm, sizes, plan.clone(), &*scheme)?;
-    let name = if cfg.groups.is_some() {
+    let planner = if cfg.groups.is_some() {
         "given".to_string()
     } else {
         planner.to_string()
     };
-    Ok(((r, predicted), plan, name))
+    Ok((
+        r,
+        predicted,
+        InUse {
+            plan,
+            planner,
+            epoch,
+        },
+    ))
 }
 
 /// Trains with `cfg.ranks` thread ranks (over `SimComm` for [`Transport::Sim`]); rank 0's

@@ -24,6 +24,14 @@ impl ErrorFeedback {
         ErrorFeedback { residual }
     }
 
+    /// Continues from a saved residual (a checkpoint): it must have this memory's length
+    /// and be finite ([`check_residual`]); on error the residual is unchanged.
+    pub fn restore(&mut self, residual: &[f32]) -> Result<()> {
+        check_residual(residual, self.residual.len())?;
+        self.residual.copy_from_slice(residual);
+        Ok(())
+    }
+
     /// The current residual.
     pub fn residual(&self) -> &[f32] {
         &self.residual
@@ -93,6 +101,20 @@ impl ErrorFeedback {
             out.push(q);
         }
         Ok((SparseGrad::from_parts_unchecked(idx, out, len), info))
+    }
+}
+
+/// Checks a residual read back from outside (a checkpoint) before it becomes gradient
+/// memory: `len` entries, all finite. A NaN or infinity would poison every later step of
+/// the rank, so it is [`Error::NonFinite`] here rather than there.
+pub fn check_residual(residual: &[f32], len: usize) -> Result<()> {
+    crate::check_same_len(residual.len(), len)?;
+    match residual.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(Error::NonFinite {
+            index,
+            value: residual[index],
+        }),
+        None => Ok(()),
     }
 }
 

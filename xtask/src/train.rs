@@ -14,7 +14,9 @@ use pipeline::check::{
 };
 use pipeline::data::{digits_dir, CacheOptions, DataSpec, ImageData};
 use pipeline::optimizer::OptimizerKind;
-use pipeline::train::{LrSchedule, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport};
+use pipeline::train::{
+    CheckpointConfig, LrSchedule, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport,
+};
 use pipeline::{Planner, SchemeKind};
 use plotters::prelude::*;
 
@@ -101,6 +103,25 @@ pub struct Args {
     /// Output directory.
     #[arg(long, default_value = "target/train")]
     pub out: PathBuf,
+    /// Write checkpoints into DIR/SCHEME/ (one file per checkpoint, written by rank 0,
+    /// atomically; the newest two are kept).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Write a checkpoint every N steps (0: only when --stop-after-steps stops the run).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: usize,
+    /// Continue each scheme from its newest intact checkpoint in --checkpoint-dir; one of
+    /// another P or configuration is an error.
+    #[arg(long, requires = "checkpoint_dir")]
+    pub resume: bool,
+    /// Stop after N steps in all (those before a resume included), writing a checkpoint
+    /// first with --checkpoint-dir.
+    #[arg(long)]
+    pub stop_after_steps: Option<usize>,
+    /// Print the parameter hash after every step (to compare a resumed run with an
+    /// uninterrupted one).
+    #[arg(long)]
+    pub print_step_hashes: bool,
     /// Run under mpirun with MpiComm (rebuilds xtask with the `mpi` feature).
     #[arg(long)]
     pub mpi: bool,
@@ -285,6 +306,15 @@ fn config(
         calibration: args.calibration.clone(),
         seed: args.seed,
         transport: transport(args.transport, ranks)?,
+        checkpoint: CheckpointConfig {
+            dir: args
+                .checkpoint_dir
+                .as_ref()
+                .map(|d| d.join(scheme.to_string())),
+            every: args.checkpoint_every,
+            resume: args.resume,
+        },
+        stop_after_steps: args.stop_after_steps,
         ..TrainConfig::default()
     })
 }
@@ -307,8 +337,38 @@ fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
     Ok(ImageData::open(&spec, &opts)?)
 }
 
-fn print_report(r: &TrainReport) {
+fn print_report(r: &TrainReport, step_hashes: bool) {
     let b = &r.breakdown;
+    for s in &r.skipped_checkpoints {
+        eprintln!("warning: skipped a damaged checkpoint: {s}");
+    }
+    if step_hashes {
+        for (i, h) in r.step_param_hashes.iter().enumerate() {
+            println!(
+                "{:<8} step {} param hash {h:016x}",
+                r.scheme,
+                r.first_step + i + 1
+            );
+        }
+    }
+    println!(
+        "{:<8} steps {}..={}{}{}",
+        r.scheme,
+        r.first_step + 1,
+        r.steps,
+        match &r.resumed_from {
+            Some(p) => format!(
+                " (resumed after step {} from {})",
+                r.first_step,
+                p.display()
+            ),
+            None => String::new(),
+        },
+        r.last_checkpoint
+            .as_ref()
+            .map(|p| format!("; last checkpoint {}", p.display()))
+            .unwrap_or_default()
+    );
     println!(
         "{:<8} test {:.2}%  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked on every rank after {} steps (final hash {:016x})",
         r.scheme,
@@ -388,7 +448,7 @@ pub fn run(args: Args) -> CliResult {
         };
         let report = pipeline::train(&cfg, &data, Some(&on_event))?;
         bar.finish();
-        print_report(&report);
+        print_report(&report, args.print_step_hashes);
         reports.push(report);
     }
     write_outputs(&args, &reports)
@@ -411,7 +471,7 @@ fn run_mpi(args: &Args) -> CliResult {
         };
         let report = pipeline::train::run_rank(comm, &cfg, &data, None, None)?;
         if rank == 0 {
-            print_report(&report);
+            print_report(&report, args.print_step_hashes);
             reports.push(report);
         }
     }

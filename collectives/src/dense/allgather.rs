@@ -102,17 +102,52 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
     )
 }
 
-/// Variable-count all-gather: exchanges the counts first (one Bruck all-gather of one
-/// word per rank), then the data. Every rank gets the same [`Gathered`].
+/// The word sent beside rank `rank`'s count and algorithm code: a mix of the three
+/// (the SplitMix64 finaliser), so that a count corrupted or forged on the wire fails the
+/// check instead of sizing the output.
+fn count_check(rank: usize, count: u64, algo: u64) -> u64 {
+    let mut z = count
+        .rotate_left(17)
+        .wrapping_add(algo.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        ^ (rank as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Variable-count all-gather: exchanges the counts first (one Bruck all-gather of three
+/// words per rank: count, algorithm, check word), then the data. Every rank gets the same
+/// [`Gathered`].
+///
+/// The output is allocated from the peers' counts before their data arrives, so a count
+/// is used only once its check word matches and its byte size fits in memory
+/// (`isize::MAX` bytes in all): a corrupt count is [`Error::Mismatch`] (or
+/// [`Error::InvalidArgument`] for a size no allocation can hold) on every rank that
+/// received it, never a panic or an allocation the peers' data does not fill.
 pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
     comm: &C,
     mine: &[T],
     algo: AllgatherAlgo,
 ) -> Result<Gathered<T>> {
     let p = comm.size();
-    let all = gather_words(comm, [mine.len() as u64, algo.code()], tags::COUNTS)?;
+    let own = mine.len() as u64;
+    let all = gather_words(
+        comm,
+        [own, algo.code(), count_check(comm.rank(), own, algo.code())],
+        tags::COUNTS,
+    )?;
     let mut counts = Vec::with_capacity(p);
-    for (r, &[c, a]) in all.iter().enumerate() {
+    for (r, &[c, a, check]) in all.iter().enumerate() {
+        if check != count_check(r, c, a) {
+            return Err(Error::Mismatch {
+                what: "count",
+                detail: format!(
+                    "allgatherv: rank {}: the count from rank {r} fails its check word \
+                     (corrupt message)",
+                    comm.rank()
+                ),
+            });
+        }
         if a != algo.code() {
             return Err(Error::Mismatch {
                 what: "algorithm",
@@ -149,15 +184,21 @@ pub fn allgatherv_known<C: Communicator + ?Sized, T: Pod>(
     }
     let mut displs = Vec::with_capacity(p + 1);
     let mut total = 0usize;
+    let sz = std::mem::size_of::<T>();
     for &c in counts {
         displs.push(total);
         total = total
             .checked_add(c)
-            .ok_or_else(|| Error::InvalidArgument("allgatherv: total count overflows".into()))?;
+            .filter(|t| t.checked_mul(sz).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "allgatherv: counts {counts:?} of {sz}-byte elements exceed the largest \
+                     allocation"
+                ))
+            })?;
     }
     displs.push(total);
     let mut data: Vec<T> = bytemuck::zeroed_vec(total);
-    let sz = std::mem::size_of::<T>();
     let byte_counts: Vec<usize> = counts.iter().map(|c| c * sz).collect();
     gather_core(
         comm,

@@ -129,15 +129,15 @@ pub fn steady_state(stats: &[ExDynaStats], window: usize, tol: f64) -> Option<(u
 /// ExDyna; see the module docs.
 pub struct ExDyna {
     cfg: Config,
-    resid: Vec<f32>,
+    pub(super) resid: Vec<f32>,
     sz_blk: usize,
     min_blk: usize,
-    blk_part: Vec<usize>,
-    blk_pos: Vec<usize>,
-    threshold: f32,
+    pub(super) blk_part: Vec<usize>,
+    pub(super) blk_pos: Vec<usize>,
+    pub(super) threshold: f32,
     /// Per-worker counts of the previous step.
-    kt: Vec<usize>,
-    t: u64,
+    pub(super) kt: Vec<usize>,
+    pub(super) t: u64,
     last: ExDynaStats,
     /// Fast mode: relative threshold step and the side of the band of the last count.
     gain: f64,
@@ -315,6 +315,7 @@ impl ExDyna {
 impl SparseAllreduce for ExDyna {
     accessors!("exdyna", |s| &s.resid);
     counted_step!();
+    super::state::stateful!();
 }
 
 impl ExDyna {

@@ -44,6 +44,7 @@ mod hitopk;
 mod oktopk;
 mod scaffold;
 mod spardl;
+mod state;
 mod topka;
 mod topkdsa;
 
@@ -56,12 +57,13 @@ pub use oktopk::OkTopk;
 pub use spardl::{Sag, SparDl};
 /// The selector choice, shared with `sparsify`.
 pub use sparsify::SelectorKind;
+pub use state::AlgoState;
 pub use topka::TopkA;
 pub use topkdsa::TopkDsa;
 
 use sparsify::SparseGrad;
 
-use crate::{Communicator, Result};
+use crate::{Communicator, Error, Result};
 
 /// What one step did, as seen by this rank.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -127,6 +129,25 @@ pub trait SparseAllreduce: Send {
 
     /// This rank's residual (length `d`): everything it holds back for later steps.
     fn residual(&self) -> &[f32];
+
+    /// Everything this rank carries to its next step, for a checkpoint; `None` where the
+    /// algorithm does not export its state (ExDyna and SparDL do), so that a checkpoint of
+    /// it is refused rather than resumed without it.
+    fn export_state(&self) -> Option<AlgoState> {
+        None
+    }
+
+    /// Continues from [`Self::export_state`]'s output of the same algorithm, `d` and P: the
+    /// next step is then bit-identical to the exporting instance's. A state of another
+    /// algorithm or length, or one that is not internally consistent, is
+    /// [`Error::InvalidArgument`] and changes nothing.
+    fn import_state(&mut self, state: &AlgoState) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "{} has no checkpoint state to restore a {} state into",
+            self.name(),
+            state.algo
+        )))
+    }
 }
 
 /// Builds `algo`. Collective: every rank must call it; disagreement on any argument is an

@@ -54,15 +54,15 @@ pub struct SparDl {
     m: usize,
     chunk: usize,
     kb: usize,
-    resid: Vec<f32>,
+    pub(super) resid: Vec<f32>,
     work: Vec<f32>,
     sel: Box<dyn Selector>,
     /// B-SAG's `h`, its step and the same-direction flag (Algorithm 2).
-    h: f64,
-    h_step: f64,
-    h_flag: bool,
+    pub(super) h: f64,
+    pub(super) h_step: f64,
+    pub(super) h_flag: bool,
     /// Entries in the B-SAG sum of the last step (`N_t` of Algorithm 2).
-    last_n: usize,
+    pub(super) last_n: usize,
 }
 
 impl SparDl {
@@ -305,6 +305,7 @@ impl SparseAllreduce for SparDl {
         |s| &s.resid
     );
     counted_step!();
+    super::state::stateful!();
 }
 
 impl SparDl {

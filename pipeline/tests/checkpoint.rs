@@ -1,0 +1,237 @@
+//! Stop-and-resume of real training (ResNet-20 on the shipped digits, P = 4 thread ranks,
+//! SparDL and ExDyna): the resumed run's parameters after every later step, and its
+//! epochs' numbers, equal an uninterrupted run's bit for bit; a checkpoint of another P
+//! or configuration is a typed error on every rank; a damaged newest checkpoint falls
+//! back to the previous one, which still resumes bit-identically.
+
+use std::path::Path;
+
+use collectives::{ThreadComm, ThreadConfig};
+use pipeline::checkpoint::CheckpointError;
+use pipeline::data::{digits_dir, CacheOptions, ImageData};
+use pipeline::train::{run_rank, CheckpointConfig, TrainConfig, TrainReport};
+use pipeline::{Error, SchemeKind};
+
+fn digits() -> ImageData {
+    ImageData::digits(&digits_dir(), &CacheOptions::default()).unwrap()
+}
+
+/// 2 epochs of 11 steps (1437 samples, P = 4, batch 32), profile of 2 steps.
+fn config(scheme: SchemeKind) -> TrainConfig {
+    TrainConfig {
+        scheme,
+        ranks: 4,
+        epochs: 2,
+        batch: 32,
+        density: 0.05,
+        profile_iters: 2,
+        check_params: true,
+        trace_iters: 0,
+        ..TrainConfig::default()
+    }
+}
+
+fn with_checkpoints(cfg: &TrainConfig, dir: &Path, every: usize, resume: bool) -> TrainConfig {
+    TrainConfig {
+        checkpoint: CheckpointConfig {
+            dir: Some(dir.to_path_buf()),
+            every,
+            resume,
+        },
+        ..cfg.clone()
+    }
+}
+
+/// The epochs' numbers without their times.
+fn epoch_numbers(r: &TrainReport) -> Vec<(usize, u32, u64, u64)> {
+    r.epochs
+        .iter()
+        .map(|e| {
+            (
+                e.epoch,
+                e.loss.to_bits(),
+                e.train_acc.to_bits(),
+                e.test_acc.to_bits(),
+            )
+        })
+        .collect()
+}
+
+/// The resumed run continues the uninterrupted one exactly, from step `from`.
+fn assert_continues(whole: &TrainReport, resumed: &TrainReport, from: usize) {
+    assert_eq!(resumed.first_step, from);
+    assert_eq!(resumed.steps, whole.steps);
+    assert_eq!(
+        resumed.step_param_hashes,
+        whole.step_param_hashes[from..],
+        "parameters after steps {}..={}",
+        from + 1,
+        whole.steps
+    );
+    assert_eq!(resumed.final_param_hash, whole.final_param_hash);
+    assert_eq!(epoch_numbers(resumed), epoch_numbers(whole));
+    assert_eq!(resumed.params_checked_steps, whole.params_checked_steps);
+}
+
+#[test]
+fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
+    let data = digits();
+    // SparDL stops in the middle of epoch 1; ExDyna at its last step, before the epoch's
+    // evaluation, with checkpoints every 5 steps as well.
+    for (scheme, stop, every) in [(SchemeKind::Spardl, 7, 0), (SchemeKind::Exdyna, 11, 5)] {
+        let cfg = config(scheme);
+        let whole = pipeline::train(&cfg, &data, None).unwrap();
+        assert_eq!(whole.steps, 22);
+        assert_eq!(whole.step_param_hashes.len(), 22);
+        let tmp = tempfile::tempdir().unwrap();
+        let first = TrainConfig {
+            stop_after_steps: Some(stop),
+            ..with_checkpoints(&cfg, tmp.path(), every, false)
+        };
+        let cut = pipeline::train(&first, &data, None).unwrap();
+        assert_eq!(cut.steps, stop);
+        assert_eq!(cut.step_param_hashes, whole.step_param_hashes[..stop]);
+        assert!(cut.last_checkpoint.is_some());
+        let resumed =
+            pipeline::train(&with_checkpoints(&cfg, tmp.path(), 0, true), &data, None).unwrap();
+        assert_continues(&whole, &resumed, stop);
+        assert_eq!(resumed.resumed_from, cut.last_checkpoint);
+        assert!(resumed.skipped_checkpoints.is_empty());
+        assert_eq!(resumed.epochs.len(), 2);
+        assert!(resumed.test_acc > 20.0, "{scheme}: {}", resumed.test_acc);
+
+        if every > 0 {
+            // The newest checkpoint damaged (truncated): the previous one (step 10) is
+            // taken, and resuming from it is just as exact.
+            let newest = tmp
+                .path()
+                .join(pipeline::checkpoint::file_name(stop as u64));
+            let bytes = std::fs::read(&newest).unwrap();
+            std::fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+            let resumed =
+                pipeline::train(&with_checkpoints(&cfg, tmp.path(), 0, true), &data, None).unwrap();
+            assert_continues(&whole, &resumed, 10);
+            assert_eq!(resumed.skipped_checkpoints.len(), 1);
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_of_another_run_is_a_typed_error_on_every_rank() {
+    let data = digits();
+    let cfg = config(SchemeKind::Spardl);
+    let tmp = tempfile::tempdir().unwrap();
+    let first = TrainConfig {
+        stop_after_steps: Some(3),
+        ..with_checkpoints(&cfg, tmp.path(), 0, false)
+    };
+    pipeline::train(&first, &data, None).unwrap();
+    let resume = with_checkpoints(&cfg, tmp.path(), 0, true);
+    let on_every_rank = |cfg: TrainConfig| -> Vec<pipeline::Result<TrainReport>> {
+        ThreadComm::run_all(
+            cfg.ranks,
+            ThreadConfig::with_timeout(std::time::Duration::from_secs(20)),
+            |comm| run_rank(comm, &cfg, &data, None, None),
+        )
+        .unwrap()
+    };
+    // Another P.
+    for r in on_every_rank(TrainConfig {
+        ranks: 2,
+        ..resume.clone()
+    }) {
+        assert!(
+            matches!(
+                r,
+                Err(Error::Checkpoint(CheckpointError::Ranks {
+                    saved: 4,
+                    ranks: 2,
+                    ..
+                }))
+            ),
+            "{r:?}"
+        );
+    }
+    // Another configuration (learning rate, then density).
+    for cfg in [
+        TrainConfig {
+            lr: 0.05,
+            ..resume.clone()
+        },
+        TrainConfig {
+            density: 0.1,
+            ..resume.clone()
+        },
+    ] {
+        for r in on_every_rank(cfg) {
+            assert!(
+                matches!(r, Err(Error::Checkpoint(CheckpointError::Config { .. }))),
+                "{r:?}"
+            );
+        }
+    }
+    // No checkpoint at all.
+    let empty = tempfile::tempdir().unwrap();
+    for r in on_every_rank(with_checkpoints(&cfg, empty.path(), 0, true)) {
+        assert!(
+            matches!(r, Err(Error::Checkpoint(CheckpointError::Missing { .. }))),
+            "{r:?}"
+        );
+    }
+    // The right run resumes from it.
+    assert!(on_every_rank(resume).iter().all(|r| r.is_ok()));
+}
+
+#[test]
+fn checkpoint_options_that_cannot_work_are_refused() {
+    let data = digits();
+    let cfg = config(SchemeKind::Spardl);
+    let tmp = tempfile::tempdir().unwrap();
+    for bad in [
+        // Resume without a directory.
+        TrainConfig {
+            checkpoint: CheckpointConfig {
+                dir: None,
+                every: 0,
+                resume: true,
+            },
+            ..cfg.clone()
+        },
+        // A checkpoint inside the profile.
+        TrainConfig {
+            stop_after_steps: Some(1),
+            ..with_checkpoints(&cfg, tmp.path(), 0, false)
+        },
+        TrainConfig {
+            stop_after_steps: Some(0),
+            ..cfg.clone()
+        },
+    ] {
+        assert!(
+            matches!(
+                pipeline::train(&bad, &data, None),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    // A sparse algorithm that exports no state cannot be checkpointed: the save is a
+    // typed error (on every rank), not a checkpoint without its residuals.
+    let topka = TrainConfig {
+        stop_after_steps: Some(3),
+        ..with_checkpoints(&config(SchemeKind::Topka), tmp.path(), 0, false)
+    };
+    let res = ThreadComm::run_all(
+        4,
+        ThreadConfig::with_timeout(std::time::Duration::from_secs(20)),
+        |comm| run_rank(comm, &topka, &data, None, None),
+    )
+    .unwrap();
+    for r in res {
+        assert!(
+            matches!(r, Err(Error::Checkpoint(CheckpointError::State(_)))),
+            "{r:?}"
+        );
+    }
+    assert!(pipeline::checkpoint::list(tmp.path()).unwrap().is_empty());
+}
