@@ -994,15 +994,8 @@ pub fn train(
             }
         }
         .map(|report| RankOut { report })
-    })
-    .map_err(|e| match e {
-        collectives::RunError::Failed { error, .. } => error,
-        other => Error::CommThread(other.to_string()),
-    })?;
-    outs.into_iter()
-        .next()
-        .map(|o| o.report)
-        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+    });
+    crate::error::rank0(outs).map(|o| o.report)
 }
 
 /// The rank-0 numbers the bench's `train` suite records.
