@@ -243,20 +243,25 @@ fn uncompressed(
     })
 }
 
-/// Dense all-reduce with a fixed algorithm (LP for BSP-SGD Algorithm 3, the 2D torus of
-/// the §5.6 switch).
-fn dense_algo(algo: AllreduceAlgo) -> Box<dyn Scheme> {
-    uncompressed(format!("dense-{}", algo.name()), move |_, _| {
-        Box::new(DenseExchange { algo })
-    })
-}
+/// The 2D-torus all-reduce on the transport's nodes (`collectives::comm::nodes::torus2d`),
+/// resolved on the group's first exchange (a collective call, the same on every rank).
+struct TorusExchange(Option<DenseExchange>);
 
-/// The 2D torus's ranks per node for `p` ranks: the largest divisor ≤ √p.
-fn torus_rows(p: usize) -> usize {
-    (1..=p)
-        .filter(|d| p % d == 0 && d * d <= p)
-        .max()
-        .unwrap_or(1)
+impl Exchange for TorusExchange {
+    fn exchange(
+        &mut self,
+        comm: &dyn collectives::Communicator,
+        ctx: crate::schemes::ExchangeCtx,
+        payload: crate::schemes::Payload,
+    ) -> Result<Vec<f32>> {
+        let inner = match &mut self.0 {
+            Some(x) => x,
+            None => self.0.insert(DenseExchange {
+                algo: collectives::comm::nodes::torus2d(comm)?,
+            }),
+        };
+        inner.exchange(comm, ctx, payload)
+    }
 }
 
 /// Compression time `a + b·n` of the top-k compressor on this machine: a two-point fit
@@ -329,9 +334,7 @@ pub fn for_epoch(
                 Box::new(DenseExchange { algo })
             })
         } else if cfg.scheme == SchemeKind::Switch {
-            dense_algo(AllreduceAlgo::Torus2d {
-                ranks_per_node: torus_rows(p),
-            })
+            uncompressed("dense-torus2d", |_, _| Box::new(TorusExchange(None)))
         } else {
             Box::new(DenseAllreduce)
         }

@@ -45,6 +45,15 @@ pub fn ranks_per_node<C: Communicator + ?Sized>(comm: &C) -> Result<usize> {
     layout_of(&all)
 }
 
+/// The 2D-torus all-reduce (MSTopK/HiTopKComm (Shi et al., MLSys 2021) §5.3) on `comm`'s
+/// nodes: rows are the nodes, columns the ranks of a node ([`ranks_per_node`]).
+/// Collective.
+pub fn torus2d<C: Communicator + ?Sized>(comm: &C) -> Result<crate::dense::AllreduceAlgo> {
+    Ok(crate::dense::AllreduceAlgo::Torus2d {
+        ranks_per_node: ranks_per_node(comm)?,
+    })
+}
+
 /// The block size of the node ids `all` (rank order), or why they are not a block layout.
 pub fn layout_of(all: &[u64]) -> Result<usize> {
     let p = all.len();
@@ -152,5 +161,13 @@ mod tests {
         })
         .unwrap();
         assert_eq!(got, vec![(2, 1); 6]);
+        let algos = ThreadComm::run(6, |c| {
+            let s = SimComm::new(c, topo, ClockMode::Logical)?;
+            torus2d(&s)
+        })
+        .unwrap();
+        assert!(algos
+            .iter()
+            .all(|a| *a == crate::dense::AllreduceAlgo::Torus2d { ranks_per_node: 2 }));
     }
 }

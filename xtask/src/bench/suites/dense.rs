@@ -136,6 +136,11 @@ fn measure(
                         predictor,
                     )),
                 ),
+                // The 2D torus runs on the transport's own nodes (MPI's shared-memory
+                // groups; one node for threads), not on a guessed layout.
+                (Some(AllreduceAlgo::Torus2d { .. }), _, _) => {
+                    (Some(collectives::comm::nodes::torus2d(comm)?), None)
+                }
                 other => (*other.0, *other.1),
             };
             let t = match (&ar, &ag) {
