@@ -137,9 +137,10 @@ fn exdyna_step_time_equals_the_replay() {
     check_sparse(a("exdyna"), 1000, 0.02);
 }
 
-/// ExDyna with `SparseAlgo::ExDyna { warm_start: true }`: on the first step each rank's
-/// threshold travels with the count all-gather (4 bytes more per block); the replay must
-/// count it (`SparseStep::with_exdyna_warm_start`).
+/// ExDyna's fast mode (`SparseAlgo::ExDyna { warm_start: true }`): on its warm steps each
+/// rank's threshold travels with the count all-gather (4 bytes more per block); the replay
+/// must count it. These steps are all warm ones; `collectives/tests/sparse_exdyna.rs`
+/// replays the whole warm phase and the steps after it.
 #[test]
 fn exdyna_warm_start_step_time_equals_the_replay() {
     check_sparse(SparseAlgo::ExDyna { warm_start: true }, 1000, 0.02);
