@@ -13,9 +13,6 @@ use crate::dense::tags;
 use crate::dense::util::gather_words;
 use crate::{Error, Result};
 
-/// The word a rank sends when its transport does not know its node.
-const UNKNOWN: u64 = u64::MAX;
-
 /// Ranks per node of `comm`'s layout. Collective: every rank gets the same answer or the
 /// same error.
 ///
@@ -26,21 +23,16 @@ const UNKNOWN: u64 = u64::MAX;
 /// - No rank's transport knows: one node, `P`.
 /// - Some know and some do not: [`Error::Mismatch`].
 pub fn ranks_per_node<C: Communicator + ?Sized>(comm: &C) -> Result<usize> {
-    let p = comm.size();
-    let mine = comm.node().unwrap_or(UNKNOWN);
-    if mine == UNKNOWN - 1 {
-        // Reserved so that a real id can never read as "unknown" on another rank.
-        return Err(Error::InvalidArgument(format!(
-            "node id {mine} is reserved"
-        )));
-    }
-    let all: Vec<u64> = if p > 1 {
-        gather_words(comm, [mine], tags::CHECK)?
+    let node = comm.node();
+    // Two words per rank, whether the node is known and which, so every id is usable.
+    let mine = [u64::from(node.is_some()), node.unwrap_or(0)];
+    let all: Vec<Option<u64>> = if comm.size() > 1 {
+        gather_words(comm, mine, tags::CHECK)?
             .into_iter()
-            .map(|w| w[0])
+            .map(|[known, id]| (known != 0).then_some(id))
             .collect()
     } else {
-        vec![mine]
+        vec![node]
     };
     layout_of(&all)
 }
@@ -54,13 +46,14 @@ pub fn torus2d<C: Communicator + ?Sized>(comm: &C) -> Result<crate::dense::Allre
     })
 }
 
-/// The block size of the node ids `all` (rank order), or why they are not a block layout.
-pub fn layout_of(all: &[u64]) -> Result<usize> {
+/// The block size of the nodes `all` (rank order; `None`: the transport does not know),
+/// or why they are not a block layout.
+pub fn layout_of(all: &[Option<u64>]) -> Result<usize> {
     let p = all.len();
     if p == 0 {
         return Err(Error::InvalidArgument("no ranks".into()));
     }
-    let unknown = all.iter().filter(|&&n| n == UNKNOWN).count();
+    let unknown = all.iter().filter(|n| n.is_none()).count();
     if unknown == p {
         return Ok(p);
     }
@@ -77,7 +70,7 @@ pub fn layout_of(all: &[u64]) -> Result<usize> {
     // node must appear in one block only.
     let n = all.iter().take_while(|&&id| id == all[0]).count();
     let blocks_ok = p % n == 0 && all.chunks(n).all(|b| b.iter().all(|&id| id == b[0])) && {
-        let mut firsts: Vec<u64> = all.chunks(n).map(|b| b[0]).collect();
+        let mut firsts: Vec<Option<u64>> = all.chunks(n).map(|b| b[0]).collect();
         firsts.sort_unstable();
         firsts.windows(2).all(|w| w[0] != w[1])
     };
@@ -93,15 +86,12 @@ pub fn layout_of(all: &[u64]) -> Result<usize> {
 }
 
 /// `rank → node` as a short list for error messages.
-fn describe(all: &[u64]) -> String {
-    let show = |n: u64| {
-        if n == UNKNOWN {
-            "?".to_string()
-        } else {
-            n.to_string()
-        }
-    };
-    let mut s: Vec<String> = all.iter().take(32).map(|&n| show(n)).collect();
+fn describe(all: &[Option<u64>]) -> String {
+    let mut s: Vec<String> = all
+        .iter()
+        .take(32)
+        .map(|n| n.map_or("?".to_string(), |n| n.to_string()))
+        .collect();
     if all.len() > 32 {
         s.push(format!("… ({} ranks)", all.len()));
     }
@@ -117,19 +107,22 @@ mod tests {
 
     #[test]
     fn block_layouts_and_their_errors() {
-        assert_eq!(layout_of(&[7, 7, 7, 7]).unwrap(), 4);
-        assert_eq!(layout_of(&[3, 3, 9, 9, 1, 1]).unwrap(), 2);
-        assert_eq!(layout_of(&[0, 1, 2]).unwrap(), 1);
-        assert_eq!(layout_of(&[UNKNOWN; 5]).unwrap(), 5);
+        let known = |ids: &[u64]| ids.iter().map(|&i| Some(i)).collect::<Vec<_>>();
+        assert_eq!(layout_of(&known(&[7, 7, 7, 7])).unwrap(), 4);
+        assert_eq!(layout_of(&known(&[3, 3, 9, 9, 1, 1])).unwrap(), 2);
+        assert_eq!(layout_of(&known(&[0, 1, 2])).unwrap(), 1);
+        // Every id is usable, u64::MAX included.
+        assert_eq!(layout_of(&known(&[u64::MAX, u64::MAX, 0, 0])).unwrap(), 2);
+        assert_eq!(layout_of(&[None; 5]).unwrap(), 5);
         // Round-robin placement, unequal nodes, a node split in two blocks.
         for bad in [&[0, 1, 0, 1][..], &[0, 0, 0, 1], &[0, 0, 1, 1, 0, 0]] {
             assert!(
-                matches!(layout_of(bad), Err(Error::InvalidArgument(_))),
+                matches!(layout_of(&known(bad)), Err(Error::InvalidArgument(_))),
                 "{bad:?}"
             );
         }
         assert!(matches!(
-            layout_of(&[0, UNKNOWN]),
+            layout_of(&[Some(0), None]),
             Err(Error::Mismatch { .. })
         ));
         assert!(layout_of(&[]).is_err());
