@@ -178,23 +178,22 @@ impl OkTopk {
         let at = OktopkStep::at(self.t, self.tau, self.rebalance);
         if at.reestimate {
             self.local_th = kth_magnitude(&self.resid, k);
-        } else {
+        }
+        // One pass over the residual; a raised threshold only drops entries already
+        // selected, so the raises filter the selection rather than the whole vector.
+        let mut sel: Vec<u32> = (0..d as u32)
+            .filter(|&i| passes(self.resid[i as usize], self.local_th))
+            .collect();
+        if !at.reestimate {
             for _ in 0..RAISES {
-                let n = self
-                    .resid
-                    .iter()
-                    .filter(|&&v| passes(v, self.local_th))
-                    .count();
-                if 3 * n <= 4 * k {
+                if 3 * sel.len() <= 4 * k {
                     break;
                 }
                 self.local_th *= RAISE;
+                let (th, resid) = (self.local_th, &self.resid);
+                sel.retain(|&i| passes(resid[i as usize], th));
             }
         }
-        let th = self.local_th;
-        let sel: Vec<u32> = (0..d as u32)
-            .filter(|&i| passes(self.resid[i as usize], th))
-            .collect();
         // The authors' nudge of the reused threshold.
         if 3 * sel.len() < 2 * k {
             self.local_th /= NUDGE;
