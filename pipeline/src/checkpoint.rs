@@ -207,6 +207,21 @@ impl<'a> Dec<'a> {
     }
 }
 
+/// Buffers `v` (an optimizer's momenta) as a state of their own.
+pub(crate) fn f32_lists_state(v: &[Vec<f32>]) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.f32_lists(v);
+    e.0
+}
+
+/// [`f32_lists_state`] read back, every byte used.
+pub(crate) fn f32_lists_from_state(b: &[u8]) -> Result<Vec<Vec<f32>>> {
+    let mut d = Dec(b);
+    let v = d.f32_lists()?;
+    d.finish()?;
+    Ok(v)
+}
+
 fn state(msg: impl Into<String>) -> Error {
     CheckpointError::State(msg.into()).into()
 }

@@ -11,7 +11,7 @@ use collectives::Communicator;
 use lars_pto::{Lamb, LambConfig, Lars, LarsConfig, LayerSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{Dec, Enc};
+use crate::checkpoint::{f32_lists_from_state, f32_lists_state, Dec, Enc};
 use crate::{Error, Result};
 
 /// Updates the weights from the averaged gradients.
@@ -97,6 +97,18 @@ impl Optimizer for Sgd {
         if self.velocity.is_empty() {
             self.velocity = weights.iter().map(|w| vec![0.0; w.len()]).collect();
         }
+        // A restored velocity of other shapes would be zipped short: a silent partial update.
+        if self.velocity.len() != weights.len()
+            || self
+                .velocity
+                .iter()
+                .zip(weights.iter())
+                .any(|(v, w)| v.len() != w.len())
+        {
+            return Err(Error::InvalidArgument(
+                "the restored SGD velocity does not match the weights' shapes".into(),
+            ));
+        }
         for ((w, g), v) in weights.iter_mut().zip(grads).zip(&mut self.velocity) {
             for ((wi, gi), vi) in w.iter_mut().zip(g).zip(v.iter_mut()) {
                 *vi = self.momentum * *vi + gi + self.weight_decay * *wi;
@@ -106,16 +118,11 @@ impl Optimizer for Sgd {
         Ok(())
     }
     fn save_state(&self) -> Vec<u8> {
-        let mut e = Enc::default();
-        e.f32_lists(&self.velocity);
-        e.0
+        f32_lists_state(&self.velocity)
     }
     /// The velocity's shapes are checked against the weights at the next step.
     fn restore_state(&mut self, state: &[u8]) -> Result<()> {
-        let mut d = Dec(state);
-        let velocity = d.f32_lists()?;
-        d.finish()?;
-        self.velocity = velocity;
+        self.velocity = f32_lists_from_state(state)?;
         Ok(())
     }
 }
@@ -179,15 +186,10 @@ trait PtoState {
 impl PtoState for Lars {
     /// The momentum buffers.
     fn save(&self) -> Vec<u8> {
-        let mut e = Enc::default();
-        e.f32_lists(self.momentum_buffers());
-        e.0
+        f32_lists_state(self.momentum_buffers())
     }
     fn restore(&mut self, state: &[u8]) -> Result<()> {
-        let mut d = Dec(state);
-        let momentum = d.f32_lists()?;
-        d.finish()?;
-        Ok(self.restore_momentum(momentum)?)
+        Ok(self.restore_momentum(f32_lists_from_state(state)?)?)
     }
 }
 
@@ -290,6 +292,15 @@ mod tests {
                 a.step(&comm, &mut wa, &g, 0.1)?;
                 b.step(&comm, &mut wb, &g, 0.1)?;
                 assert!(b.restore_state(&a.save_state()[..7]).is_err());
+                // A well-formed state for other layers is refused at the step, not zipped short.
+                let mut c = build(kind, &comm, &layers, 0.9, 1e-4)?;
+                let other = build(kind, &comm, &[("x".to_string(), 3)], 0.9, 1e-4);
+                if let (Ok(mut o), OptimizerKind::Sgd) = (other, kind) {
+                    o.step(&comm, &mut [vec![1.0; 3]], &[vec![1.0; 3]], 0.1)?;
+                    c.restore_state(&o.save_state())?;
+                    let mut w = wa.clone();
+                    assert!(c.step(&comm, &mut w, &g, 0.1).is_err());
+                }
                 Ok((wa, wb))
             })
             .unwrap();
