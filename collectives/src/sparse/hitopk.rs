@@ -132,13 +132,13 @@ impl SparseAllreduce for HiTopK {
         // 1. Intra-node reduce-scatter (Algorithm 2 line 3) of the gradient plus the wire
         // rounding carried outside the slice.
         let slice = block_range(d, n, j);
-        for (i, (b, (&g, &r))) in self
-            .buf
-            .iter_mut()
-            .zip(grad.iter().zip(&self.resid))
-            .enumerate()
-        {
-            *b = if slice.contains(&i) { g } else { g + r };
+        self.buf.copy_from_slice(grad);
+        if f16_wire {
+            for range in [0..slice.start, slice.end..d] {
+                for (b, &r) in self.buf[range.clone()].iter_mut().zip(&self.resid[range]) {
+                    *b += r;
+                }
+            }
         }
         let wire = if f16_wire {
             WireType::F16
@@ -152,14 +152,13 @@ impl SparseAllreduce for HiTopK {
             ));
         }
         // What the f16 wire took from the partial sums this rank sent: outside its slice,
-        // the ring leaves each block as the f32 sum that went out.
-        for (i, (r, &b)) in self.resid.iter_mut().zip(&self.buf).enumerate() {
-            if !slice.contains(&i) {
-                *r = if f16_wire {
-                    b - f16::from_f32(b).to_f32()
-                } else {
-                    0.0
-                };
+        // the ring leaves each block as the f32 sum that went out. (With the f32 wire the
+        // residual stays zero there.)
+        if f16_wire {
+            for range in [0..slice.start, slice.end..d] {
+                for (r, &b) in self.resid[range.clone()].iter_mut().zip(&self.buf[range]) {
+                    *r = b - f16::from_f32(b).to_f32();
+                }
             }
         }
         // 2. Top-(ρ·d/n) of residual + slice (Algorithm 2 lines 5-7, Eq. 5).
