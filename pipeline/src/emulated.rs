@@ -34,8 +34,8 @@ pub struct EmulatedTopk {
 }
 
 struct EmulatedCompress {
-    /// Entries to send (those of the full-size group).
-    k: usize,
+    /// The indices sent: the first `k` of the group, `k` those of the full-size group.
+    idx: Vec<u32>,
     /// Emulated selection time, seconds.
     select_s: f64,
 }
@@ -43,10 +43,19 @@ struct EmulatedCompress {
 impl Compress for EmulatedCompress {
     fn compress(&mut self, grad: Vec<f32>) -> Result<Payload> {
         sleep_s(self.select_s);
-        let k = self.k.min(grad.len());
-        let idx: Vec<u32> = (0..k as u32).collect();
+        let k = self.idx.len();
+        if grad.len() < k {
+            return Err(Error::InvalidArgument(format!(
+                "a group of {} elements cannot carry its {k} emulated entries",
+                grad.len()
+            )));
+        }
         let val = grad[..k].to_vec();
-        Ok(Payload::Sparse(SparseGrad::new(idx, val, grad.len())?))
+        Ok(Payload::Sparse(SparseGrad::from_parts_unchecked(
+            self.idx.clone(),
+            val,
+            grad.len(),
+        )))
     }
 }
 
@@ -66,7 +75,7 @@ impl Scheme for EmulatedTopk {
         }
         Ok((
             Box::new(EmulatedCompress {
-                k,
+                idx: (0..k as u32).collect(),
                 select_s: self.costs.sparsify_s(full),
             }),
             Box::new(SparseAllgather {
