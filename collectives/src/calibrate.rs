@@ -15,12 +15,16 @@ use std::time::Instant;
 
 use cost_model::dense::{predict_dense, DenseCase};
 use cost_model::fit::{
-    fit_linear, fit_reduction, fit_reduction_piecewise, fit_topk_piecewise, Fitted, Sample,
+    fit_linear, fit_piecewise, fit_reduction, fit_reduction_piecewise, fit_topk_piecewise, Fitted,
+    Sample,
 };
 use cost_model::{Algorithm, Calibration, Collective, CollectiveFit, Link, TopkFit, Topology};
 use sparsify::{ErrorFeedback, Selector};
 
-use crate::dense::{allgather, allreduce, AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor};
+use crate::dense::{
+    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor,
+    ReduceScatterAlgo,
+};
 use crate::{Communicator, Error, Result};
 
 /// Tag of the ping-pong messages.
@@ -37,6 +41,8 @@ pub struct CalibrateOptions {
     pub allreduce: Vec<AllreduceAlgo>,
     /// All-gather algorithms to sweep (bytes = each rank's contribution).
     pub allgather: Vec<AllgatherAlgo>,
+    /// Reduce-scatter algorithms to sweep (bytes = the whole buffer).
+    pub reduce_scatter: Vec<ReduceScatterAlgo>,
     /// Tensor sizes (elements) for the top-k sweep; empty skips it.
     pub topk_sizes: Vec<usize>,
     /// Density of the top-k sweep.
@@ -44,19 +50,31 @@ pub struct CalibrateOptions {
 }
 
 impl Default for CalibrateOptions {
-    /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, ring all-reduce and ring all-gather, top-k
-    /// over 1K … 1M elements in ×2 steps at ρ = 0.001 (the range and density of OMGS-SGD
-    /// (Shi et al., INFOCOM 2020) §V-B; ×2 steps so that each size regime has several sizes).
+    /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, every algorithm the automatic choice ranks
+    /// ([`sweepable_allreduce`], every all-gather and reduce-scatter), top-k over 1K … 1M
+    /// elements in ×2 steps at ρ = 0.001 (the range and density of OMGS-SGD (Shi et al.,
+    /// INFOCOM 2020) §V-B; ×2 steps so that each size regime has several sizes).
     fn default() -> Self {
         CalibrateOptions {
             sizes: (0..8).map(|i| 1024usize << (2 * i)).collect(),
             reps: 5,
-            allreduce: vec![AllreduceAlgo::Ring],
-            allgather: vec![AllgatherAlgo::Ring],
+            allreduce: sweepable_allreduce(),
+            allgather: AllgatherAlgo::ALL.to_vec(),
+            reduce_scatter: ReduceScatterAlgo::ALL.to_vec(),
             topk_sizes: (10..=20).map(|e| 1usize << e).collect(),
             density: 0.001,
         }
     }
+}
+
+/// The all-reduce algorithms a calibration sweeps: every one of [`AllreduceAlgo::all`]
+/// except the 2D torus, whose layout comes from the transport's nodes and not from one
+/// fixed parameter (it is priced by its schedule instead).
+pub fn sweepable_allreduce() -> Vec<AllreduceAlgo> {
+    AllreduceAlgo::all(2)
+        .into_iter()
+        .filter(|a| !matches!(a, AllreduceAlgo::Torus2d { .. }))
+        .collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -148,6 +166,20 @@ pub fn time_allgather<C: Communicator + ?Sized>(
     time_op(comm, reps, || allgather(comm, &mine, &mut out, algo, &opts))
 }
 
+/// Times a reduce-scatter of a `bytes` buffer (f32).
+pub fn time_reduce_scatter<C: Communicator + ?Sized>(
+    comm: &C,
+    algo: ReduceScatterAlgo,
+    bytes: usize,
+    reps: usize,
+) -> Result<f64> {
+    let mut buf = vec![1.0f32; bytes / 4];
+    let opts = DenseOptions::default().unchecked();
+    time_op(comm, reps, || {
+        reduce_scatter(comm, &mut buf, algo, &opts).map(|_| ())
+    })
+}
+
 /// Shortest timed interval of the local sweeps: operations faster than this are repeated
 /// inside one timing, so timer resolution and one-off interruptions do not dominate.
 const MIN_TIMED_S: f64 = 200e-6;
@@ -233,19 +265,35 @@ pub fn topk_sweep(
 enum Swept {
     Allreduce(AllreduceAlgo),
     Allgather(AllgatherAlgo),
+    ReduceScatter(ReduceScatterAlgo),
 }
 
 impl Swept {
     /// Every swept algorithm of `opts`, the all-reduces first.
     fn all(opts: &CalibrateOptions) -> impl Iterator<Item = Swept> + '_ {
         let ar = opts.allreduce.iter().copied().map(Swept::Allreduce);
+        let rs = opts
+            .reduce_scatter
+            .iter()
+            .copied()
+            .map(Swept::ReduceScatter);
         ar.chain(opts.allgather.iter().copied().map(Swept::Allgather))
+            .chain(rs)
     }
 
     fn op(self) -> Collective {
         match self {
             Swept::Allreduce(_) => Collective::Allreduce,
             Swept::Allgather(_) => Collective::Allgather,
+            Swept::ReduceScatter(_) => Collective::ReduceScatter,
+        }
+    }
+
+    /// The pipeline block size, for the algorithms that take one.
+    fn block_bytes(self) -> Option<usize> {
+        match self {
+            Swept::Allreduce(AllreduceAlgo::LinearPipeline { block_bytes }) => Some(block_bytes),
+            _ => None,
         }
     }
 
@@ -254,6 +302,7 @@ impl Swept {
         match self {
             Swept::Allreduce(a) => allreduce_name(&a),
             Swept::Allgather(a) => allgather_name(&a),
+            Swept::ReduceScatter(a) => reduce_scatter_name(&a),
         }
     }
 
@@ -262,6 +311,7 @@ impl Swept {
         match self {
             Swept::Allreduce(a) => time_allreduce(comm, a, bytes, reps),
             Swept::Allgather(a) => time_allgather(comm, a, bytes, reps),
+            Swept::ReduceScatter(a) => time_reduce_scatter(comm, a, bytes, reps),
         }
     }
 
@@ -270,6 +320,7 @@ impl Swept {
         match self {
             Swept::Allreduce(a) => cal.allreduce_s(&a, p, bytes),
             Swept::Allgather(a) => cal.allgather_s(&a, p, bytes),
+            Swept::ReduceScatter(a) => cal.reduce_scatter_s(&a, p, bytes),
         }
     }
 }
@@ -285,7 +336,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
     progress: Progress,
 ) -> Result<Calibration> {
     let p = comm.size();
-    let total = opts.sizes.len() * (1 + opts.allreduce.len() + opts.allgather.len()) + 2;
+    let swept = opts.allreduce.len() + opts.allgather.len() + opts.reduce_scatter.len();
+    let total = opts.sizes.len() * (1 + swept) + 2;
     let mut done = 0;
     let mut tick = |stage: &str, done: &mut usize| {
         *done += 1;
@@ -297,6 +349,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
         tick("ping-pong", &mut done);
     }
     let pingpong = fit_linear(&pp)?;
+    let pingpong_piecewise = Some(fit_piecewise(&pp, cost_model::calibration::MAX_SEGMENTS)?);
     let link = Link::new(
         pingpong.model.alpha_s.max(0.0),
         pingpong.model.beta_s.max(0.0),
@@ -308,7 +361,11 @@ pub fn calibrate<C: Communicator + ?Sized>(
             s.push(Sample::new(n as f64, algo.time(comm, n, opts.reps)?));
             tick(algo.op().name(), &mut done);
         }
-        collectives.push(CollectiveFit::from_samples(algo.op(), algo.name(), s)?);
+        let fit = CollectiveFit::from_samples(algo.op(), algo.name(), s)?;
+        collectives.push(match algo.block_bytes() {
+            Some(b) => fit.with_block_bytes(b),
+            None => fit,
+        });
     }
     // Local sweeps on rank 0 only; the others wait at the barrier.
     let mut reduction = None;
@@ -344,6 +401,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
         ranks: p,
         topology,
         pingpong,
+        pingpong_piecewise,
         reduction,
         reduction_piecewise,
         collectives,
@@ -373,6 +431,15 @@ pub fn allgather_name(a: &AllgatherAlgo) -> Algorithm {
     }
 }
 
+/// The cost model's name of a reduce-scatter algorithm (recursive halving is the
+/// reduce-scatter half of recursive doubling).
+pub fn reduce_scatter_name(a: &ReduceScatterAlgo) -> Algorithm {
+    match a {
+        ReduceScatterAlgo::Ring => Algorithm::Ring,
+        ReduceScatterAlgo::RecursiveHalving => Algorithm::RecursiveDoubling,
+    }
+}
+
 /// The calibration's topology for `p` ranks, `ranks_per_node` per node (flat links).
 fn topo_for(cal: &Calibration, p: usize, ranks_per_node: usize) -> Option<Topology> {
     let l = cal.topology.inter;
@@ -385,40 +452,65 @@ fn topo_for(cal: &Calibration, p: usize, ranks_per_node: usize) -> Option<Topolo
         .ok()
 }
 
-/// Direct fit when this algorithm was swept at this P, else the exact schedule on the
-/// calibrated links. This is what `choose_allreduce(p, bytes, Some(&calibration))` ranks by.
+/// What a calibration says of one collective at P ranks: with measured fits for the
+/// operation at the calibrated P, only those (an algorithm that was not swept, or LP swept
+/// with another block size, is left out: a schedule prediction next to measured times
+/// would compare a model with the machine); otherwise the exact schedule on the calibrated
+/// links. This is what `choose_allreduce(p, bytes, Some(&calibration))` ranks by.
+fn measured_or_schedule(
+    cal: &Calibration,
+    op: Collective,
+    name: Algorithm,
+    block: Option<usize>,
+    p: usize,
+    bytes: usize,
+    schedule: impl FnOnce(&Calibration) -> Option<f64>,
+) -> Option<f64> {
+    if p == cal.ranks && cal.has_fits(op) {
+        return cal
+            .collectives
+            .iter()
+            .find(|c| c.op == op && c.algo == name && (block.is_none() || c.block_bytes == block))
+            .map(|c| c.time(bytes));
+    }
+    schedule(cal)
+}
+
 impl Predictor for Calibration {
     fn allreduce_s(&self, algo: &AllreduceAlgo, p: usize, bytes: usize) -> Option<f64> {
         let name = allreduce_name(algo);
-        if p == self.ranks {
-            // A direct fit is only for the parameters it was swept with; LP and torus
-            // carry parameters the fit does not record, so they use the schedule.
-            if !matches!(name, Algorithm::Lp | Algorithm::Torus2d) {
-                if let Some(c) = self.collective_fit(Collective::Allreduce, name) {
-                    return Some(c.time(bytes));
-                }
-            }
-        }
         let (rpn, block) = match *algo {
             AllreduceAlgo::Torus2d { ranks_per_node } => (ranks_per_node, 64 << 10),
             AllreduceAlgo::LinearPipeline { block_bytes } => (1, block_bytes),
             _ => (1, 64 << 10),
         };
-        let topo = topo_for(self, p, rpn)?;
-        let case = DenseCase::new(Collective::Allreduce, name, bytes / 4).with_block_bytes(block);
-        predict_dense(&case, &topo).ok().map(|p| p.time_s)
+        let lp_block = matches!(algo, AllreduceAlgo::LinearPipeline { .. }).then_some(block);
+        let op = Collective::Allreduce;
+        measured_or_schedule(self, op, name, lp_block, p, bytes, |cal| {
+            let topo = topo_for(cal, p, rpn)?;
+            let case = DenseCase::new(op, name, bytes / 4).with_block_bytes(block);
+            predict_dense(&case, &topo).ok().map(|p| p.time_s)
+        })
     }
 
     fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64> {
         let name = allgather_name(algo);
-        if p == self.ranks {
-            if let Some(c) = self.collective_fit(Collective::Allgather, name) {
-                return Some(c.time(bytes));
-            }
-        }
-        let topo = topo_for(self, p, 1)?;
-        let case = DenseCase::new(Collective::Allgather, name, bytes).with_elem_bytes(1);
-        predict_dense(&case, &topo).ok().map(|p| p.time_s)
+        let op = Collective::Allgather;
+        measured_or_schedule(self, op, name, None, p, bytes, |cal| {
+            let topo = topo_for(cal, p, 1)?;
+            let case = DenseCase::new(op, name, bytes).with_elem_bytes(1);
+            predict_dense(&case, &topo).ok().map(|p| p.time_s)
+        })
+    }
+
+    fn reduce_scatter_s(&self, algo: &ReduceScatterAlgo, p: usize, bytes: usize) -> Option<f64> {
+        let name = reduce_scatter_name(algo);
+        let op = Collective::ReduceScatter;
+        measured_or_schedule(self, op, name, None, p, bytes, |cal| {
+            let topo = topo_for(cal, p, 1)?;
+            let case = DenseCase::new(op, name, bytes / 4);
+            predict_dense(&case, &topo).ok().map(|p| p.time_s)
+        })
     }
 }
 
@@ -572,10 +664,16 @@ mod tests {
             topk_sizes: vec![1 << 10, 1 << 14],
             ..Default::default()
         };
+        let swept = opts.allreduce.len() + opts.allgather.len() + opts.reduce_scatter.len();
+        assert_eq!(
+            swept,
+            6 + 3 + 2,
+            "every algorithm the chooser ranks is swept"
+        );
         let cals = ThreadComm::run(3, |c| -> Result<Calibration> {
             let cal = calibrate(&c, &opts, &mut |_, _, _| {})?;
             let v = validate(&c, &cal, &opts, &[1 << 14])?;
-            assert_eq!(v.len(), 2);
+            assert_eq!(v.len(), swept);
             let cv = validate_composite(&c, &cal, &[1 << 14], 0.01, 2)?;
             assert_eq!(cv.len(), 1);
             assert_eq!(cv[0].k, 164);
@@ -591,7 +689,8 @@ mod tests {
         .unwrap();
         let cal = &cals[0];
         assert_eq!(cal.ranks, 3);
-        assert_eq!(cal.collectives.len(), 2);
+        assert_eq!(cal.collectives.len(), swept);
+        assert!(cal.pingpong_piecewise.is_some());
         // Three sizes are too few to split: the piecewise fit is the line.
         for c in &cal.collectives {
             let pw = c.piecewise.as_ref().unwrap();
@@ -606,6 +705,20 @@ mod tests {
         // The chooser accepts it and prices every algorithm.
         let a = crate::dense::choose_allreduce(3, 1 << 20, Some(cal as &dyn Predictor));
         assert!(AllreduceAlgo::all(3).contains(&a));
+        // At the calibrated P only measured fits are ranked: the torus (not swept) and LP
+        // with a block size other than the swept one are left out; at another P the
+        // schedule on the calibrated links prices them.
+        let torus = AllreduceAlgo::Torus2d { ranks_per_node: 1 };
+        assert_eq!(cal.allreduce_s(&torus, 3, 1 << 20), None);
+        let lp = |b| AllreduceAlgo::LinearPipeline { block_bytes: b };
+        assert!(cal.allreduce_s(&lp(64 << 10), 3, 1 << 20).is_some());
+        assert_eq!(cal.allreduce_s(&lp(16 << 10), 3, 1 << 20), None);
+        assert!(cal.allreduce_s(&torus, 4, 1 << 20).is_some());
+        for algo in ReduceScatterAlgo::ALL {
+            assert!(cal.reduce_scatter_s(&algo, 3, 1 << 16).unwrap() > 0.0);
+        }
+        let rs = crate::dense::choose_reduce_scatter(3, 1 << 16, Some(cal as &dyn Predictor));
+        assert!(ReduceScatterAlgo::ALL.contains(&rs));
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub struct CollectiveFit {
     /// The samples it was fitted to (median time per size).
     #[serde(default)]
     pub samples: Vec<Sample>,
+    /// The pipeline block size the sweep ran with, for the algorithms that take one (LP);
+    /// a fit only describes that block size.
+    #[serde(default)]
+    pub block_bytes: Option<usize>,
 }
 
 impl CollectiveFit {
@@ -52,7 +56,14 @@ impl CollectiveFit {
             fit: fit_linear(&samples)?,
             piecewise: Some(fit_piecewise(&samples, MAX_SEGMENTS)?),
             samples,
+            block_bytes: None,
         })
+    }
+
+    /// The same fit, recorded as swept with pipeline blocks of `block_bytes`.
+    pub fn with_block_bytes(mut self, block_bytes: usize) -> Self {
+        self.block_bytes = Some(block_bytes);
+        self
     }
 
     /// Predicted seconds for `bytes`: the piecewise model (a shared-memory machine is not
@@ -117,8 +128,13 @@ pub struct Calibration {
     /// The cluster as the link fits describe it (α, β from the ping-pong, γ from the
     /// reduction sweep).
     pub topology: Topology,
-    /// One-way point-to-point time against bytes (half a ping-pong round trip).
+    /// One-way point-to-point time against bytes (half a ping-pong round trip): the single
+    /// α-β line whose constants describe the link.
     pub pingpong: Fitted<LinearModel>,
+    /// The same ping-pong sweep fitted per size regime: what point-to-point time
+    /// predictions use (one line cannot span cached and streaming sizes on shared memory).
+    #[serde(default)]
+    pub pingpong_piecewise: Option<Fitted<PiecewiseLinear>>,
     /// Local reduction (sum of `f32`) time against bytes: γ per byte.
     #[serde(default)]
     pub reduction: Option<Fitted<ReductionModel>>,
@@ -196,6 +212,7 @@ impl Calibration {
         for s in self
             .reduction_piecewise
             .iter()
+            .chain(&self.pingpong_piecewise)
             .flat_map(|p| &p.model.segments)
         {
             finite(s.start, "reduction breakpoint")?;
@@ -237,6 +254,21 @@ impl Calibration {
             .iter()
             .find(|t| t.selector == selector)
             .map(|t| t.fit.model)
+    }
+
+    /// Whether any algorithm of `op` was swept (then the measured fits are what a chooser
+    /// should rank, not schedule predictions of the others).
+    pub fn has_fits(&self, op: Collective) -> bool {
+        self.collectives.iter().any(|c| c.op == op)
+    }
+
+    /// Predicted one-way seconds of a point-to-point message of `bytes`: the piecewise
+    /// ping-pong fit when there is one, else the line.
+    pub fn p2p_s(&self, bytes: usize) -> f64 {
+        match &self.pingpong_piecewise {
+            Some(p) if !p.model.segments.is_empty() => p.model.time(bytes),
+            _ => self.pingpong.model.time(bytes),
+        }
     }
 
     /// The direct fit of `(op, algo)`, if that pair was swept.
@@ -324,6 +356,7 @@ mod tests {
             ranks: 4,
             topology: Topology::flat(4, link).unwrap(),
             pingpong,
+            pingpong_piecewise: None,
             reduction: None,
             reduction_piecewise: None,
             collectives: vec![CollectiveFit {
@@ -332,6 +365,7 @@ mod tests {
                 fit: pingpong,
                 piecewise: None,
                 samples: vec![],
+                block_bytes: None,
             }],
             topk: vec![],
         }

@@ -1,7 +1,7 @@
 //! Picks an algorithm from (P, bytes). A simple rule for now; a [`Predictor`] (the cost
 //! model, fitted to a machine) can rank the candidates by predicted time instead.
 
-use crate::dense::{AllgatherAlgo, AllreduceAlgo};
+use crate::dense::{AllgatherAlgo, AllreduceAlgo, ReduceScatterAlgo};
 
 /// Predicted time of a collective, from a calibrated cost model. Implemented outside this
 /// crate (for example by a wrapper over `cost_model`); returning `None` for an algorithm
@@ -11,6 +11,8 @@ pub trait Predictor {
     fn allreduce_s(&self, algo: &AllreduceAlgo, p: usize, bytes: usize) -> Option<f64>;
     /// Predicted seconds of an all-gather where each rank contributes `bytes`.
     fn allgather_s(&self, algo: &AllgatherAlgo, p: usize, bytes: usize) -> Option<f64>;
+    /// Predicted seconds of a reduce-scatter of a `bytes` buffer on `p` ranks.
+    fn reduce_scatter_s(&self, algo: &ReduceScatterAlgo, p: usize, bytes: usize) -> Option<f64>;
 }
 
 /// Below this many bytes latency dominates (the rule of
@@ -58,6 +60,28 @@ pub fn choose_allgather(
         AllgatherAlgo::RecursiveDoubling
     } else {
         AllgatherAlgo::Ring
+    }
+}
+
+/// The reduce-scatter algorithm for `p` ranks and a `bytes` buffer: by predictor as in
+/// [`choose_allreduce`], else recursive halving for small buffers on powers of two (log2 P
+/// rounds), ring otherwise.
+pub fn choose_reduce_scatter(
+    p: usize,
+    bytes: usize,
+    calibration: Option<&dyn Predictor>,
+) -> ReduceScatterAlgo {
+    if let Some(a) = calibration.and_then(|pred| {
+        fastest(ReduceScatterAlgo::ALL, |a| {
+            pred.reduce_scatter_s(a, p, bytes)
+        })
+    }) {
+        return a;
+    }
+    if p.is_power_of_two() && bytes < (512 << 10) {
+        ReduceScatterAlgo::RecursiveHalving
+    } else {
+        ReduceScatterAlgo::Ring
     }
 }
 

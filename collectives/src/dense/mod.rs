@@ -46,7 +46,7 @@ mod wire;
 pub use allgather::{allgather, allgatherv, allgatherv_known, AllgatherAlgo, Gathered};
 pub use allreduce::{allreduce, allreduce_hier, AllreduceAlgo, HierComm};
 pub use bcast::{broadcast, reduce, BroadcastAlgo, ReduceAlgo};
-pub use chooser::{choose_allgather, choose_allreduce, Predictor};
+pub use chooser::{choose_allgather, choose_allreduce, choose_reduce_scatter, Predictor};
 pub use reduce_scatter::{reduce_scatter, ReduceScatterAlgo};
 pub use util::{block_range, block_start};
 pub use wire::WireType;

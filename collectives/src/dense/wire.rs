@@ -108,43 +108,99 @@ macro_rules! by_wire {
 }
 pub(crate) use by_wire;
 
-/// Reusable send and receive scratch for one collective call (no per-step allocation).
+thread_local! {
+    /// Scratch storage kept on this thread between collective calls, so a call neither
+    /// allocates nor faults in fresh pages for its receive buffers (MPI libraries keep
+    /// their fragment buffers the same way). At most [`POOL_KEEP`] buffers are kept.
+    static POOL: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Buffers the per-thread pool keeps (a call uses at most two).
+const POOL_KEEP: usize = 2;
+
+/// Storage of at least `n` `f32`s from this thread's pool (contents unspecified).
+fn take_storage(n: usize) -> Vec<f32> {
+    let mut v = POOL
+        .with(|p| {
+            let mut p = p.borrow_mut();
+            // The largest kept buffer: the one least likely to need growing.
+            let i = (0..p.len()).max_by_key(|&i| p[i].len())?;
+            Some(p.swap_remove(i))
+        })
+        .unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    v
+}
+
+/// Returns storage to this thread's pool (dropped when the pool is full).
+fn give_storage(v: Vec<f32>) {
+    if v.is_empty() {
+        return;
+    }
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < POOL_KEEP {
+            p.push(v);
+        } else if let Some(small) = p.iter_mut().min_by_key(|b| b.len()) {
+            if small.len() < v.len() {
+                *small = v;
+            }
+        }
+    });
+}
+
+/// `n` elements of `W` viewed in `f32` storage (grown if needed).
+fn wire_view<W: WireElem>(store: &mut Vec<f32>, n: usize) -> &mut [W] {
+    let words = (n * std::mem::size_of::<W>()).div_ceil(4);
+    if store.len() < words {
+        store.resize(words, 0.0);
+    }
+    &mut bytemuck::cast_slice_mut::<f32, W>(&mut store[..words])[..n]
+}
+
+/// Send and receive scratch for one collective call (no per-step allocation; the storage
+/// comes from and goes back to a per-thread pool, so repeated calls reuse it).
 pub(crate) struct Scratch<W> {
-    send: Vec<W>,
-    recv: Vec<W>,
-    /// `f32` receive space for the reducing steps when the wire is `f32`.
-    recv32: Vec<f32>,
+    /// Encoded outgoing message (half-width wires only).
+    send: Vec<f32>,
+    /// Incoming message: `f32` when the wire is `f32`, else `W` viewed in this storage.
+    recv: Vec<f32>,
+    wire: std::marker::PhantomData<W>,
+}
+
+impl<W> Drop for Scratch<W> {
+    fn drop(&mut self) {
+        give_storage(std::mem::take(&mut self.send));
+        give_storage(std::mem::take(&mut self.recv));
+    }
 }
 
 impl<W: WireElem> Scratch<W> {
     /// Scratch for messages of up to `max_elems` elements.
     pub(crate) fn new(max_elems: usize) -> Self {
-        if W::IS_F32 {
-            Scratch {
-                send: Vec::new(),
-                recv: Vec::new(),
-                recv32: vec![0.0; max_elems],
-            }
-        } else {
-            Scratch {
-                send: vec![W::from_f32(0.0); max_elems],
-                recv: vec![W::from_f32(0.0); max_elems],
-                recv32: Vec::new(),
-            }
+        let words = (max_elems * std::mem::size_of::<W>()).div_ceil(4);
+        Scratch {
+            send: if W::IS_F32 {
+                Vec::new()
+            } else {
+                take_storage(words)
+            },
+            recv: take_storage(words),
+            wire: std::marker::PhantomData,
         }
     }
 
-    fn encode<'a>(send: &'a mut Vec<W>, data: &'a [f32]) -> &'a [u8] {
+    fn encode<'a>(send: &'a mut Vec<f32>, data: &'a [f32]) -> &'a [u8] {
         if W::IS_F32 {
             bytemuck::cast_slice(data)
         } else {
-            if send.len() < data.len() {
-                send.resize(data.len(), W::from_f32(0.0));
-            }
-            for (w, &x) in send.iter_mut().zip(data) {
+            let out = wire_view::<W>(send, data.len());
+            for (w, &x) in out.iter_mut().zip(data) {
                 *w = W::from_f32(x);
             }
-            bytemuck::cast_slice(&send[..data.len()])
+            bytemuck::cast_slice(out)
         }
     }
 
@@ -201,7 +257,7 @@ impl<W: WireElem> Scratch<W> {
     }
 
     /// [`Self::exchange`]'s transfer into the scratch that [`Self::combine_received`] reads
-    /// (`recv32` when the wire is `f32`, else `recv`): exactly `n` elements from `src`.
+    /// (`recv`, as `f32` or as the wire type): exactly `n` elements from `src`.
     fn exchange_into_scratch<C: Communicator + ?Sized>(
         &mut self,
         comm: &C,
@@ -211,10 +267,10 @@ impl<W: WireElem> Scratch<W> {
         n: usize,
     ) -> Result<()> {
         let got = match (send, W::IS_F32) {
-            (None, true) => comm.recv_slice_into(src, tag, &mut self.recv32[..n])?,
-            (None, false) => comm.recv_slice_into(src, tag, &mut self.recv[..n])?,
+            (None, true) => comm.recv_slice_into(src, tag, &mut self.recv[..n])?,
+            (None, false) => comm.recv_slice_into(src, tag, wire_view::<W>(&mut self.recv, n))?,
             (Some((dest, data)), true) => {
-                comm.sendrecv_slice_into(dest, tag, data, src, tag, &mut self.recv32[..n])?
+                comm.sendrecv_slice_into(dest, tag, data, src, tag, &mut self.recv[..n])?
             }
             (Some((dest, data)), false) => {
                 let bytes = Self::encode(&mut self.send, data);
@@ -224,7 +280,7 @@ impl<W: WireElem> Scratch<W> {
                     bytes,
                     src,
                     tag,
-                    bytemuck::cast_slice_mut(&mut self.recv[..n]),
+                    bytemuck::cast_slice_mut(wire_view::<W>(&mut self.recv, n)),
                 )?;
                 got / std::mem::size_of::<W>()
             }
@@ -234,15 +290,15 @@ impl<W: WireElem> Scratch<W> {
 
     /// Combines the `out.len()` elements just received into the scratch into `out`: a
     /// copy, or a sum in the operand order `lower_first` fixes.
-    fn combine_received(&self, out: &mut [f32], combine: Combine) {
+    fn combine_received(&mut self, out: &mut [f32], combine: Combine) {
         let n = out.len();
         match (combine, W::IS_F32) {
-            (Combine::Copy, true) => out.copy_from_slice(&self.recv32[..n]),
-            (Combine::Copy, false) => decode_copy(out, &self.recv[..n]),
-            (Combine::Sum { lower_first }, true) => {
-                add_ordered(out, &self.recv32[..n], lower_first)
+            (Combine::Copy, true) => out.copy_from_slice(&self.recv[..n]),
+            (Combine::Copy, false) => decode_copy(out, wire_view::<W>(&mut self.recv, n)),
+            (Combine::Sum { lower_first }, true) => add_ordered(out, &self.recv[..n], lower_first),
+            (Combine::Sum { lower_first }, false) => {
+                add_ordered(out, wire_view::<W>(&mut self.recv, n), lower_first)
             }
-            (Combine::Sum { lower_first }, false) => add_ordered(out, &self.recv[..n], lower_first),
         }
     }
 }

@@ -31,10 +31,11 @@ pub use report::{Headline, Record, SuiteOutput};
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
 /// Every suite, in report order.
-pub const SUITES: [&str; 10] = [
+pub const SUITES: [&str; 11] = [
     "topk",
     "allreduce",
     "allgather",
+    "reduce_scatter",
     "sparse",
     "simulate",
     "plan",
@@ -57,8 +58,9 @@ pub struct Args {
     /// Output directory (default: target/bench-report in the workspace).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Suites to run (default: all): topk, allreduce, allgather, sparse, simulate, plan,
-    /// train, lars, datacache, gpu (needs the `cuda` feature and a device; skipped otherwise).
+    /// Suites to run (default: all): topk, allreduce, allgather, reduce_scatter, sparse,
+    /// simulate, plan, train, lars, datacache, gpu (needs the `cuda` feature and a device;
+    /// skipped otherwise).
     #[arg(long = "suite", num_args = 1..)]
     suites: Vec<String>,
     /// Ranks of the communicating suites on the thread transport.
@@ -73,6 +75,12 @@ pub struct Args {
     /// Hostfile passed to mpirun with --mpi.
     #[arg(long)]
     hostfile: Option<PathBuf>,
+    /// Calibration (`cargo xtask calibrate`) that the automatic choice of the allreduce,
+    /// allgather and reduce_scatter suites ranks algorithms by; it must have been taken on
+    /// the same transport at the same P. Default: `calibration.json` in the working
+    /// directory when it matches, else the chooser's built-in rules.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
     /// Internal: set when this process was started by mpirun.
     #[arg(long, hide = true)]
     mpi_child: bool,
@@ -89,6 +97,8 @@ pub struct Ctx {
     /// The MPI world when running under mpirun.
     #[cfg(feature = "mpi")]
     pub mpi: Option<collectives::MpiComm>,
+    /// `--calibration`, when given.
+    pub calibration: Option<PathBuf>,
 }
 
 impl Ctx {
@@ -291,6 +301,7 @@ fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>
             out,
             ranks: args.ranks,
             mpi,
+            calibration: args.calibration.clone(),
         })
     }
     #[cfg(not(feature = "mpi"))]
@@ -302,6 +313,7 @@ fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>
             quick: args.quick,
             out,
             ranks: args.ranks,
+            calibration: args.calibration.clone(),
         })
     }
 }
@@ -385,6 +397,10 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
     ];
     if args.quick {
         child.push("--quick".into());
+    }
+    if let Some(c) = &args.calibration {
+        child.push("--calibration".into());
+        child.push(c.into());
     }
     if !args.suites.is_empty() {
         child.push("--suite".into());

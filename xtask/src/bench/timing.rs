@@ -49,6 +49,31 @@ pub fn world_time(
     Ok(median(&mut t))
 }
 
+/// [`world_time`] of several cases at once, interleaved: every repetition runs each case
+/// once, in turn, so a change in the machine's load during the measurement falls on all of
+/// them alike. Returns each case's median, in the order given.
+pub fn world_times_interleaved(
+    comm: &dyn Communicator,
+    reps: usize,
+    cases: &mut [&mut (dyn FnMut() -> Result<(), BoxErr> + '_)],
+) -> Result<Vec<f64>, BoxErr> {
+    for f in cases.iter_mut() {
+        comm.barrier()?;
+        f()?;
+    }
+    let mut t = vec![Vec::with_capacity(reps.max(1)); cases.len()];
+    for _ in 0..reps.max(1) {
+        for (f, t) in cases.iter_mut().zip(&mut t) {
+            comm.barrier()?;
+            let s = Instant::now();
+            f()?;
+            let mine = s.elapsed().as_secs_f64();
+            t.push(max_over_ranks(comm, mine)?);
+        }
+    }
+    Ok(t.iter_mut().map(|t| median(t)).collect())
+}
+
 /// The largest `x` over all ranks (every rank gets it).
 pub fn max_over_ranks(comm: &dyn Communicator, x: f64) -> Result<f64, BoxErr> {
     let all = collectives::dense::allgatherv(comm, &[x], collectives::dense::AllgatherAlgo::Bruck)?;

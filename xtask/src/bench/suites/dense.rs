@@ -1,14 +1,19 @@
-//! `allreduce` and `allgather`: every dense algorithm at every message size, time and bus
-//! bandwidth (nccl-tests convention); under MPI also `mpi_native`, the MPI library's own
-//! collective, in the same run.
+//! `allreduce`, `allgather` and `reduce_scatter`: every dense algorithm at every message
+//! size, time and bus bandwidth (nccl-tests convention), plus `auto`, the automatic choice;
+//! under MPI also `mpi_native`, the MPI library's own collective. At each size the cases
+//! are timed interleaved, repetition by repetition, so a change in the machine's load
+//! affects every case alike.
 
-use collectives::dense::{allgather, allreduce, AllgatherAlgo, AllreduceAlgo, DenseOptions};
+use collectives::dense::{
+    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions,
+    ReduceScatterAlgo,
+};
 use collectives::Communicator;
 use indicatif::ProgressBar;
 
 use super::super::plot::{self, Series};
 use super::super::report::{bytes as fmt_bytes, table};
-use super::super::timing::world_time;
+use super::super::timing::world_times_interleaved;
 use super::j;
 use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
 
@@ -17,6 +22,7 @@ use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
 pub enum Op {
     Allreduce,
     Allgather,
+    ReduceScatter,
 }
 
 impl Op {
@@ -24,15 +30,17 @@ impl Op {
         match self {
             Op::Allreduce => "allreduce",
             Op::Allgather => "allgather",
+            Op::ReduceScatter => "reduce_scatter",
         }
     }
 
-    /// nccl-tests bus bandwidth factor: allreduce 2(P−1)/P, allgather (P−1)/P.
+    /// nccl-tests bus bandwidth factor: allreduce 2(P−1)/P, allgather and reduce-scatter
+    /// (P−1)/P.
     fn bus_factor(self, p: usize) -> f64 {
         let p = p as f64;
         match self {
             Op::Allreduce => 2.0 * (p - 1.0) / p,
-            Op::Allgather => (p - 1.0) / p,
+            Op::Allgather | Op::ReduceScatter => (p - 1.0) / p,
         }
     }
 }
@@ -53,155 +61,251 @@ fn reps(bytes: usize, quick: bool) -> usize {
 /// The row of the automatic choice (`choose_allreduce` / `choose_allgather` per size).
 const AUTO: &str = "auto";
 
-/// The calibration the automatic choice uses: `calibration.json` in the working directory
-/// (from `cargo xtask calibrate`) when it was taken at this P, else none (the chooser's
-/// built-in rules).
-fn calibration(p: usize) -> Option<cost_model::Calibration> {
-    cost_model::Calibration::load("calibration.json")
+/// The calibration the automatic choice uses: `--calibration` (an error unless it was taken
+/// on this transport at this P), else `calibration.json` in the working directory when it
+/// matches, else none (the chooser's built-in rules).
+fn calibration(ctx: &Ctx, p: usize) -> Result<Option<cost_model::Calibration>, BoxErr> {
+    let matches = |c: &cost_model::Calibration| c.ranks == p && c.backend == ctx.backend();
+    if let Some(path) = &ctx.calibration {
+        let c = cost_model::Calibration::load(path)?;
+        if !matches(&c) {
+            return Err(format!(
+                "--calibration {} was taken on {} ranks of `{}`, but this run has {p} ranks of \
+                 `{}`: calibrate at this P (`cargo xtask calibrate`, under mpirun for MPI)",
+                path.display(),
+                c.ranks,
+                c.backend,
+                ctx.backend()
+            )
+            .into());
+        }
+        return Ok(Some(c));
+    }
+    Ok(cost_model::Calibration::load("calibration.json")
         .ok()
-        .filter(|c| c.ranks == p)
+        .filter(matches))
 }
 
-fn algos(op: Op, p: usize) -> Vec<(String, Option<AllreduceAlgo>, Option<AllgatherAlgo>)> {
-    let mut v: Vec<(String, Option<AllreduceAlgo>, Option<AllgatherAlgo>)> = match op {
+/// One algorithm of the suite's collective.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Algo {
+    Allreduce(AllreduceAlgo),
+    Allgather(AllgatherAlgo),
+    ReduceScatter(ReduceScatterAlgo),
+}
+
+/// A row of the table: a named algorithm, or the automatic choice (`None`).
+type Case = (String, Option<Algo>);
+
+fn algos(op: Op, p: usize) -> Vec<Case> {
+    let mut v: Vec<Case> = match op {
         Op::Allreduce => AllreduceAlgo::all(p)
             .into_iter()
-            .map(|a| (a.name().to_string(), Some(a), None))
+            .map(|a| (a.name().to_string(), Some(Algo::Allreduce(a))))
             .collect(),
         Op::Allgather => AllgatherAlgo::ALL
             .iter()
-            .map(|a| (a.name().to_string(), None, Some(*a)))
+            .map(|a| (a.name().to_string(), Some(Algo::Allgather(*a))))
+            .collect(),
+        Op::ReduceScatter => ReduceScatterAlgo::ALL
+            .iter()
+            .map(|a| (a.name().to_string(), Some(Algo::ReduceScatter(*a))))
             .collect(),
     };
-    v.push((AUTO.to_string(), None, None));
+    v.push((AUTO.to_string(), None));
     v
 }
 
-/// Per (case, bytes): seconds.
+/// Per (case, bytes): seconds; and per bytes, the automatic choice's algorithm.
 type Times = Vec<(String, usize, f64)>;
+
+/// Elements of the suite's buffer at `bytes` on `p` ranks: a multiple of P, so that every
+/// rank's block (all-gather contribution, reduce-scatter result) is the same size for our
+/// algorithms and the MPI library's alike.
+fn elems(bytes: usize, p: usize) -> usize {
+    ((bytes / 4) / p).max(1) * p
+}
 
 pub fn run(ctx: &Ctx, pb: &ProgressBar, op: Op) -> Result<Option<SuiteOutput>, BoxErr> {
     let sizes = sizes(ctx.quick);
     let p = ctx.world_size();
     let list = algos(op, p);
-    pb.set_length((sizes.len() * (list.len() + 1)) as u64);
+    let cal = calibration(ctx, p)?;
+    pb.set_length((sizes.len() * list.len()) as u64);
     let quick = ctx.quick;
-    let times = ctx.on_world(|comm| measure(comm, op, &sizes, &list, quick, pb))?;
-    #[allow(unused_mut)]
-    let mut times = match times {
-        Some(t) => t,
+    #[cfg(feature = "mpi")]
+    let times = match &ctx.mpi {
+        Some(c) => {
+            let t = measure(c, op, &sizes, &list, cal.as_ref(), quick, pb, Some(c))?;
+            (c.rank() == 0).then_some(t)
+        }
         None => {
-            #[cfg(feature = "mpi")]
-            native(ctx, op, &sizes, quick)?;
-            return Ok(None);
+            ctx.on_world(|comm| measure(comm, op, &sizes, &list, cal.as_ref(), quick, pb, None))?
         }
     };
-    #[cfg(feature = "mpi")]
-    times.extend(native(ctx, op, &sizes, quick)?);
-    pb.inc(sizes.len() as u64);
-    Ok(Some(report(ctx, op, p, &sizes, &times)?))
+    #[cfg(not(feature = "mpi"))]
+    let times = ctx.on_world(|comm| measure(comm, op, &sizes, &list, cal.as_ref(), quick, pb))?;
+    let Some((times, chosen)) = times else {
+        return Ok(None);
+    };
+    Ok(Some(report(
+        ctx,
+        op,
+        p,
+        &sizes,
+        &times,
+        &chosen,
+        cal.is_some(),
+    )?))
 }
 
+/// The MPI world, when the suite runs under mpirun: its own collective is timed beside ours.
+#[cfg(feature = "mpi")]
+type Native<'a> = Option<&'a collectives::MpiComm>;
+
+/// A timed case: its row name and the closure that runs the collective once.
+type Runner<'a> = (String, Box<dyn FnMut() -> Result<(), BoxErr> + 'a>);
+
+#[allow(clippy::too_many_arguments)]
 fn measure(
     comm: &dyn Communicator,
     op: Op,
     sizes: &[usize],
-    list: &[(String, Option<AllreduceAlgo>, Option<AllgatherAlgo>)],
+    list: &[Case],
+    cal: Option<&cost_model::Calibration>,
     quick: bool,
     pb: &ProgressBar,
-) -> Result<Times, BoxErr> {
+    #[cfg(feature = "mpi")] native: Native,
+) -> Result<(Times, Vec<(usize, String)>), BoxErr> {
     let p = comm.size();
-    let opts = DenseOptions::default().unchecked();
-    let cal = calibration(p);
-    let predictor = cal
-        .as_ref()
-        .map(|c| c as &dyn collectives::dense::Predictor);
+    let predictor = cal.map(|c| c as &dyn collectives::dense::Predictor);
     let mut out = Vec::new();
-    for (name, ar, ag) in list {
-        for &bytes in sizes {
-            if comm.rank() == 0 {
-                pb.set_message(format!("{name} {}", fmt_bytes(bytes as f64)));
-            }
-            // The automatic choice: what a caller gets without naming an algorithm.
-            let (ar, ag) = match (ar, ag, op) {
-                (None, None, Op::Allreduce) => (
-                    Some(collectives::dense::choose_allreduce(p, bytes, predictor)),
-                    None,
-                ),
-                (None, None, Op::Allgather) => (
-                    None,
-                    Some(collectives::dense::choose_allgather(
-                        p,
-                        (bytes / p).max(4),
-                        predictor,
-                    )),
-                ),
-                // The 2D torus runs on the transport's own nodes (MPI's shared-memory
-                // groups; one node for threads), not on a guessed layout.
-                (Some(AllreduceAlgo::Torus2d { .. }), _, _) => {
-                    (Some(collectives::comm::nodes::torus2d(comm)?), None)
-                }
-                other => (*other.0, *other.1),
-            };
-            let t = match (&ar, &ag) {
-                (Some(a), _) => {
-                    let mut buf = vec![1.0f32 + comm.rank() as f32; bytes / 4];
-                    world_time(comm, reps(bytes, quick), || {
-                        allreduce(comm, &mut buf, *a, &opts)?;
-                        Ok(())
-                    })?
-                }
-                (_, Some(a)) => {
-                    let per = (bytes / 4 / p).max(1);
-                    let mine = vec![comm.rank() as f32; per];
-                    let mut all = vec![0.0f32; per * p];
-                    world_time(comm, reps(bytes, quick), || {
-                        allgather(comm, &mine, &mut all, *a, &opts)?;
-                        Ok(())
-                    })?
-                }
-                _ => continue,
-            };
+    let mut chosen = Vec::new();
+    for &bytes in sizes {
+        if comm.rank() == 0 {
+            pb.set_message(fmt_bytes(bytes as f64));
+        }
+        let n = elems(bytes, p);
+        let mut runners: Vec<Runner> = Vec::new();
+        for (name, algo) in list {
+            let algo =
+                match algo {
+                    // The automatic choice: what a caller gets without naming an algorithm.
+                    None => {
+                        let a =
+                            match op {
+                                Op::Allreduce => Algo::Allreduce(
+                                    collectives::dense::choose_allreduce(p, 4 * n, predictor),
+                                ),
+                                Op::Allgather => Algo::Allgather(
+                                    collectives::dense::choose_allgather(p, 4 * n / p, predictor),
+                                ),
+                                Op::ReduceScatter => Algo::ReduceScatter(
+                                    collectives::dense::choose_reduce_scatter(p, 4 * n, predictor),
+                                ),
+                            };
+                        chosen.push((bytes, algo_name(&a)));
+                        a
+                    }
+                    // The 2D torus runs on the transport's own nodes (MPI's shared-memory
+                    // groups; one node for threads), not on a guessed layout.
+                    Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => {
+                        Algo::Allreduce(collectives::comm::nodes::torus2d(comm)?)
+                    }
+                    Some(a) => *a,
+                };
+            runners.push((name.clone(), runner(comm, algo, n)));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(c) = native {
+            runners.push(("mpi_native".into(), native_runner(c, op, n)));
+        }
+        let reps = reps(bytes, quick);
+        let mut fs: Vec<&mut (dyn FnMut() -> Result<(), BoxErr> + '_)> =
+            runners.iter_mut().map(|(_, f)| f.as_mut()).collect();
+        let t = world_times_interleaved(comm, reps, &mut fs)?;
+        for ((name, _), t) in runners.iter().zip(t) {
             out.push((name.clone(), bytes, t));
-            if comm.rank() == 0 {
-                pb.inc(1);
-            }
+        }
+        if comm.rank() == 0 {
+            pb.inc(list.len() as u64);
         }
     }
-    Ok(out)
+    Ok((out, chosen))
 }
 
-/// The MPI library's own collective at the same sizes, on every rank (rank 0 keeps times).
+fn algo_name(a: &Algo) -> String {
+    match a {
+        Algo::Allreduce(a) => a.name().to_string(),
+        Algo::Allgather(a) => a.name().to_string(),
+        Algo::ReduceScatter(a) => a.name().to_string(),
+    }
+}
+
+/// One of our collectives on a buffer of `n` elements (all-gather: `n / P` per rank).
+fn runner<'a>(
+    comm: &'a dyn Communicator,
+    algo: Algo,
+    n: usize,
+) -> Box<dyn FnMut() -> Result<(), BoxErr> + 'a> {
+    let p = comm.size();
+    let opts = DenseOptions::default().unchecked();
+    match algo {
+        Algo::Allreduce(a) => {
+            let mut buf = vec![1.0f32 + comm.rank() as f32; n];
+            Box::new(move || Ok(allreduce(comm, &mut buf, a, &opts)?))
+        }
+        Algo::Allgather(a) => {
+            let mine = vec![comm.rank() as f32; n / p];
+            let mut all = vec![0.0f32; n];
+            Box::new(move || Ok(allgather(comm, &mine, &mut all, a, &opts)?))
+        }
+        Algo::ReduceScatter(a) => {
+            let mut buf = vec![1.0f32 + comm.rank() as f32; n];
+            Box::new(move || {
+                reduce_scatter(comm, &mut buf, a, &opts)?;
+                Ok(())
+            })
+        }
+    }
+}
+
+/// The MPI library's own collective on the same buffer sizes.
 #[cfg(feature = "mpi")]
-fn native(ctx: &Ctx, op: Op, sizes: &[usize], quick: bool) -> Result<Times, BoxErr> {
+fn native_runner(
+    c: &collectives::MpiComm,
+    op: Op,
+    n: usize,
+) -> Box<dyn FnMut() -> Result<(), BoxErr> + '_> {
     use mpi::collective::{CommunicatorCollectives, SystemOperation};
-    let Some(c) = &ctx.mpi else { return Ok(vec![]) };
     let raw = c.raw();
     let p = c.size();
-    let mut out = Vec::new();
-    for &bytes in sizes {
-        let t = match op {
-            Op::Allreduce => {
-                let send = vec![1.0f32; bytes / 4];
-                let mut recv = vec![0.0f32; bytes / 4];
-                world_time(c, reps(bytes, quick), || {
-                    raw.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-                    Ok(())
-                })?
-            }
-            Op::Allgather => {
-                let per = (bytes / 4 / p).max(1);
-                let send = vec![1.0f32; per];
-                let mut recv = vec![0.0f32; per * p];
-                world_time(c, reps(bytes, quick), || {
-                    raw.all_gather_into(&send[..], &mut recv[..]);
-                    Ok(())
-                })?
-            }
-        };
-        out.push(("mpi_native".to_string(), bytes, t));
+    match op {
+        Op::Allreduce => {
+            let send = vec![1.0f32; n];
+            let mut recv = vec![0.0f32; n];
+            Box::new(move || {
+                raw.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+                Ok(())
+            })
+        }
+        Op::Allgather => {
+            let send = vec![1.0f32; n / p];
+            let mut recv = vec![0.0f32; n];
+            Box::new(move || {
+                raw.all_gather_into(&send[..], &mut recv[..]);
+                Ok(())
+            })
+        }
+        Op::ReduceScatter => {
+            let send = vec![1.0f32; n];
+            let mut recv = vec![0.0f32; n / p];
+            Box::new(move || {
+                raw.reduce_scatter_block_into(&send[..], &mut recv[..], SystemOperation::sum());
+                Ok(())
+            })
+        }
     }
-    Ok(out)
 }
 
 fn report(
@@ -210,6 +314,8 @@ fn report(
     p: usize,
     sizes: &[usize],
     times: &Times,
+    chosen: &[(usize, String)],
+    calibrated: bool,
 ) -> Result<SuiteOutput, BoxErr> {
     let suite = op.name();
     let mut out = SuiteOutput::default();
@@ -246,10 +352,10 @@ fn report(
                     .unwrap_or_default(),
             );
         }
-        // Best of ours and its ratio to the MPI library's own collective.
+        // Best of ours in hindsight (a named algorithm) and its ratio to the MPI library's.
         let best = cases
             .iter()
-            .filter(|c| *c != "mpi_native")
+            .filter(|c| *c != "mpi_native" && *c != AUTO)
             .filter_map(|c| get(c, bytes).map(|t| (c.clone(), t)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
         if let Some((bc, bt)) = &best {
@@ -259,6 +365,12 @@ fn report(
                 None => "–".into(),
             });
         }
+        row.push(
+            chosen
+                .iter()
+                .find(|(b, _)| *b == bytes)
+                .map_or(String::new(), |(_, a)| a.clone()),
+        );
         let auto_ratio = get("mpi_native", bytes)
             .zip(get(AUTO, bytes))
             .map(|(n, a)| n / a);
@@ -280,7 +392,7 @@ fn report(
             ours: format!(
                 "worst ratio {r:.2}× at {} ({} calibration)",
                 fmt_bytes(bytes as f64),
-                if calibration(p).is_some() { "with the" } else { "without a" }
+                if calibrated { "with the" } else { "without a" }
             ),
             reproduced: Some(r >= 1.0),
         });
@@ -290,6 +402,7 @@ fn report(
     header.extend([
         "best (ours)",
         "best / mpi_native busbw",
+        "auto picks",
         "auto / mpi_native busbw",
     ]);
     let series: Vec<Series> = cases
@@ -325,9 +438,9 @@ fn report(
             "{suite} at P = {p} on {}: fastest of ours at {} is {}{}",
             ctx.backend(),
             last[0],
-            last[n - 2],
-            if last[n - 1] != "–" {
-                format!(", at {}× the bus bandwidth of MPI's own", last[n - 1])
+            last[n - 4],
+            if last[n - 3] != "–" {
+                format!(", at {}× the bus bandwidth of MPI's own", last[n - 3])
             } else {
                 String::new()
             }
@@ -340,11 +453,18 @@ fn report(
     };
     out.markdown = format!(
         "Bus bandwidth in GB/s (nccl-tests convention: {}) of every {suite} algorithm at P = {p} \
-         on the `{}` transport; median of several runs, each the slowest rank's time. For \
-         allgather, `bytes` is the gathered total. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
+         on the `{}` transport; median of several runs, each the slowest rank's time, the \
+         cases timed interleaved at each size. For allgather, `bytes` is the gathered total; \
+         for reduce_scatter, the reduced buffer. `auto` is the automatic choice ({}); \
+         `auto picks` names what it chose. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
         match op {
             Op::Allreduce => "bytes × 2(P−1)/P / time",
-            Op::Allgather => "bytes × (P−1)/P / time",
+            Op::Allgather | Op::ReduceScatter => "bytes × (P−1)/P / time",
+        },
+        if calibrated {
+            "ranked by the calibration's fits"
+        } else {
+            "the chooser's built-in rules: no calibration of this transport at this P"
         },
         ctx.backend(),
         table(&header, &rows)

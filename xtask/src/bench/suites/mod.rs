@@ -18,7 +18,10 @@ mod train;
 /// Runs the suite called `name`.
 pub fn run(name: &str, ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
     // Under MPI only the communicating suites need every rank.
-    let everyone = matches!(name, "allreduce" | "allgather" | "sparse");
+    let everyone = matches!(
+        name,
+        "allreduce" | "allgather" | "reduce_scatter" | "sparse"
+    );
     if !everyone && ctx.rank() != 0 {
         return Ok(None);
     }
@@ -26,6 +29,7 @@ pub fn run(name: &str, ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput
         "topk" => topk::run(ctx, pb).map(Some),
         "allreduce" => dense::run(ctx, pb, dense::Op::Allreduce),
         "allgather" => dense::run(ctx, pb, dense::Op::Allgather),
+        "reduce_scatter" => dense::run(ctx, pb, dense::Op::ReduceScatter),
         "sparse" => sparse::run(ctx, pb),
         "simulate" => simulate::run(ctx, pb).map(Some),
         "plan" => plan::run(ctx, pb).map(Some),
