@@ -79,6 +79,32 @@ pub trait Communicator: Send {
         copy_into(self.rank(), src, rt, &msg, buf)
     }
 
+    /// [`recv_into`](Self::recv_into) of a message whose length the ranks have agreed on
+    /// (the steps of a dense collective's plan): a transport may post the receive before
+    /// the message arrives (MPI: `MPI_Irecv`, no probe and no unexpected-message copy).
+    /// A shorter message still returns its length; a **longer** one may end the job
+    /// (MPI reports `MPI_ERR_TRUNCATE`) instead of returning
+    /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge), which is why only agreed
+    /// lengths come here. The default is [`recv_into`](Self::recv_into).
+    fn recv_agreed_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
+        self.recv_into(src, tag, buf)
+    }
+
+    /// [`sendrecv_into`](Self::sendrecv_into) with the receive of
+    /// [`recv_agreed_into`](Self::recv_agreed_into). The default is
+    /// [`sendrecv_into`](Self::sendrecv_into).
+    fn sendrecv_agreed_into(
+        &self,
+        dest: usize,
+        st: Tag,
+        data: &[u8],
+        src: usize,
+        rt: Tag,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        self.sendrecv_into(dest, st, data, src, rt, buf)
+    }
+
     /// Splits into sub-communicators: ranks with the same `color` form one, ordered by
     /// (`key`, rank in this communicator), as `MPI_Comm_split`. Collective over all ranks.
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>>;
@@ -146,6 +172,27 @@ macro_rules! forward_communicator {
                 let $s = self;
                 $inner.sendrecv_into(d, st, data, s, rt, buf)
             }
+            fn recv_agreed_into(
+                &self,
+                src: usize,
+                tag: $crate::Tag,
+                buf: &mut [u8],
+            ) -> $crate::Result<usize> {
+                let $s = self;
+                $inner.recv_agreed_into(src, tag, buf)
+            }
+            fn sendrecv_agreed_into(
+                &self,
+                d: usize,
+                st: $crate::Tag,
+                data: &[u8],
+                s: usize,
+                rt: $crate::Tag,
+                buf: &mut [u8],
+            ) -> $crate::Result<usize> {
+                let $s = self;
+                $inner.sendrecv_agreed_into(d, st, data, s, rt, buf)
+            }
             fn split(&self, color: u32, key: u32) -> $crate::Result<Box<dyn $crate::Communicator>> {
                 let $s = self;
                 $inner.split(color, key)
@@ -186,6 +233,35 @@ pub trait CommExt: Communicator {
     fn recv_slice_into<T: Pod>(&self, src: usize, tag: Tag, buf: &mut [T]) -> Result<usize> {
         let n = self.recv_into(src, tag, bytemuck::cast_slice_mut(buf))?;
         elems(self.rank(), src, tag, n, std::mem::size_of::<T>())
+    }
+
+    /// [`recv_slice_into`](Self::recv_slice_into) of an agreed length (see
+    /// [`Communicator::recv_agreed_into`]).
+    fn recv_agreed_slice_into<T: Pod>(&self, src: usize, tag: Tag, buf: &mut [T]) -> Result<usize> {
+        let n = self.recv_agreed_into(src, tag, bytemuck::cast_slice_mut(buf))?;
+        elems(self.rank(), src, tag, n, std::mem::size_of::<T>())
+    }
+
+    /// [`sendrecv_slice_into`](Self::sendrecv_slice_into) of an agreed length (see
+    /// [`Communicator::recv_agreed_into`]).
+    fn sendrecv_agreed_slice_into<T: Pod>(
+        &self,
+        dest: usize,
+        st: Tag,
+        data: &[T],
+        src: usize,
+        rt: Tag,
+        buf: &mut [T],
+    ) -> Result<usize> {
+        let n = self.sendrecv_agreed_into(
+            dest,
+            st,
+            bytemuck::cast_slice(data),
+            src,
+            rt,
+            bytemuck::cast_slice_mut(buf),
+        )?;
+        elems(self.rank(), src, rt, n, std::mem::size_of::<T>())
     }
 
     /// Send-receive of typed slices, receiving a vector of any length.

@@ -166,7 +166,9 @@ pub fn allgatherv<C: Communicator + ?Sized, T: Pod>(
 
 /// Variable-count all-gather when every rank already knows every count (the hot path:
 /// no count exchange). `counts[comm.rank()]` must equal `mine.len()`; a peer that sends
-/// another length is reported as [`Error::Mismatch`].
+/// fewer bytes than its count is reported as [`Error::Mismatch`], and one that sends more
+/// ends the job under MPI (`MPI_ERR_TRUNCATE`: the receives are posted ahead, see
+/// `Communicator::recv_agreed_into`), so the counts must be the ones every rank agreed on.
 pub fn allgatherv_known<C: Communicator + ?Sized, T: Pod>(
     comm: &C,
     mine: &[T],

@@ -63,7 +63,7 @@ pub(crate) fn run_bytes<C: Communicator + ?Sized>(
                 range,
                 combine: Combine::Copy,
             } => {
-                let n = comm.recv_into(*from, *tag, &mut buf[range.clone()])?;
+                let n = comm.recv_agreed_into(*from, *tag, &mut buf[range.clone()])?;
                 expect_len(comm, *from, *tag, n, range.len())?;
             }
             Step::SendRecv {
@@ -76,7 +76,7 @@ pub(crate) fn run_bytes<C: Communicator + ?Sized>(
             } => {
                 let want = recv.len();
                 let (s, r) = pair_mut(buf, send.clone(), recv.clone());
-                let n = comm.sendrecv_into(*to, *tag, s, *from, *tag, r)?;
+                let n = comm.sendrecv_agreed_into(*to, *tag, s, *from, *tag, r)?;
                 expect_len(comm, *from, *tag, n, want)?;
             }
             Step::Round { .. } => {}

@@ -80,7 +80,11 @@ impl DenseOptions {
         }
     }
 
-    /// These options without the agreement check (hot path, SimComm accounting).
+    /// These options without the agreement check (hot path, SimComm accounting). The caller
+    /// then promises that every rank makes the same call: a rank that receives a shorter
+    /// message still reports [`Error::Mismatch`](crate::Error::Mismatch), but under MPI a
+    /// longer one ends the job (`MPI_ERR_TRUNCATE`), because the plans' receives are posted
+    /// ahead of the messages (see `Communicator::recv_agreed_into`).
     pub fn unchecked(self) -> Self {
         DenseOptions {
             check: false,

@@ -230,8 +230,10 @@ impl<W: WireElem> Scratch<W> {
     ) -> Result<()> {
         if W::IS_F32 && combine == Combine::Copy {
             let n = match send {
-                Some((dest, data)) => comm.sendrecv_slice_into(dest, tag, data, src, tag, out)?,
-                None => comm.recv_slice_into(src, tag, out)?,
+                Some((dest, data)) => {
+                    comm.sendrecv_agreed_slice_into(dest, tag, data, src, tag, out)?
+                }
+                None => comm.recv_agreed_slice_into(src, tag, out)?,
             };
             return expect_len(comm, src, tag, n, out.len());
         }
@@ -267,14 +269,16 @@ impl<W: WireElem> Scratch<W> {
         n: usize,
     ) -> Result<()> {
         let got = match (send, W::IS_F32) {
-            (None, true) => comm.recv_slice_into(src, tag, &mut self.recv[..n])?,
-            (None, false) => comm.recv_slice_into(src, tag, wire_view::<W>(&mut self.recv, n))?,
+            (None, true) => comm.recv_agreed_slice_into(src, tag, &mut self.recv[..n])?,
+            (None, false) => {
+                comm.recv_agreed_slice_into(src, tag, wire_view::<W>(&mut self.recv, n))?
+            }
             (Some((dest, data)), true) => {
-                comm.sendrecv_slice_into(dest, tag, data, src, tag, &mut self.recv[..n])?
+                comm.sendrecv_agreed_slice_into(dest, tag, data, src, tag, &mut self.recv[..n])?
             }
             (Some((dest, data)), false) => {
                 let bytes = Self::encode(&mut self.send, data);
-                let got = comm.sendrecv_into(
+                let got = comm.sendrecv_agreed_into(
                     dest,
                     tag,
                     bytes,
