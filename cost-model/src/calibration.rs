@@ -79,9 +79,10 @@ impl CollectiveFit {
     }
 }
 
-/// Most size regimes a collective's piecewise fit may use: two usually suffice (in cache,
-/// out of cache); a third is only kept when it clearly pays (see [`fit_piecewise`]).
-pub const MAX_SEGMENTS: usize = 3;
+/// Most size regimes a collective's piecewise fit may use: latency-bound, in cache, out of
+/// cache, and a protocol or memory regime beyond; each extra one is only kept when it
+/// clearly pays (see [`fit_piecewise`]).
+pub const MAX_SEGMENTS: usize = 4;
 
 /// Log-log interpolation of `(size, time)` samples sorted by size; `None` outside their
 /// range or with fewer than two samples. Sizes of 0 are skipped.

@@ -283,7 +283,7 @@ pub fn fit_topk_piecewise(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
 /// over bytes): summing `f32` runs at the bandwidth of the cache level the buffers fit in,
 /// so one γ misses by tens of percent at either end of a 1 KiB … 16 MiB sweep.
 pub fn fit_reduction_piecewise(samples: &[Sample]) -> Result<Fitted<PiecewiseLinear>> {
-    fit_piecewise(samples, 3)
+    fit_piecewise(samples, crate::calibration::MAX_SEGMENTS)
 }
 
 /// One size regime of a [`PiecewiseLinear`] model.
@@ -345,6 +345,13 @@ impl PiecewiseLinear {
 /// that much from a spurious split, while a real regime change gains far more.
 pub const PIECEWISE_MIN_GAIN: f64 = 4.0;
 
+/// Worst relative residual above which [`fit_piecewise`] adds a segment even when the
+/// squared-sum gain is below [`PIECEWISE_MIN_GAIN`] (the calibrated models' goal).
+pub const PIECEWISE_TARGET_REL: f64 = 0.15;
+
+/// Most size regimes [`fit_piecewise`] fits.
+pub const MAX_PIECEWISE_SEGMENTS: usize = 6;
+
 /// Below this RMS relative residual a single line is exact to measurement precision and is
 /// never split.
 const PIECEWISE_NOISE_FLOOR: f64 = 1e-6;
@@ -364,14 +371,15 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
     Some((m, ssr))
 }
 
-/// Fits a piecewise α-β model with at most `max_segments` (1 to 3) size regimes by relative
-/// least squares.
+/// Fits a piecewise α-β model with at most `max_segments` (1 to [`MAX_PIECEWISE_SEGMENTS`])
+/// size regimes by relative least squares.
 ///
-/// Every split between distinct measured sizes that leaves each segment at least two distinct sizes
-/// is tried and the one with the smallest total `Σ ((pred − t)/t)²` is kept (splits with a segment
+/// For each number of segments, every split between distinct measured sizes that leaves each
+/// segment at least two distinct sizes is considered (by dynamic programming) and the one with the smallest total `Σ ((pred − t)/t)²` is kept (splits with a segment
 /// of negative β are skipped); a split is only accepted when it divides that sum by at least
 /// [`PIECEWISE_MIN_GAIN`] over the best fit with fewer segments, so data with one regime stays one
-/// line. Fewer than 4 distinct sizes give a single line. Breakpoint placement and continuity: see
+/// line, or when that fit misses some size by more than [`PIECEWISE_TARGET_REL`] and the split
+/// misses by less. Fewer than 4 distinct sizes give a single line. Breakpoint placement and continuity: see
 /// [`PiecewiseLinear`]. Same sample checks and errors as [`fit_linear`].
 ///
 /// ```
@@ -389,9 +397,9 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 /// ```
 pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<PiecewiseLinear>> {
     let distinct = check_samples(samples)?;
-    if !(1..=3).contains(&max_segments) {
+    if !(1..=MAX_PIECEWISE_SEGMENTS).contains(&max_segments) {
         return Err(Error::InvalidArgument(format!(
-            "max_segments = {max_segments}; 1, 2 or 3 size regimes are supported"
+            "max_segments = {max_segments}; 1 to {MAX_PIECEWISE_SEGMENTS} size regimes are supported"
         )));
     }
     let mut sorted = samples.to_vec();
@@ -401,46 +409,78 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
         .filter(|&i| i == 0 || sorted[i].size != sorted[i - 1].size)
         .collect();
     starts.push(sorted.len());
-    // Line over distinct sizes [i, j) (j − i ≥ 2). A segment of a split must have β ≥ 0:
-    // a per-byte cost that falls with size is noise in latency-bound sizes, not a regime.
-    let fit = |i: usize, j: usize| {
-        line_ssr(&sorted[starts[i]..starts[j]]).filter(|(m, _)| m.beta_s >= 0.0)
-    };
+    let n = distinct;
+    // seg[i][j]: the line over distinct sizes [i, j) (j − i ≥ 2) and its SSR. A segment of
+    // a split must have β ≥ 0: a per-byte cost that falls with size is noise in
+    // latency-bound sizes, not a regime.
+    let mut seg: Vec<Vec<Option<(LinearModel, f64)>>> = vec![vec![None; n + 1]; n + 1];
+    for (i, row) in seg.iter_mut().enumerate() {
+        for (j, cell) in row.iter_mut().enumerate().skip(i + 2) {
+            *cell = line_ssr(&sorted[starts[i]..starts[j]]).filter(|(m, _)| m.beta_s >= 0.0);
+        }
+    }
     let (single, single_ssr) = line_ssr(samples).ok_or_else(singular)?;
     // Each candidate: (ssr, cut points in distinct-size indices, lines).
     let mut best: (f64, Vec<usize>, Vec<LinearModel>) = (single_ssr, vec![], vec![single]);
     let floor = PIECEWISE_NOISE_FLOOR.powi(2) * sorted.len() as f64;
-    if max_segments >= 2 && distinct >= 4 && single_ssr > floor {
-        let mut two: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
-        for c in 2..=distinct - 2 {
-            if let (Some((l, a)), Some((r, b))) = (fit(0, c), fit(c, distinct)) {
-                if two.as_ref().is_none_or(|t| a + b < t.0) {
-                    two = Some((a + b, vec![c], vec![l, r]));
-                }
-            }
-        }
-        if let Some(two) = two.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
-            best = two;
-        }
-    }
-    // Three regimes are tried whether or not a split in two was kept: noise in the
-    // latency-bound sizes can make every two-way split carry a segment with β < 0 while
-    // the three-way split that isolates those sizes is clean.
-    if max_segments >= 3 && distinct >= 6 && best.0 > floor {
-        let mut three: Option<(f64, Vec<usize>, Vec<LinearModel>)> = None;
-        for c1 in 2..=distinct - 4 {
-            for c2 in c1 + 2..=distinct - 2 {
-                if let (Some((l, a)), Some((m, b)), Some((r, c))) =
-                    (fit(0, c1), fit(c1, c2), fit(c2, distinct))
-                {
-                    if three.as_ref().is_none_or(|t| a + b + c < t.0) {
-                        three = Some((a + b + c, vec![c1, c2], vec![l, m, r]));
+    // split[j]: the best split of distinct sizes [0, j) into the current number of
+    // segments, as (ssr, cuts); dynamic programming over the number of segments. Every
+    // number of segments is tried whether or not fewer were kept: noise in the
+    // latency-bound sizes can make every two-way split carry a segment with β < 0 while a
+    // three-way split that isolates those sizes is clean.
+    let mut split: Vec<Option<(f64, Vec<usize>)>> = (0..=n)
+        .map(|j| seg[0][j].map(|(_, s)| (s, vec![])))
+        .collect();
+    for k in 2..=max_segments.min(n / 2) {
+        let mut next: Vec<Option<(f64, Vec<usize>)>> = vec![None; n + 1];
+        for (j, cell) in next.iter_mut().enumerate().skip(2 * k) {
+            for i in 2 * (k - 1)..=j - 2 {
+                if let (Some((prev, cuts)), Some((_, s))) = (&split[i], &seg[i][j]) {
+                    if cell.as_ref().is_none_or(|c| prev + s < c.0) {
+                        let mut c = cuts.clone();
+                        c.push(i);
+                        *cell = Some((prev + s, c));
                     }
                 }
             }
         }
-        if let Some(three) = three.filter(|t| t.0 * PIECEWISE_MIN_GAIN <= best.0) {
-            best = three;
+        split = next;
+        if best.0 <= floor {
+            break;
+        }
+        if let Some((ssr, cuts)) = &split[n] {
+            let mut bounds = vec![0];
+            bounds.extend(cuts);
+            bounds.push(n);
+            let lines: Vec<LinearModel> = bounds
+                .windows(2)
+                .filter_map(|w| seg[w[0]][w[1]].map(|(m, _)| m))
+                .collect();
+            // Each segment's worst relative residual on its own sizes.
+            let worst = |bounds: &[usize], lines: &[LinearModel]| {
+                bounds
+                    .windows(2)
+                    .zip(lines)
+                    .flat_map(|(w, m)| {
+                        sorted[starts[w[0]]..starts[w[1]]]
+                            .iter()
+                            .map(move |s| ((m.time_f(s.size) - s.time_s) / s.time_s).abs())
+                    })
+                    .fold(0.0, f64::max)
+            };
+            let mut old_bounds = vec![0];
+            old_bounds.extend(&best.1);
+            old_bounds.push(n);
+            let (now, before) = (worst(&bounds, &lines), worst(&old_bounds, &best.2));
+            // A split is kept when it clearly pays in the squared sum, or when the fit
+            // with fewer segments misses some size by more than PIECEWISE_TARGET_REL and
+            // this one misses by less: a regime the least-squares gain alone would not
+            // buy, since one badly described size adds little to the sum.
+            let pays = ssr * PIECEWISE_MIN_GAIN <= best.0;
+            let needed = before > PIECEWISE_TARGET_REL && now < before;
+            if pays || needed {
+                best = (*ssr, cuts.clone(), lines);
+            }
         }
     }
     let (_, cuts, lines) = best;
@@ -700,6 +740,33 @@ mod tests {
     }
 
     #[test]
+    fn piecewise_four_regimes_need_four_segments() {
+        // Four regimes on a ×2 sweep (1 KiB … 64 MiB): latency, cache, memory, and a
+        // slower regime beyond; three segments cannot describe it exactly, four can.
+        let lines = [
+            (5e-6, 0.05e-9),
+            (1e-6, 0.3e-9),
+            (-3e-3, 1.5e-9),
+            (-30e-3, 3e-9),
+        ];
+        let breaks = [40e3, 3e6, 18e6];
+        let s: Vec<Sample> = (10..=26)
+            .map(|e| (1u64 << e) as f64)
+            .map(|n| {
+                let k = breaks.iter().filter(|&&b| n >= b).count();
+                Sample::new(n, lines[k].0 + lines[k].1 * n)
+            })
+            .collect();
+        let four = fit_piecewise(&s, 4).unwrap();
+        assert_eq!(four.model.segments.len(), 4, "{four:?}");
+        assert!(four.quality.max_rel_residual < 1e-9);
+        let three = fit_piecewise(&s, 3).unwrap();
+        assert!(three.quality.max_rel_residual > 1e-3, "{three:?}");
+        // More segments allowed than the data needs: still four.
+        assert_eq!(fit_piecewise(&s, 6).unwrap().model.segments.len(), 4);
+    }
+
+    #[test]
     fn piecewise_three_regimes_and_small_sweeps() {
         // Three clear regimes on the ×4 sweep the calibration uses (1 KiB … 16 MiB).
         let s: Vec<Sample> = (0..8)
@@ -738,7 +805,8 @@ mod tests {
         assert_eq!(fit_piecewise(&dip, 3).unwrap().model.segments.len(), 1);
         // Same typed errors as the line; bad segment counts rejected.
         assert!(matches!(fit_piecewise(&[], 2), Err(Error::Fit(_))));
-        assert!(fit_piecewise(&few, 0).is_err() && fit_piecewise(&few, 4).is_err());
+        assert!(fit_piecewise(&few, 0).is_err());
+        assert!(fit_piecewise(&few, MAX_PIECEWISE_SEGMENTS + 1).is_err());
         let json = serde_json::to_string(&f).unwrap();
         let back: Fitted<PiecewiseLinear> = serde_json::from_str(&json).unwrap();
         assert_eq!(back, f);

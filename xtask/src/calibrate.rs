@@ -28,9 +28,10 @@ pub struct Args {
     #[arg(long, default_value = "calibration.json")]
     pub out: PathBuf,
     /// Repeats per size (the median is kept).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 9)]
     pub reps: usize,
-    /// Largest message size of the sweeps, MiB (sizes go 1 KiB, 4 KiB, … up to it).
+    /// Largest message size of the sweeps, MiB (sizes go 1 KiB, 2 KiB, 4 KiB, … up to it:
+    /// ×2 steps, so that every size regime of the piecewise fits holds several sizes).
     #[arg(long, default_value_t = 16)]
     pub max_mib: usize,
     /// Validation sizes, MiB.
@@ -51,7 +52,7 @@ fn options(args: &Args) -> CalibrateOptions {
     let mut n = 1024usize;
     while n <= max {
         sizes.push(n);
-        n *= 4;
+        n *= 2;
     }
     if sizes.last() != Some(&max) {
         sizes.push(max);

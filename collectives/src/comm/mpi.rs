@@ -240,51 +240,62 @@ impl MpiComm {
     }
 
     /// Receives into `buf` through a receive posted before the message is looked for
-    /// (`MPI_Irecv`, polled with `MPI_Test` so that a timeout is possible): the message
-    /// lands in `buf` directly, with no probe and no copy out of the unexpected-message
-    /// queue. On a timeout the receive is cancelled (or, if the message won the race,
-    /// completed). A message longer than `buf` is `MPI_ERR_TRUNCATE`, which ends the job:
-    /// only agreed lengths come here (see `Communicator::recv_agreed_into`).
+    /// (`MPI_Irecv`, see [`Self::poll_posted`]). A message longer than `buf` is
+    /// `MPI_ERR_TRUNCATE`, which ends the job: only agreed lengths come here (see
+    /// `Communicator::recv_agreed_into`).
     fn recv_posted_raw(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
-        let start = Instant::now();
-        let process = self.comm.process_at_rank(src as i32);
         mpi::request::scope(|scope| {
-            let mut request = process.immediate_receive_into_with_tag(scope, buf, tag as i32);
-            let mut spins: u64 = 0;
-            loop {
-                request = match request.test() {
-                    Ok(status) => {
-                        return Ok(status.count(u8::equivalent_datatype()).max(0) as usize)
+            let request = self
+                .comm
+                .process_at_rank(src as i32)
+                .immediate_receive_into_with_tag(scope, buf, tag as i32);
+            self.poll_posted(request, src, tag)
+        })
+    }
+
+    /// Waits for a posted receive, polling with `MPI_Test` so that a timeout is possible:
+    /// the message lands in the caller's buffer directly, with no probe and no copy out of
+    /// the unexpected-message queue. On a timeout the receive is cancelled (or, if the
+    /// message won the race, completed). Returns the bytes received.
+    fn poll_posted<'a, S: mpi::request::Scope<'a>>(
+        &self,
+        mut request: Request<'a, [u8], S>,
+        src: usize,
+        tag: Tag,
+    ) -> Result<usize> {
+        let start = Instant::now();
+        let mut spins: u64 = 0;
+        loop {
+            request = match request.test() {
+                Ok(status) => return Ok(status.count(u8::equivalent_datatype()).max(0) as usize),
+                Err(r) => r,
+            };
+            spins += 1;
+            if spins % 64 == 0 {
+                self.progress();
+                let waited = start.elapsed();
+                if waited >= self.timeout {
+                    request.cancel();
+                    let n = request.wait().count(u8::equivalent_datatype());
+                    if n > 0 {
+                        // The message arrived between the last test and the cancel
+                        // (rsmpi does not expose `MPI_Test_cancelled`; a cancelled
+                        // receive counts 0, so an empty message in that window is
+                        // reported as the timeout it nearly was).
+                        return Ok(n as usize);
                     }
-                    Err(r) => r,
-                };
-                spins += 1;
-                if spins % 64 == 0 {
-                    self.progress();
-                    let waited = start.elapsed();
-                    if waited >= self.timeout {
-                        request.cancel();
-                        let n = request.wait().count(u8::equivalent_datatype());
-                        if n > 0 {
-                            // The message arrived between the last test and the cancel
-                            // (rsmpi does not expose `MPI_Test_cancelled`; a cancelled
-                            // receive counts 0, so an empty message in that window is
-                            // reported as the timeout it nearly was).
-                            return Ok(n as usize);
-                        }
-                        return Err(Error::Timeout {
-                            rank: self.rank,
-                            src,
-                            tag,
-                            waited,
-                        });
-                    }
-                }
-                if spins > 2_000 {
-                    std::thread::yield_now();
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        src,
+                        tag,
+                        waited,
+                    });
                 }
             }
-        })
+            if spins > 2_000 {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// The checks of a send-receive: both peers and tags, and the message length.
@@ -498,7 +509,15 @@ impl Communicator for MpiComm {
     ) -> Result<usize> {
         self.check_pair(dest, st, src, rt, data.len())?;
         Self::check_len(buf.len())?;
-        self.with_send(dest, st, data, || self.recv_posted_raw(src, rt, buf))
+        // The receive is posted before the send, so that the peer's message, which is
+        // usually on its way already, finds it (as `MPI_Sendrecv` does).
+        mpi::request::scope(|scope| {
+            let request = self
+                .comm
+                .process_at_rank(src as i32)
+                .immediate_receive_into_with_tag(scope, buf, rt as i32);
+            self.with_send(dest, st, data, || self.poll_posted(request, src, rt))
+        })
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
