@@ -107,6 +107,31 @@ pub fn time_op<C: Communicator + ?Sized>(
     Ok(median(t))
 }
 
+/// Bytes a ping-pong timing moves at least (short messages repeat the round trip).
+const PINGPONG_TIMED_BYTES: usize = 64 << 10;
+
+/// Most round trips in one ping-pong timing.
+const PINGPONG_MAX_TRIPS: usize = 32;
+
+/// Calls per timing of a collective that moves `bytes`: short ones run several times
+/// between the barriers (as the OSU benchmarks do), so that the barrier and the clock do
+/// not dominate an operation of a few µs. Depends on the size alone, so all ranks agree.
+fn calls_per_timing(bytes: usize) -> usize {
+    (PINGPONG_TIMED_BYTES / bytes.max(1)).clamp(1, PINGPONG_MAX_TRIPS)
+}
+
+/// [`time_op`] of [`calls_per_timing`] back-to-back calls of `op`; seconds per call.
+fn time_repeated<C: Communicator + ?Sized>(
+    comm: &C,
+    reps: usize,
+    bytes: usize,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    let calls = calls_per_timing(bytes);
+    let t = time_op(comm, reps, || (0..calls).try_for_each(|_| op()))?;
+    Ok(t / calls as f64)
+}
+
 /// One-way time between ranks 0 and 1 (half the round trip) for each size; every rank
 /// returns the samples, meaningful on rank 0. Needs P ≥ 2.
 pub fn pingpong<C: Communicator + ?Sized>(
@@ -122,21 +147,28 @@ pub fn pingpong<C: Communicator + ?Sized>(
     let mut out = Vec::new();
     for &n in sizes {
         let msg = vec![0u8; n];
+        // Short messages make several round trips per timing (as the OSU latency test
+        // does), so that the barrier around each timing and the clock's resolution do not
+        // dominate a round trip of a few µs. The count depends on the size alone, so both
+        // ranks agree on it.
+        let trips = calls_per_timing(n);
         let t = time_op(comm, reps, || {
-            match comm.rank() {
-                0 => {
-                    comm.send(1, PING, &msg)?;
-                    comm.recv(1, PING)?;
+            for _ in 0..trips {
+                match comm.rank() {
+                    0 => {
+                        comm.send(1, PING, &msg)?;
+                        comm.recv(1, PING)?;
+                    }
+                    1 => {
+                        let m = comm.recv(0, PING)?;
+                        comm.send(0, PING, &m)?;
+                    }
+                    _ => {}
                 }
-                1 => {
-                    let m = comm.recv(0, PING)?;
-                    comm.send(0, PING, &m)?;
-                }
-                _ => {}
             }
             Ok(())
         })?;
-        out.push(Sample::new(n as f64, t / 2.0));
+        out.push(Sample::new(n as f64, t / (2 * trips) as f64));
     }
     Ok(out)
 }
@@ -150,7 +182,7 @@ pub fn time_allreduce<C: Communicator + ?Sized>(
 ) -> Result<f64> {
     let mut buf = vec![1.0f32; bytes / 4];
     let opts = DenseOptions::default().unchecked();
-    time_op(comm, reps, || allreduce(comm, &mut buf, algo, &opts))
+    time_repeated(comm, reps, bytes, || allreduce(comm, &mut buf, algo, &opts))
 }
 
 /// Times an all-gather where each rank contributes `bytes` bytes.
@@ -163,7 +195,9 @@ pub fn time_allgather<C: Communicator + ?Sized>(
     let mine = vec![comm.rank() as u8; bytes];
     let mut out = vec![0u8; bytes * comm.size()];
     let opts = DenseOptions::default().unchecked();
-    time_op(comm, reps, || allgather(comm, &mine, &mut out, algo, &opts))
+    time_repeated(comm, reps, bytes * comm.size(), || {
+        allgather(comm, &mine, &mut out, algo, &opts)
+    })
 }
 
 /// Times a reduce-scatter of a `bytes` buffer (f32).
@@ -175,7 +209,7 @@ pub fn time_reduce_scatter<C: Communicator + ?Sized>(
 ) -> Result<f64> {
     let mut buf = vec![1.0f32; bytes / 4];
     let opts = DenseOptions::default().unchecked();
-    time_op(comm, reps, || {
+    time_repeated(comm, reps, bytes, || {
         reduce_scatter(comm, &mut buf, algo, &opts).map(|_| ())
     })
 }
@@ -453,7 +487,9 @@ fn topo_for(cal: &Calibration, p: usize, ranks_per_node: usize) -> Option<Topolo
 }
 
 /// What a calibration says of one collective at P ranks: with measured fits for the
-/// operation at the calibrated P, only those (an algorithm that was not swept, or LP swept
+/// operation at the calibrated P, only those (their measured medians inside the sweep, the
+/// piecewise fit outside it: two algorithms within the fit's error of each other are ranked
+/// by what was measured, not by the smoothing) (an algorithm that was not swept, or LP swept
 /// with another block size, is left out: a schedule prediction next to measured times
 /// would compare a model with the machine); otherwise the exact schedule on the calibrated
 /// links. This is what `choose_allreduce(p, bytes, Some(&calibration))` ranks by.
@@ -471,7 +507,7 @@ fn measured_or_schedule(
             .collectives
             .iter()
             .find(|c| c.op == op && c.algo == name && (block.is_none() || c.block_bytes == block))
-            .map(|c| c.time(bytes));
+            .map(|c| c.measured_time(bytes));
     }
     schedule(cal)
 }

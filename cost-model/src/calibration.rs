@@ -60,6 +60,12 @@ impl CollectiveFit {
         })
     }
 
+    /// Seconds for `bytes` as measured: the samples interpolated log-log inside the sweep,
+    /// [`CollectiveFit::time`] outside it. What an algorithm chooser ranks by.
+    pub fn measured_time(&self, bytes: usize) -> f64 {
+        interpolate(&self.samples, bytes as f64).unwrap_or_else(|| self.time(bytes))
+    }
+
     /// The same fit, recorded as swept with pipeline blocks of `block_bytes`.
     pub fn with_block_bytes(mut self, block_bytes: usize) -> Self {
         self.block_bytes = Some(block_bytes);
@@ -79,10 +85,10 @@ impl CollectiveFit {
     }
 }
 
-/// Most size regimes a collective's piecewise fit may use: latency-bound, in cache, out of
-/// cache, and a protocol or memory regime beyond; each extra one is only kept when it
-/// clearly pays (see [`fit_piecewise`]).
-pub const MAX_SEGMENTS: usize = 4;
+/// Most size regimes a piecewise fit of the calibration may use: latency-bound, then one
+/// per cache level the buffers outgrow (L1, L2, last level, memory); each extra one is only
+/// kept where the data needs it (see [`fit_piecewise`]).
+pub const MAX_SEGMENTS: usize = 5;
 
 /// Log-log interpolation of `(size, time)` samples sorted by size; `None` outside their
 /// range or with fewer than two samples. Sizes of 0 are skipped.
