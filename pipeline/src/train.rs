@@ -18,14 +18,14 @@
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
 use collectives::dense::{self, AllgatherAlgo, BroadcastAlgo, DenseOptions};
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, Header, RankPart, Replicated};
-use crate::data::{batch_tensors, ImageData};
+use crate::candle_models::LstmShape;
+use crate::data::{Dataset, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
@@ -71,6 +71,8 @@ pub enum ModelKind {
     Resnet20,
     /// VGG-16 with batch norm (input side a multiple of 32).
     Vgg16Bn,
+    /// The 2-layer LSTM language model (token files; shape [`TrainConfig::lstm`]).
+    Lstm,
 }
 
 impl std::fmt::Display for ModelKind {
@@ -78,25 +80,7 @@ impl std::fmt::Display for ModelKind {
         f.write_str(match self {
             ModelKind::Resnet20 => "resnet20",
             ModelKind::Vgg16Bn => "vgg16_bn",
-        })
-    }
-}
-
-impl ModelKind {
-    /// A fresh model for `[channels, side, side]` inputs and `classes`, from `seed`.
-    pub fn build(&self, shape: [usize; 3], classes: usize, seed: u64) -> Result<Box<dyn Staged>> {
-        if shape[1] != shape[2] {
-            return Err(Error::InvalidArgument(format!(
-                "square images expected, got {shape:?}"
-            )));
-        }
-        Ok(match self {
-            ModelKind::Resnet20 => Box::new(crate::candle_models::resnet20(
-                shape[0], shape[1], classes, seed,
-            )?),
-            ModelKind::Vgg16Bn => Box::new(crate::candle_models::vgg16_bn(
-                shape[0], shape[1], classes, 1, seed,
-            )?),
+            ModelKind::Lstm => "lstm",
         })
     }
 }
@@ -134,6 +118,9 @@ pub struct TrainConfig {
     pub groups: Option<Vec<Vec<usize>>>,
     /// Model.
     pub model: ModelKind,
+    /// The language model's shape ([`ModelKind::Lstm`]); its vocabulary must be the
+    /// token files'.
+    pub lstm: LstmShape,
     /// Ranks P (threads; under MPI the world size must equal it).
     pub ranks: usize,
     /// Density ρ of the sparse schemes.
@@ -184,6 +171,7 @@ impl Default for TrainConfig {
             planner: None,
             groups: None,
             model: ModelKind::Resnet20,
+            lstm: LstmShape::SMALL,
             ranks: 4,
             density: 0.01,
             epochs: 10,
@@ -216,8 +204,14 @@ pub struct EpochStats {
     pub loss: f32,
     /// Training accuracy, %.
     pub train_acc: f64,
-    /// Test accuracy, %.
+    /// Test accuracy, % (next-token accuracy for a language model).
     pub test_acc: f64,
+    /// Mean test cross entropy, nats.
+    #[serde(default)]
+    pub test_loss: f64,
+    /// Test perplexity (`exp(test_loss)`) of a language model; `None` for a classifier.
+    #[serde(default)]
+    pub test_ppl: Option<f64>,
     /// Training time so far (evaluation excluded), seconds.
     pub elapsed_s: f64,
 }
@@ -291,6 +285,9 @@ pub struct TrainReport {
     pub epochs: Vec<EpochStats>,
     /// Final test accuracy, %.
     pub test_acc: f64,
+    /// Final test perplexity of a language model (`None` for a classifier).
+    #[serde(default)]
+    pub test_ppl: Option<f64>,
     /// Training wall time (evaluation excluded), seconds.
     pub time_s: f64,
     /// Payload bytes each rank sent in gradient exchanges, averaged over ranks.
@@ -326,7 +323,7 @@ pub struct TrainReport {
     pub trace: Vec<TraceEvent>,
 }
 
-fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
+fn validate(cfg: &TrainConfig, data: &dyn Dataset, world: usize) -> Result<()> {
     if cfg.ranks == 0 || cfg.batch == 0 || cfg.epochs == 0 {
         return Err(Error::InvalidArgument(format!(
             "ranks ({}), batch ({}) and epochs ({}) must be positive",
@@ -357,11 +354,11 @@ fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
             "profile_iters must be ≥ 2 (the first is warm-up)".into(),
         ));
     }
-    let iters = data.train_len() / cfg.ranks / cfg.batch;
+    let iters = data.iters_per_epoch(cfg.ranks, cfg.batch);
     if iters == 0 {
         return Err(Error::InvalidArgument(format!(
-            "{} training samples over {} ranks do not fill one batch of {}",
-            data.train_len(),
+            "the training set of `{}` over {} ranks does not fill one batch of {}",
+            data.name(),
             cfg.ranks,
             cfg.batch
         )));
@@ -431,11 +428,12 @@ fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
 /// What every rank must agree on: the configuration (transport aside) and the layers.
 fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64 {
     let text = format!(
-        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
         cfg.scheme,
         cfg.planner,
         cfg.groups,
         cfg.model,
+        cfg.lstm,
         cfg.ranks,
         cfg.density,
         cfg.epochs,
@@ -453,20 +451,6 @@ fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64
     );
     let bytes: Vec<Vec<f32>> = vec![text.bytes().map(f32::from).collect()];
     hash_params(&bytes)
-}
-
-/// Test accuracy, %, in chunks of 256.
-pub fn evaluate(model: &dyn Staged, x: &Tensor, y: &Tensor) -> Result<f64> {
-    let n = x.dim(0)?;
-    let mut right = 0;
-    let mut i = 0;
-    while i < n {
-        let b = 256.min(n - i);
-        let logits = staged::forward(model, &x.narrow(0, i, b)?, false)?;
-        right += staged::correct(&logits, &y.narrow(0, i, b)?)?;
-        i += b;
-    }
-    Ok(100.0 * right as f64 / n.max(1) as f64)
 }
 
 /// Per-rank result.
@@ -515,7 +499,7 @@ impl Accum {
 pub fn run_rank<C: Communicator + 'static>(
     comm: C,
     cfg: &TrainConfig,
-    data: &ImageData,
+    data: &dyn Dataset,
     topology: Option<&Topology>,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
@@ -523,8 +507,7 @@ pub fn run_rank<C: Communicator + 'static>(
     let rank = comm.rank();
     let p = comm.size();
     let backend = comm.backend();
-    let device = Device::Cpu;
-    let model = cfg.model.build(data.shape, data.classes, cfg.seed)?;
+    let model = data.build_model(cfg.model, cfg.lstm, cfg.seed)?;
     let layers = staged::layers(&*model);
     let sizes = staged::layer_sizes(&*model);
     let l_count = sizes.len();
@@ -548,13 +531,9 @@ pub fn run_rank<C: Communicator + 'static>(
         cfg.weight_decay,
     )?;
     let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
-    let iters = data.train_len() / p / cfg.batch;
-    let (test_x, test_y) = if rank == 0 {
-        let (x, y) = data.test_tensors(&device)?;
-        (Some(x), Some(y))
-    } else {
-        (None, None)
-    };
+    let iters = data.iters_per_epoch(p, cfg.batch);
+    // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
+    let mut targets = cfg.batch;
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
     let mut phase = Phase::Profile(Vec::new());
@@ -650,10 +629,10 @@ pub fn run_rank<C: Communicator + 'static>(
             _ => loader.epoch(epoch as u64),
         };
         for it in first_it..iters {
-            let batch = batches.next().ok_or_else(|| {
+            let (x, y) = batches.next().ok_or_else(|| {
                 Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
             })??;
-            let (x, y) = batch_tensors(&batch, &device)?;
+            targets = y.elem_count();
             let t_start = t_run.elapsed().as_secs_f64();
             reducer.begin()?;
             let fwd = staged::forward_train(&*model, &x)?;
@@ -759,12 +738,15 @@ pub fn run_rank<C: Communicator + 'static>(
         if stopped {
             break;
         }
-        if let (Some(x), Some(y)) = (&test_x, &test_y) {
+        if rank == 0 {
+            let eval = data.evaluate(&*model)?;
             let stats = EpochStats {
                 epoch: epoch + 1,
                 loss: loss_sum / iters as f32,
-                train_acc: 100.0 * right as f64 / (iters * cfg.batch) as f64,
-                test_acc: evaluate(&*model, x, y)?,
+                train_acc: 100.0 * right as f64 / (iters * targets) as f64,
+                test_acc: eval.accuracy,
+                test_loss: eval.loss,
+                test_ppl: eval.perplexity,
                 elapsed_s: train_time,
             };
             if let Some(f) = progress {
@@ -795,7 +777,7 @@ pub fn run_rank<C: Communicator + 'static>(
         scheme: cfg.scheme.to_string(),
         planner: current.planner,
         model: model.name(),
-        data: data.name.clone(),
+        data: data.name(),
         optimizer: opt.name(),
         backend,
         ranks: p,
@@ -803,6 +785,7 @@ pub fn run_rank<C: Communicator + 'static>(
         groups: current.plan.groups(),
         profile_backward_s: profile_bw,
         test_acc: epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
+        test_ppl: epochs.last().and_then(|e| e.test_ppl),
         epochs,
         time_s: train_time,
         bytes_per_rank: all.iter().sum::<f64>() / p as f64,
@@ -981,7 +964,7 @@ fn build_reducer<C: Communicator + 'static>(
 /// report, with the trace.
 pub fn train(
     cfg: &TrainConfig,
-    data: &ImageData,
+    data: &dyn Dataset,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
     validate(cfg, data, cfg.ranks)?;
