@@ -20,6 +20,7 @@
 
 pub mod candle_models;
 pub mod check;
+pub mod bsp;
 pub mod checkpoint;
 pub mod data;
 pub mod emulated;

@@ -29,7 +29,8 @@ use crate::data::{Dataset, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
-use crate::reduction::{self, SchemeKind};
+use crate::bsp::ParamBroadcast;
+use crate::reduction::{self, BspUpdate, SchemeKind};
 use crate::runtime::Reducer;
 use crate::staged::{self, Staged};
 use crate::timeline::{predict, Timeline};
@@ -250,6 +251,14 @@ pub struct Breakdown {
     pub iteration_s: f64,
     /// The optimizer step (and parameter write-back), seconds.
     pub optimizer_s: f64,
+    /// BSP-SGD: forward time spent waiting for the weights' broadcast, seconds (inside
+    /// `forward_s`).
+    #[serde(default)]
+    pub param_wait_s: f64,
+    /// BSP-SGD: the weights' broadcast spans (per stage, summed), seconds; under
+    /// Algorithm 1 `param_bcast_s − param_wait_s` of it overlapped forward.
+    #[serde(default)]
+    pub param_bcast_s: f64,
     /// The timeline's predicted iteration time for the plan.
     pub predicted_iteration_s: f64,
     /// The timeline's predicted non-overlapped communication.
@@ -321,6 +330,10 @@ pub struct TrainReport {
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
+    /// The final parameters (one vector per layer, forward order), to compare runs in
+    /// memory; not written to JSON.
+    #[serde(skip)]
+    pub final_params: Vec<Vec<f32>>,
 }
 
 fn validate(cfg: &TrainConfig, data: &dyn Dataset, world: usize) -> Result<()> {
@@ -348,6 +361,14 @@ fn validate(cfg: &TrainConfig, data: &dyn Dataset, world: usize) -> Result<()> {
         return Err(Error::InvalidArgument(
             "learning rate must be positive and warm-up ≥ 0".into(),
         ));
+    }
+    if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2)
+        && cfg.optimizer != OptimizerKind::Sgd
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the root alone applies BSP-SGD's update, but {} splits its step across the ranks (PTO)",
+            cfg.scheme, cfg.optimizer
+        )));
     }
     if cfg.profile_iters < 2 {
         return Err(Error::InvalidArgument(
@@ -458,13 +479,92 @@ struct RankOut {
     report: TrainReport,
 }
 
+/// One iteration's BSP-SGD weight broadcast: forward time spent waiting for parameters
+/// and the stages' broadcast spans.
+#[derive(Debug, Clone, Copy, Default)]
+struct BspTimes {
+    wait_s: f64,
+    bcast_s: f64,
+}
+
+impl BspTimes {
+    /// Counts one stage's [`ParamBroadcast::wait`] result and installs its values.
+    fn add(
+        &mut self,
+        (values, span, waited): (Vec<f32>, crate::timeline::Span, f64),
+        install: impl FnOnce(&[f32]) -> Result<()>,
+    ) -> Result<()> {
+        self.wait_s += waited;
+        self.bcast_s += span.len();
+        install(&values)
+    }
+}
+
+/// The layers of each stage (forward order, contiguous).
+fn stage_layer_ranges(model: &dyn Staged) -> Vec<std::ops::Range<usize>> {
+    let mut start = 0;
+    (0..model.num_stages())
+        .map(|s| {
+            let r = start..start + model.stage_params(s).len();
+            start = r.end;
+            r
+        })
+        .collect()
+}
+
+/// Each stage's weights concatenated, for the broadcast.
+fn stage_values(weights: &[Vec<f32>], stages: &[std::ops::Range<usize>]) -> Vec<Vec<f32>> {
+    stages.iter().map(|r| weights[r.clone()].concat()).collect()
+}
+
+/// Writes a stage's broadcast values into the host weights and the model's variables.
+fn install_stage(
+    model: &dyn Staged,
+    stage: usize,
+    values: &[f32],
+    weights: &mut [Vec<f32>],
+    stages: &[std::ops::Range<usize>],
+) -> Result<()> {
+    let mut off = 0;
+    for (l, (name, var)) in stages[stage].clone().zip(model.stage_params(stage)) {
+        let n = weights[l].len();
+        let chunk = values.get(off..off + n).ok_or(Error::GradientLength {
+            layer: l,
+            got: values.len(),
+            expected: off + n,
+        })?;
+        weights[l].copy_from_slice(chunk);
+        let dims = var.as_tensor().dims().to_vec();
+        var.set(&candle_core::Tensor::from_slice(chunk, dims.as_slice(), &model.device())?)
+            .map_err(|e| Error::Model(format!("setting `{name}`: {e}")))?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Waits for the rest of the broadcast in flight and installs it.
+fn drain(
+    b: &mut ParamBroadcast,
+    model: &dyn Staged,
+    weights: &mut [Vec<f32>],
+    stages: &[std::ops::Range<usize>],
+    times: &mut BspTimes,
+) -> Result<()> {
+    while let Some(s) = b.next_stage() {
+        times.add(b.wait(s)?, |v| install_stage(model, s, v, weights, stages))?;
+    }
+    Ok(())
+}
+
 struct Accum {
     sum: Breakdown,
 }
 
 impl Accum {
-    fn add(&mut self, t: &Timeline, opt_s: f64) {
+    fn add(&mut self, t: &Timeline, opt_s: f64, bsp: &BspTimes) {
         let s = &mut self.sum;
+        s.param_wait_s += bsp.wait_s;
+        s.param_bcast_s += bsp.bcast_s;
         s.forward_s += t.forward.len();
         s.backward_s += t.backward.iter().map(|b| b.len()).sum::<f64>();
         s.selection_s += t.total_sparsify_s();
@@ -485,6 +585,8 @@ impl Accum {
             non_overlapped_comm_s: s.non_overlapped_comm_s / n,
             iteration_s: s.iteration_s / n,
             optimizer_s: s.optimizer_s / n,
+            param_wait_s: s.param_wait_s / n,
+            param_bcast_s: s.param_bcast_s / n,
             predicted_iteration_s: predicted.iteration_s,
             predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
             samples: s.samples,
@@ -530,6 +632,29 @@ pub fn run_rank<C: Communicator + 'static>(
         cfg.momentum,
         cfg.weight_decay,
     )?;
+    // BSP-SGD's weight broadcast, on its own communicator and thread.
+    let stage_layers = stage_layer_ranges(&*model);
+    let mut bcast = match cfg.scheme.bsp_update() {
+        Some(_) => {
+            let link = topology.map(|t| t.inter);
+            let stage_sizes: Vec<usize> = stage_layers
+                .iter()
+                .map(|r| sizes[r.clone()].iter().sum())
+                .collect();
+            let blocks = stage_sizes
+                .iter()
+                .map(|&n| reduction::lp_block(cost_model::Collective::Broadcast, n.max(1), p, link))
+                .collect();
+            Some(ParamBroadcast::new(
+                ctrl.split(1, rank as u32)?,
+                stage_sizes,
+                blocks,
+                Instant::now(),
+            )?)
+        }
+        None => None,
+    };
+    let mut pending_check: Option<usize> = None;
     let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
     let iters = data.iters_per_epoch(p, cfg.batch);
     // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
@@ -634,8 +759,23 @@ pub fn run_rank<C: Communicator + 'static>(
             })??;
             targets = y.elem_count();
             let t_start = t_run.elapsed().as_secs_f64();
+            // BSP-SGD's root update applies once the plan (and its LP reduce) is in place.
+            let rooted = matches!(phase, Phase::Planned(()));
             reducer.begin()?;
-            let fwd = staged::forward_train(&*model, &x)?;
+            // BSP-SGD Algorithm 1: each stage's forward waits for its own parameters only.
+            let mut bsp_times = BspTimes::default();
+            let fwd = match bcast.as_mut().filter(|b| b.in_flight()) {
+                Some(b) => staged::forward_train_with(&*model, &x, &mut |s| {
+                    bsp_times.add(b.wait(s)?, |v| {
+                        install_stage(&*model, s, v, &mut weights, &stage_layers)
+                    })
+                })?,
+                None => staged::forward_train(&*model, &x)?,
+            };
+            if let Some(k) = pending_check.take() {
+                agree_u64(&*ctrl, hash_params(&weights), &format!("the parameters after step {k}"))?;
+                checked += 1;
+            }
             let loss = model.loss(fwd.logits(), &y)?;
             reducer.forward_done()?;
             staged::backward_staged(&*model, &fwd, &loss, &mut |l, g| reducer.ready(l, g))?;
@@ -644,16 +784,47 @@ pub fn run_rank<C: Communicator + 'static>(
             right += staged::correct(fwd.logits(), &y)?;
             let t_opt = Instant::now();
             let lr = learning_rate(cfg, step, iters * cfg.epochs, warmup_iters);
-            opt.step(&*ctrl, &mut weights, &grads, lr)?;
-            staged::set_params(&*model, &weights)?;
-            let opt_s = t_opt.elapsed().as_secs_f64();
             step += 1;
             since_rebuild += 1;
+            match (cfg.scheme.bsp_update(), &mut bcast, rooted) {
+                (Some(update), Some(b), true) if update != BspUpdate::ReplicatedSync => {
+                    // Algorithms 1 and 2: the root alone updates, then broadcasts.
+                    if rank == 0 {
+                        opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                        staged::set_params(&*model, &weights)?;
+                    }
+                    b.launch(stage_values(&weights, &stage_layers))?;
+                    if update == BspUpdate::RootBlocking {
+                        drain(b, &*model, &mut weights, &stage_layers, &mut bsp_times)?;
+                    }
+                }
+                (Some(BspUpdate::ReplicatedSync), Some(b), true) => {
+                    // Algorithm 3: every rank updates; the root's weights every 5 steps.
+                    opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                    staged::set_params(&*model, &weights)?;
+                    if step % crate::bsp::BSP3_SYNC_EVERY == 0 {
+                        b.launch(stage_values(&weights, &stage_layers))?;
+                        drain(b, &*model, &mut weights, &stage_layers, &mut bsp_times)?;
+                    }
+                }
+                _ => {
+                    opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                    staged::set_params(&*model, &weights)?;
+                }
+            }
+            let opt_s = t_opt.elapsed().as_secs_f64();
+            // Under Algorithm 1 other ranks have this step's weights only once the next
+            // forward has received them: their check waits until then.
+            let in_flight = bcast.as_ref().is_some_and(|b| b.in_flight());
             let hash = hash_params(&weights);
             step_hashes.push(hash);
             if cfg.check_params {
-                agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
-                checked += 1;
+                if in_flight {
+                    pending_check = Some(step);
+                } else {
+                    agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
+                    checked += 1;
+                }
             }
             let tl = reducer
                 .last_timeline()
@@ -677,7 +848,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 }
                 Phase::Planned(()) => {
                     if since_rebuild > 1 {
-                        accum.add(&tl, opt_s);
+                        accum.add(&tl, opt_s, &bsp_times);
                     }
                 }
             }
@@ -694,6 +865,9 @@ pub fn run_rank<C: Communicator + 'static>(
             let every = cfg.checkpoint.every;
             if let (Some(dir), Phase::Planned(())) = (&cfg.checkpoint.dir, &phase) {
                 if stop || (every > 0 && step % every == 0) {
+                    if let Some(b) = bcast.as_mut().filter(|b| b.in_flight()) {
+                        drain(b, &*model, &mut weights, &stage_layers, &mut BspTimes::default())?;
+                    }
                     let replicated = Replicated {
                         step: step as u64,
                         epoch: epoch as u64,
@@ -756,6 +930,16 @@ pub fn run_rank<C: Communicator + 'static>(
         }
     }
     drop(reducer.shutdown()?);
+    if let Some(mut b) = bcast {
+        if b.in_flight() {
+            drain(&mut b, &*model, &mut weights, &stage_layers, &mut BspTimes::default())?;
+        }
+        b.shutdown()?;
+    }
+    if let Some(k) = pending_check.take() {
+        agree_u64(&*ctrl, hash_params(&weights), &format!("the parameters after step {k}"))?;
+        checked += 1;
+    }
     // Bytes per rank, averaged over ranks.
     let mine = (bytes_before + meter.counts().bytes_sent) as f64;
     let mut all = vec![0.0f64; p];
@@ -792,6 +976,7 @@ pub fn run_rank<C: Communicator + 'static>(
         breakdown: accum.mean(&predicted),
         params_checked_steps: checked,
         final_param_hash: hash_params(&weights),
+        final_params: weights,
         first_step,
         steps: step,
         step_param_hashes: step_hashes,
