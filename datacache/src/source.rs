@@ -83,7 +83,13 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// Reads `len` bytes at `offset` of `path`, opening the file per request as an NFS client
 /// would; errors name the sample.
-pub(crate) fn read_at(path: &Path, offset: u64, len: usize, index: usize, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_at(
+    path: &Path,
+    offset: u64,
+    len: usize,
+    index: usize,
+    name: &str,
+) -> Result<Vec<u8>> {
     let wrap = |source| Error::Read {
         index,
         name: name.to_string(),

@@ -203,9 +203,7 @@ pub fn stream_batches(plan: &ShardPlan, batch: usize) -> Result<Vec<Vec<usize>>>
         return Err(Error::Config("batch size must be at least 1".into()));
     }
     if plan.mode() != ShardMode::Contiguous {
-        return Err(Error::Config(
-            "token streams need contiguous shards".into(),
-        ));
+        return Err(Error::Config("token streams need contiguous shards".into()));
     }
     let shard = plan.indices();
     let m = shard.len() / batch;
@@ -241,7 +239,10 @@ mod tests {
         let dec = TokenDecoder { seq_len: 10 };
         for i in 0..s.len() {
             let t = dec.decode(&s.read(i).unwrap()).unwrap();
-            let want: Vec<f32> = ids[i * 10..=i * 10 + 10].iter().map(|&v| f32::from(v)).collect();
+            let want: Vec<f32> = ids[i * 10..=i * 10 + 10]
+                .iter()
+                .map(|&v| f32::from(v))
+                .collect();
             assert_eq!(t.data, want);
         }
         assert!(matches!(s.read(10), Err(Error::IndexOutOfRange { .. })));
@@ -270,7 +271,10 @@ mod tests {
             TokenSource::open(tmp("missing.tok"), 10),
             Err(Error::Io { .. })
         ));
-        assert!(matches!(TokenSource::open(&p, 200), Err(Error::Format { .. })));
+        assert!(matches!(
+            TokenSource::open(&p, 200),
+            Err(Error::Format { .. })
+        ));
     }
 
     #[test]

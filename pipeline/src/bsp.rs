@@ -129,7 +129,9 @@ impl ParamBroadcast {
                 "a parameter broadcast is still in flight".into(),
             ));
         }
-        if let Some(s) = (0..self.sizes.len()).find(|&s| stages.get(s).map(Vec::len) != Some(self.sizes[s])) {
+        if let Some(s) =
+            (0..self.sizes.len()).find(|&s| stages.get(s).map(Vec::len) != Some(self.sizes[s]))
+        {
             return Err(Error::GradientLength {
                 layer: s,
                 got: stages.get(s).map_or(0, Vec::len),

@@ -395,9 +395,10 @@ struct ImageBatches(datacache::EpochIter);
 impl Iterator for ImageBatches {
     type Item = Result<(Tensor, Tensor)>;
     fn next(&mut self) -> Option<Self::Item> {
-        self.0
-            .next()
-            .map(|b| b.map_err(Error::from).and_then(|b| batch_tensors(&b, &Device::Cpu)))
+        self.0.next().map(|b| {
+            b.map_err(Error::from)
+                .and_then(|b| batch_tensors(&b, &Device::Cpu))
+        })
     }
 }
 
@@ -429,7 +430,9 @@ impl Dataset for ImageData {
             )));
         }
         Ok(match kind {
-            ModelKind::Resnet20 => Box::new(crate::candle_models::resnet20(c, h, self.classes, seed)?),
+            ModelKind::Resnet20 => {
+                Box::new(crate::candle_models::resnet20(c, h, self.classes, seed)?)
+            }
             ModelKind::Vgg16Bn => {
                 Box::new(crate::candle_models::vgg16_bn(c, h, self.classes, 1, seed)?)
             }
@@ -494,7 +497,12 @@ impl TextData {
                     src.vocab()
                 )));
             }
-            build_cache(Arc::new(src), decoder.clone(), opts, &format!("tokens-{split}"))
+            build_cache(
+                Arc::new(src),
+                decoder.clone(),
+                opts,
+                &format!("tokens-{split}"),
+            )
         };
         let name = dir
             .file_name()

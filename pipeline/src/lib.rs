@@ -18,9 +18,9 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bsp;
 pub mod candle_models;
 pub mod check;
-pub mod bsp;
 pub mod checkpoint;
 pub mod data;
 pub mod emulated;

@@ -483,7 +483,10 @@ mod tests {
             })
             .unwrap();
             // BSP-SGD Algorithms 1 and 2 average on the root only.
-            let averaged = if kind.bsp_update().is_some_and(|u| u != BspUpdate::ReplicatedSync) {
+            let averaged = if kind
+                .bsp_update()
+                .is_some_and(|u| u != BspUpdate::ReplicatedSync)
+            {
                 &out[..1]
             } else {
                 &out[..]

@@ -23,13 +23,13 @@ use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{self, Header, RankPart, Replicated};
+use crate::bsp::ParamBroadcast;
 use crate::candle_models::LstmShape;
+use crate::checkpoint::{self, Header, RankPart, Replicated};
 use crate::data::{Dataset, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
-use crate::bsp::ParamBroadcast;
 use crate::reduction::{self, BspUpdate, SchemeKind};
 use crate::runtime::Reducer;
 use crate::staged::{self, Staged};
@@ -535,8 +535,12 @@ fn install_stage(
         })?;
         weights[l].copy_from_slice(chunk);
         let dims = var.as_tensor().dims().to_vec();
-        var.set(&candle_core::Tensor::from_slice(chunk, dims.as_slice(), &model.device())?)
-            .map_err(|e| Error::Model(format!("setting `{name}`: {e}")))?;
+        var.set(&candle_core::Tensor::from_slice(
+            chunk,
+            dims.as_slice(),
+            &model.device(),
+        )?)
+        .map_err(|e| Error::Model(format!("setting `{name}`: {e}")))?;
         off += n;
     }
     Ok(())
@@ -773,7 +777,11 @@ pub fn run_rank<C: Communicator + 'static>(
                 None => staged::forward_train(&*model, &x)?,
             };
             if let Some(k) = pending_check.take() {
-                agree_u64(&*ctrl, hash_params(&weights), &format!("the parameters after step {k}"))?;
+                agree_u64(
+                    &*ctrl,
+                    hash_params(&weights),
+                    &format!("the parameters after step {k}"),
+                )?;
                 checked += 1;
             }
             let loss = model.loss(fwd.logits(), &y)?;
@@ -866,7 +874,13 @@ pub fn run_rank<C: Communicator + 'static>(
             if let (Some(dir), Phase::Planned(())) = (&cfg.checkpoint.dir, &phase) {
                 if stop || (every > 0 && step % every == 0) {
                     if let Some(b) = bcast.as_mut().filter(|b| b.in_flight()) {
-                        drain(b, &*model, &mut weights, &stage_layers, &mut BspTimes::default())?;
+                        drain(
+                            b,
+                            &*model,
+                            &mut weights,
+                            &stage_layers,
+                            &mut BspTimes::default(),
+                        )?;
                     }
                     let replicated = Replicated {
                         step: step as u64,
@@ -932,12 +946,22 @@ pub fn run_rank<C: Communicator + 'static>(
     drop(reducer.shutdown()?);
     if let Some(mut b) = bcast {
         if b.in_flight() {
-            drain(&mut b, &*model, &mut weights, &stage_layers, &mut BspTimes::default())?;
+            drain(
+                &mut b,
+                &*model,
+                &mut weights,
+                &stage_layers,
+                &mut BspTimes::default(),
+            )?;
         }
         b.shutdown()?;
     }
     if let Some(k) = pending_check.take() {
-        agree_u64(&*ctrl, hash_params(&weights), &format!("the parameters after step {k}"))?;
+        agree_u64(
+            &*ctrl,
+            hash_params(&weights),
+            &format!("the parameters after step {k}"),
+        )?;
         checked += 1;
     }
     // Bytes per rank, averaged over ranks.

@@ -59,7 +59,10 @@ fn bsp1_trains_as_dense_and_bsp3_do_with_identical_ranks() {
         assert!(d < 2e-3, "{scheme}: parameters differ from dense by {d}");
         assert!((r.test_acc - dense.test_acc).abs() < 3.0, "{scheme}");
         if scheme != SchemeKind::Bsp3 {
-            assert!(r.breakdown.param_bcast_s > 0.0, "{scheme}: no broadcast measured");
+            assert!(
+                r.breakdown.param_bcast_s > 0.0,
+                "{scheme}: no broadcast measured"
+            );
         }
     }
 }

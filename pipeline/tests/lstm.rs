@@ -92,7 +92,12 @@ fn a_small_lstm_learns_with_every_scheme() {
         assert_eq!(r.params_checked_steps, 60, "{scheme}");
         assert_eq!(r.epochs.len(), 2);
         let (first, last) = (&r.epochs[0], &r.epochs[1]);
-        assert!(last.loss < first.loss, "{scheme}: {} -> {}", first.loss, last.loss);
+        assert!(
+            last.loss < first.loss,
+            "{scheme}: {} -> {}",
+            first.loss,
+            last.loss
+        );
         let ppl = last.test_ppl.expect("a language model reports perplexity");
         assert!(
             ppl.is_finite() && ppl < vocab as f64 / 4.0,
@@ -118,7 +123,10 @@ fn missing_or_corrupt_token_files_and_a_vocabulary_mismatch_are_typed_errors() {
         },
         ..small(vocab)
     };
-    assert!(matches!(pipeline::train(&cfg, &data, None), Err(Error::Data(_))));
+    assert!(matches!(
+        pipeline::train(&cfg, &data, None),
+        Err(Error::Data(_))
+    ));
     // An image model on token files, and bptt 0.
     let cfg = TrainConfig {
         model: ModelKind::Resnet20,

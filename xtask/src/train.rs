@@ -11,10 +11,10 @@
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use pipeline::candle_models::LstmShape;
 use pipeline::check::{
     runtime_vs_timeline, same_ranking, CheckConfig, LAYER_WISE, ONE_GROUP, PLANNED,
 };
-use pipeline::candle_models::LstmShape;
 use pipeline::data::{digits_dir, kjv_dir, CacheOptions, DataSpec, Dataset, ImageData, TextData};
 use pipeline::optimizer::OptimizerKind;
 use pipeline::train::{
@@ -79,22 +79,9 @@ pub struct Args {
     /// Generate this many CIFAR-10-format training samples (throughput runs).
     #[arg(long, conflicts_with_all = ["data", "idx"])]
     pub generated: Option<usize>,
-    /// Token files (train.tok, test.tok, vocab.txt) for --model lstm. Default: the King
-    /// James Gospels shipped in data/kjv-gospels.
-    #[arg(long, conflicts_with_all = ["data", "idx", "generated"])]
-    pub text: Option<PathBuf>,
-    /// Truncated-BPTT length of --model lstm (tokens per stream per iteration).
-    #[arg(long, default_value_t = 35)]
-    pub bptt: usize,
-    /// Embedding width of --model lstm.
-    #[arg(long, default_value_t = LstmShape::SMALL.embed)]
-    pub lstm_embed: usize,
-    /// Hidden units of each LSTM layer of --model lstm.
-    #[arg(long, default_value_t = LstmShape::SMALL.hidden)]
-    pub lstm_hidden: usize,
-    /// Vocabulary of --model lstm (default: the token files'; another is an error).
-    #[arg(long)]
-    pub vocab: Option<usize>,
+    /// Options of --model lstm (boxed: the command enum stays small).
+    #[command(flatten)]
+    pub lm: Box<LmArgs>,
     /// Disk level of the data cache (raw bytes kept across runs).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
@@ -162,6 +149,27 @@ pub struct Args {
     pub check_hidden: usize,
 }
 
+/// Options of the language model (`--model lstm`).
+#[derive(clap::Args, Debug)]
+pub struct LmArgs {
+    /// Token files (train.tok, test.tok, vocab.txt) for --model lstm. Default: the King
+    /// James Gospels shipped in data/kjv-gospels.
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Truncated-BPTT length of --model lstm (tokens per stream per iteration).
+    #[arg(long, default_value_t = 35)]
+    pub bptt: usize,
+    /// Embedding width of --model lstm.
+    #[arg(long, default_value_t = LstmShape::SMALL.embed)]
+    pub lstm_embed: usize,
+    /// Hidden units of each LSTM layer of --model lstm.
+    #[arg(long, default_value_t = LstmShape::SMALL.hidden)]
+    pub lstm_hidden: usize,
+    /// Vocabulary of --model lstm (default: the token files'; another is an error).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+}
+
 fn transport(t: TransportArg, ranks: usize) -> Result<Transport, Box<dyn std::error::Error>> {
     let topo = || -> Result<cost_model::Topology, Box<dyn std::error::Error>> {
         Ok(match cost_model::presets::omgs_1gbe(ranks) {
@@ -213,7 +221,11 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
     };
     let mut acc = ChartBuilder::on(&left)
         .caption(
-            if ppl { "test perplexity" } else { "test accuracy (%)" },
+            if ppl {
+                "test perplexity"
+            } else {
+                "test accuracy (%)"
+            },
             ("sans-serif", 16),
         )
         .margin(10)
@@ -269,7 +281,10 @@ fn epoch_line(s: &pipeline::train::EpochStats) -> String {
             "epoch {} loss {:.3} test loss {:.3} ppl {p:.1}",
             s.epoch, s.loss, s.test_loss
         ),
-        None => format!("epoch {} loss {:.3} test {:.1}%", s.epoch, s.loss, s.test_acc),
+        None => format!(
+            "epoch {} loss {:.3} test {:.1}%",
+            s.epoch, s.loss, s.test_acc
+        ),
     }
 }
 
@@ -306,6 +321,15 @@ fn check(args: &Args) -> CliResult {
             r.rel_error * 100.0,
             r.predicted_non_overlapped_s * 1e3,
             r.measured_non_overlapped_s * 1e3
+        );
+    }
+    for r in rows.iter().filter(|r| r.param_bcast_s > 0.0) {
+        println!(
+            "{}: the weights' LP broadcast took {:.2} ms per iteration, forward waited {:.2} ms for it: {:.0}% overlapped forward",
+            r.scheme,
+            r.param_bcast_s * 1e3,
+            r.param_wait_s * 1e3,
+            100.0 * (1.0 - r.param_wait_s / r.param_bcast_s).max(0.0)
         );
     }
     let tolerance = 0.15;
@@ -346,9 +370,9 @@ fn config(
     ranks: usize,
 ) -> Result<TrainConfig, Box<dyn std::error::Error>> {
     let lstm = LstmShape {
-        vocab: args.vocab.or(data.vocab()).unwrap_or(0),
-        embed: args.lstm_embed,
-        hidden: args.lstm_hidden,
+        vocab: args.lm.vocab.or(data.vocab()).unwrap_or(0),
+        embed: args.lm.lstm_embed,
+        hidden: args.lm.lstm_hidden,
     };
     Ok(TrainConfig {
         scheme,
@@ -391,9 +415,9 @@ fn data(args: &Args) -> Result<Box<dyn Dataset>, Box<dyn std::error::Error>> {
         disk: args.cache_dir.clone(),
         memory_bytes: 0,
     };
-    if args.model == ModelKind::Lstm || args.text.is_some() {
-        let dir = args.text.clone().unwrap_or_else(kjv_dir);
-        return Ok(Box::new(TextData::open(&dir, args.bptt, &opts)?));
+    if args.model == ModelKind::Lstm || args.lm.text.is_some() {
+        let dir = args.lm.text.clone().unwrap_or_else(kjv_dir);
+        return Ok(Box::new(TextData::open(&dir, args.lm.bptt, &opts)?));
     }
     let spec = match (&args.data, &args.idx, args.generated) {
         (Some(d), _, _) => DataSpec::Cifar10(d.clone()),
@@ -467,6 +491,13 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         (b.iteration_s / b.predicted_iteration_s - 1.0) * 100.0,
         b.optimizer_s * 1e3
     );
+    if b.param_bcast_s > 0.0 {
+        println!(
+            "         weights' LP broadcast (ms): {:.2}, forward waited {:.2} of it",
+            b.param_bcast_s * 1e3,
+            b.param_wait_s * 1e3
+        );
+    }
 }
 
 /// Writes train.json, train.svg and one trace per scheme.
