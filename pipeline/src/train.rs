@@ -2,7 +2,11 @@
 //! through `datacache`, runs forward, then a stage-by-stage backward whose stages hand
 //! their gradients to the [`Reducer`] as soon as they are ready (wait-free backpropagation,
 //! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
-//! [`Optimizer`] (SGD, or LARS/LAMB with PTO).
+//! [`Optimizer`] (SGD, or LARS/LAMB with PTO). Under BSP-SGD Algorithms 1 and 2 of Linear
+//! Pipelining (Wang et al.) only the root steps and its weights reach the other ranks by
+//! LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
+//! forward, each stage waiting for its own weights, and the parameter check of a step runs
+//! once they have arrived. Data comes through a [`Dataset`] (images or token streams).
 //!
 //! **Profile, then plan** (as OMGS-SGD does): the first `profile_iters` iterations run as
 //! dense SGD with one group, so backward is not disturbed by communication; their per-layer
@@ -636,7 +640,15 @@ pub fn run_rank<C: Communicator + 'static>(
         cfg.momentum,
         cfg.weight_decay,
     )?;
-    // BSP-SGD's weight broadcast, on its own communicator and thread.
+    let mut pending_check: Option<usize> = None;
+    let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
+    let iters = data.iters_per_epoch(p, cfg.batch);
+    // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
+    let mut targets = cfg.batch;
+    let counting = collectives::Metered::metered(comm);
+    let meter = counting.tap().clone();
+    // BSP-SGD's weight broadcast, on its own communicator and thread (metered with the
+    // reducer's: a split shares the meter).
     let stage_layers = stage_layer_ranges(&*model);
     let mut bcast = match cfg.scheme.bsp_update() {
         Some(_) => {
@@ -650,7 +662,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 .map(|&n| reduction::lp_block(cost_model::Collective::Broadcast, n.max(1), p, link))
                 .collect();
             Some(ParamBroadcast::new(
-                ctrl.split(1, rank as u32)?,
+                counting.split(1, rank as u32)?,
                 stage_sizes,
                 blocks,
                 Instant::now(),
@@ -658,13 +670,6 @@ pub fn run_rank<C: Communicator + 'static>(
         }
         None => None,
     };
-    let mut pending_check: Option<usize> = None;
-    let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
-    let iters = data.iters_per_epoch(p, cfg.batch);
-    // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
-    let mut targets = cfg.batch;
-    let counting = collectives::Metered::metered(comm);
-    let meter = counting.tap().clone();
     let mut phase = Phase::Profile(Vec::new());
     let mut predicted: Option<Timeline> = None;
     let mut profile_bw = Vec::new();

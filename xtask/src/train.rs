@@ -493,7 +493,7 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
     );
     if b.param_bcast_s > 0.0 {
         println!(
-            "         weights' LP broadcast (ms): {:.2}, forward waited {:.2} of it",
+            "         weights' LP broadcast (ms): {:.2}, waited for {:.2} of it (bsp1: inside forward)",
             b.param_bcast_s * 1e3,
             b.param_wait_s * 1e3
         );
