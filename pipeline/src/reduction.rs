@@ -395,14 +395,20 @@ pub fn for_epoch(
         } else {
             measure_topk(sizes, cfg.density)?
         };
-        Box::new(RuntimeCosts {
+        let runtime = RuntimeCosts {
             link: topo.inter,
             ranks: p,
             density: (!dense).then_some(cfg.density),
             algorithm: if dense { None } else { sparse_algorithm(cfg) },
             sparsify_a: a,
             sparsify_b: b,
-        })
+        };
+        if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
+            // The gradients' LP reduce to the root (the weights' broadcast is not in it).
+            Box::new(crate::check::LpReduceCosts { base: runtime })
+        } else {
+            Box::new(runtime)
+        }
     } else if let (Some(path), false) = (&cfg.calibration, dense) {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
