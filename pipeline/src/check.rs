@@ -396,12 +396,10 @@ fn run(
                 reducer.finish()?;
                 if let Some(b) = bcast.as_mut() {
                     // The root's update is not emulated; its weights go out as they are.
-                    b.launch(
-                        staged::get_params(&model)?
-                            .chunks(2)
-                            .map(|c| c.concat())
-                            .collect(),
-                    )?;
+                    let stages = (0..stage_sizes.len())
+                        .map(|s| staged::get_stage_params(&model, s))
+                        .collect::<Result<Vec<_>>>()?;
+                    b.launch(stages)?;
                 }
                 if it >= 2 {
                     if let Some(t) = reducer.last_timeline() {

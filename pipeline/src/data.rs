@@ -541,6 +541,7 @@ impl TextData {
 }
 
 /// One rank's streams over the training windows.
+#[derive(Clone)]
 struct TextLoader {
     cache: Arc<DataCache>,
     /// The windows of each iteration.
@@ -582,12 +583,7 @@ impl Batches for TextBatches {
 impl TextLoader {
     fn at(&self, epoch: u64, next: usize) -> TextBatches {
         TextBatches {
-            loader: TextLoader {
-                cache: self.cache.clone(),
-                order: self.order.clone(),
-                bptt: self.bptt,
-                seed: self.seed,
-            },
+            loader: self.clone(),
             epoch,
             next,
         }

@@ -86,6 +86,15 @@ pub fn get_params(model: &dyn Staged) -> Result<Vec<Vec<f32>>> {
     get_vars(model, |m, s| m.stage_params(s))
 }
 
+/// Stage `stage`'s parameters concatenated (its tensors in their fixed order).
+pub fn get_stage_params(model: &dyn Staged, stage: usize) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for (_, v) in model.stage_params(stage) {
+        out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
 /// Overwrites every parameter from `values` (one vector per layer, forward order).
 pub fn set_params(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
     set_vars(model, |m, s| m.stage_params(s), values)
