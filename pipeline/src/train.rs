@@ -76,7 +76,7 @@ pub enum ModelKind {
     Resnet20,
     /// VGG-16 with batch norm (input side a multiple of 32).
     Vgg16Bn,
-    /// The 2-layer LSTM language model (token files; shape [`TrainConfig::lstm`]).
+    /// The 2-layer LSTM language model (token files).
     Lstm,
 }
 
