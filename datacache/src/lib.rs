@@ -18,6 +18,8 @@
 //! - [`loader`]: batches with prefetch workers, resumable from a [`LoaderState`], with a
 //!   progress hook.
 //! - [`stats`]: hits, misses, bytes and times per level.
+//! - [`tokens`]: token-id files for language models, read as windows, and the
+//!   Penn Treebank batching of contiguous streams.
 //! - `bench_support` (cargo feature `bench` only, not part of the API): the measurement
 //!   behind `cargo xtask bench` (suite `datacache`).
 //!
@@ -69,6 +71,7 @@ pub mod remote;
 pub mod shard;
 pub mod source;
 pub mod stats;
+pub mod tokens;
 
 pub use cache::{DataCache, DataCacheBuilder, Sample};
 pub use decode::{Channels, Cifar10Decoder, Decoder, ImageDecoder, Tensor, U8Decoder};
@@ -79,3 +82,4 @@ pub use remote::{ObjectStoreSource, RemoteConfig, RemoteError};
 pub use shard::{ShardMode, ShardPlan};
 pub use source::{Cifar10Source, FolderSource, MnistSource, Source, VecSource};
 pub use stats::{Stats, StatsSnapshot};
+pub use tokens::{stream_batches, TokenDecoder, TokenSource};

@@ -74,7 +74,7 @@ pub(crate) fn check_index(index: usize, len: usize) -> Result<()> {
     }
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -83,7 +83,13 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// Reads `len` bytes at `offset` of `path`, opening the file per request as an NFS client
 /// would; errors name the sample.
-fn read_at(path: &Path, offset: u64, len: usize, index: usize, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_at(
+    path: &Path,
+    offset: u64,
+    len: usize,
+    index: usize,
+    name: &str,
+) -> Result<Vec<u8>> {
     let wrap = |source| Error::Read {
         index,
         name: name.to_string(),

@@ -9,6 +9,15 @@
 //! link's α and β and the exchanges' message pattern (ring all-gather: `P − 1` rounds; a Bruck
 //! all-gather of the agreement headers, `⌈log2 P⌉` rounds, then ring all-reduce: `2(P − 1)`
 //! rounds).
+//!
+//! BSP-SGD Algorithm 1 of Linear Pipelining (Wang et al.) is checked too: per-layer LP
+//! reduces to the root during backward, and the weights' per-stage LP broadcast during the
+//! next forward, each stage's forward waiting for its own parameters ([`crate::bsp`]). Its
+//! prediction replays that pipeline: stage `s`'s weights are everywhere at
+//! `ready(s) = Σ_{j ≤ s} T_bcast(j)` (the LP broadcast schedule of
+//! `cost_model::predict_dense`, stages one after another on the broadcast thread), its
+//! forward ends at `f(s) = max(f(s − 1), ready(s)) + fwd(s)`, and the timeline of the
+//! backward and the reduces starts from `f(S − 1)`.
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::plan::ceil_log2;
@@ -116,7 +125,7 @@ impl RuntimeCosts {
 
     /// The agreement round before a dense exchange ([`crate::schemes::agree`]): a Bruck
     /// all-gather of one header per rank, round `s` moving `min(2^s, P − 2^s)` headers.
-    fn agree_s(&self) -> f64 {
+    pub(crate) fn agree_s(&self) -> f64 {
         let p = self.ranks;
         (0..ceil_log2(p) as usize)
             .map(|s| {
@@ -157,6 +166,56 @@ impl Default for CheckConfig {
     }
 }
 
+/// Costs of BSP-SGD's gradient exchange on a flat topology: the agreement round, then an
+/// LP reduce to the root in the block the scheme picks for the link
+/// (`cost_model::predict_dense`'s schedule, exact under the `SimComm` clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LpReduceCosts {
+    /// The agreement round's costs (its link and ranks).
+    pub base: RuntimeCosts,
+}
+
+impl LpReduceCosts {
+    /// An LP `op` of `numel` `f32` from root 0, with the scheme's block.
+    pub fn lp_s(&self, op: cost_model::Collective, numel: usize) -> f64 {
+        let p = self.base.ranks;
+        if p <= 1 || numel == 0 {
+            return 0.0;
+        }
+        let block = crate::reduction::lp_block(op, numel, p, Some(self.base.link));
+        let case = cost_model::DenseCase::new(op, cost_model::Algorithm::Lp, numel)
+            .with_block_bytes(block);
+        Topology::flat(p, self.base.link)
+            .and_then(|t| cost_model::predict_dense(&case, &t))
+            .map(|pr| pr.time_s)
+            .unwrap_or(f64::INFINITY)
+    }
+
+    /// The end of a forward whose stage `s` (forward time `fwd[s]`, `sizes[s]` weights)
+    /// waits for its weights' LP broadcast, stages broadcast one after another from the
+    /// forward's start.
+    pub fn overlapped_forward_s(&self, fwd: &[f64], sizes: &[usize]) -> f64 {
+        let (mut ready, mut end) = (0.0, 0.0f64);
+        for (f, &n) in fwd.iter().zip(sizes) {
+            ready += self.lp_s(cost_model::Collective::Broadcast, n);
+            end = end.max(ready) + f;
+        }
+        end
+    }
+}
+
+impl StepCosts for LpReduceCosts {
+    fn sparsify_s(&self, _numel: usize) -> f64 {
+        0.0
+    }
+    fn comm_s(&self, numel: usize) -> f64 {
+        self.base.agree_s() + self.lp_s(cost_model::Collective::Reduce, numel)
+    }
+    fn comm_alpha_s(&self) -> f64 {
+        self.base.agree_s() + self.base.link.alpha_s * self.base.ranks.saturating_sub(1) as f64
+    }
+}
+
 /// One scheme's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckRow {
@@ -174,7 +233,18 @@ pub struct CheckRow {
     pub predicted_non_overlapped_s: f64,
     /// Measured mean communication left after backward ends, seconds.
     pub measured_non_overlapped_s: f64,
+    /// BSP-SGD Algorithm 1: measured mean forward time spent waiting for the weights'
+    /// broadcast, seconds (0 for the other schemes).
+    #[serde(default)]
+    pub param_wait_s: f64,
+    /// BSP-SGD Algorithm 1: measured mean broadcast time of the weights (stages summed),
+    /// seconds; `param_bcast_s − param_wait_s` of it overlapped forward.
+    #[serde(default)]
+    pub param_bcast_s: f64,
 }
+
+/// The row of BSP-SGD Algorithm 1.
+pub const BSP1: &str = "bsp1 (lp, lags)";
 
 /// The rows' labels for the plan comparison: the default planner's merge, one group, and
 /// one group per layer, all under the same top-k all-gather.
@@ -211,6 +281,27 @@ fn mlp(hidden: usize) -> Result<Stages> {
     Ok(m)
 }
 
+/// Weights per stage of the MLP.
+fn stage_sizes(model: &Stages) -> Vec<usize> {
+    use crate::staged::Staged;
+    (0..model.num_stages())
+        .map(|s| {
+            model
+                .stage_params(s)
+                .iter()
+                .map(|(_, v)| v.as_tensor().elem_count())
+                .sum()
+        })
+        .collect()
+}
+
+/// The forward time `total` split over stages in proportion to their weights (the MLP's
+/// FLOPs).
+fn stage_forward_s(total: f64, sizes: &[usize]) -> Vec<f64> {
+    let all = sizes.iter().sum::<usize>().max(1) as f64;
+    sizes.iter().map(|&n| total * n as f64 / all).collect()
+}
+
 /// Its profile with FLOP-proportional backward times (`4·batch` FLOPs per weight).
 fn mlp_profile(batch: usize, hidden: usize) -> Result<LayerProfile> {
     let sizes = staged::layer_sizes(&mlp(hidden)?);
@@ -232,16 +323,41 @@ fn run(
     emu: &LayerProfile,
     plan: &MergePlan,
     scheme: &dyn Scheme,
-) -> Result<Vec<Timeline>> {
+    bsp1: bool,
+) -> Result<Vec<(Timeline, f64, f64)>> {
     let outs = ThreadComm::run_with(
         cfg.ranks,
         ThreadConfig::default(),
-        |comm| -> Result<Vec<Timeline>> {
+        |comm| -> Result<Vec<(Timeline, f64, f64)>> {
             let sim = SimComm::new(comm, topo, ClockMode::RealTime)?;
             let rank = sim.rank();
             // Emulated device: the real candle gradients, plus the profile's forward and
             // per-layer backward times as sleeps before each hook fires.
             let model = mlp(cfg.hidden)?;
+            let stage_sizes = stage_sizes(&model);
+            let stage_fwd = stage_forward_s(emu.forward_s(), &stage_sizes);
+            // BSP-SGD Algorithm 1's weight broadcast (the values do not matter here).
+            let mut bcast = if bsp1 {
+                let blocks = stage_sizes
+                    .iter()
+                    .map(|&n| {
+                        crate::reduction::lp_block(
+                            cost_model::Collective::Broadcast,
+                            n.max(1),
+                            cfg.ranks,
+                            Some(topo.inter),
+                        )
+                    })
+                    .collect();
+                Some(crate::bsp::ParamBroadcast::new(
+                    sim.split(1, rank as u32)?,
+                    stage_sizes.clone(),
+                    blocks,
+                    std::time::Instant::now(),
+                )?)
+            } else {
+                None
+            };
             let mut reducer =
                 Reducer::new(sim, &staged::layer_sizes(&model), plan.clone(), scheme)?;
             let bw: Vec<f64> = emu.layers().iter().map(|l| l.backward_s).collect();
@@ -254,22 +370,50 @@ fn run(
             let mut out = Vec::new();
             for it in 0..cfg.iterations + 2 {
                 reducer.begin()?;
-                let fwd = staged::forward_train(&model, &x)?;
+                let (mut wait_s, mut bcast_s) = (0.0, 0.0);
+                let fwd = match bcast.as_mut() {
+                    Some(b) => staged::forward_train_with(&model, &x, &mut |s| {
+                        if b.in_flight() {
+                            let (_, span, waited) = b.wait(s)?;
+                            wait_s += waited;
+                            bcast_s += span.len();
+                        }
+                        sleep_s(stage_fwd[s]);
+                        Ok(())
+                    })?,
+                    None => {
+                        let f = staged::forward_train(&model, &x)?;
+                        sleep_s(emu.forward_s());
+                        f
+                    }
+                };
                 let loss = staged::Staged::loss(&model, fwd.logits(), &y)?;
-                sleep_s(emu.forward_s());
                 reducer.forward_done()?;
                 staged::backward_staged(&model, &fwd, &loss, &mut |l, g| {
                     sleep_s(bw.get(l).copied().unwrap_or(0.0));
                     reducer.ready(l, g)
                 })?;
                 reducer.finish()?;
+                if let Some(b) = bcast.as_mut() {
+                    // The root's update is not emulated; its weights go out as they are.
+                    let stages = (0..stage_sizes.len())
+                        .map(|s| staged::get_stage_params(&model, s))
+                        .collect::<Result<Vec<_>>>()?;
+                    b.launch(stages)?;
+                }
                 if it >= 2 {
                     if let Some(t) = reducer.last_timeline() {
-                        out.push(t.clone());
+                        out.push((t.clone(), wait_s, bcast_s));
                     }
                 }
             }
             drop(reducer.shutdown()?);
+            if let Some(mut b) = bcast {
+                while let Some(s) = b.next_stage() {
+                    b.wait(s)?;
+                }
+                b.shutdown()?;
+            }
             Ok(out)
         },
     );
@@ -313,7 +457,17 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
         density: cfg.density,
     };
     // Profiling run (OMGS-SGD's per-hook method).
-    let prof = run(cfg, topo, &emu, &MergePlan::layerwise(l_count), &sparse)?;
+    let prof: Vec<Timeline> = run(
+        cfg,
+        topo,
+        &emu,
+        &MergePlan::layerwise(l_count),
+        &sparse,
+        false,
+    )?
+    .into_iter()
+    .map(|r| r.0)
+    .collect();
     let samples: Vec<Vec<f64>> = prof
         .iter()
         .map(|t| t.backward.iter().map(|s| s.len()).collect())
@@ -388,20 +542,53 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     for (name, planner, scheme, costs) in rows_spec {
         let plan = planner.plan(&measured, costs)?;
         let predicted = predict(&measured, &plan, costs)?;
-        let tl = run(cfg, topo, &emu, &plan, scheme)?;
-        let n = tl.len().max(1) as f64;
-        let m = tl.iter().map(|t| t.iteration_s).sum::<f64>() / n;
-        rows.push(CheckRow {
-            scheme: name.to_string(),
-            groups: plan.num_groups(),
-            predicted_s: predicted.iteration_s,
-            measured_s: m,
-            rel_error: m / predicted.iteration_s - 1.0,
-            predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
-            measured_non_overlapped_s: tl.iter().map(|t| t.non_overlapped_comm_s).sum::<f64>() / n,
-        });
+        let tl = run(cfg, topo, &emu, &plan, scheme, false)?;
+        rows.push(row(name, &plan, &predicted, &tl));
     }
+    // BSP-SGD Algorithm 1: layer-wise LP reduces, the weights' broadcast overlapping the
+    // next forward.
+    let bsp_cfg = crate::train::TrainConfig {
+        scheme: crate::SchemeKind::Bsp1,
+        ranks: cfg.ranks,
+        ..crate::train::TrainConfig::default()
+    };
+    let sizes = staged::layer_sizes(&mlp(cfg.hidden)?);
+    let (bsp_scheme, _, _) =
+        crate::reduction::for_epoch(&bsp_cfg, 0, cfg.ranks, &sizes, Some(&topo))?;
+    let lp = LpReduceCosts { base: dense_costs };
+    let model = mlp(cfg.hidden)?;
+    let st = stage_sizes(&model);
+    let fwd = lp.overlapped_forward_s(&stage_forward_s(measured.forward_s(), &st), &st);
+    let bw: Vec<f64> = measured.layers().iter().map(|l| l.backward_s).collect();
+    let bsp_profile = measured.with_backward_times(fwd, &bw)?;
+    let plan = Planner::Lags.plan(&bsp_profile, &lp)?;
+    let predicted = predict(&bsp_profile, &plan, &lp)?;
+    let tl = run(cfg, topo, &emu, &plan, &*bsp_scheme, true)?;
+    rows.push(row(BSP1, &plan, &predicted, &tl));
     Ok(rows)
+}
+
+/// A row from the prediction and rank 0's measured iterations.
+fn row(
+    name: &str,
+    plan: &MergePlan,
+    predicted: &Timeline,
+    tl: &[(Timeline, f64, f64)],
+) -> CheckRow {
+    let n = tl.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&(Timeline, f64, f64)) -> f64| tl.iter().map(f).sum::<f64>() / n;
+    let m = mean(&|t| t.0.iteration_s);
+    CheckRow {
+        scheme: name.to_string(),
+        groups: plan.num_groups(),
+        predicted_s: predicted.iteration_s,
+        measured_s: m,
+        rel_error: m / predicted.iteration_s - 1.0,
+        predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
+        measured_non_overlapped_s: mean(&|t| t.0.non_overlapped_comm_s),
+        param_wait_s: mean(&|t| t.1),
+        param_bcast_s: mean(&|t| t.2),
+    }
 }
 
 /// True when the measured times order the schemes as the predictions do, for every pair

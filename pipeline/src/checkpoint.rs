@@ -99,7 +99,7 @@ pub enum CheckpointError {
 /// Magic of a checkpoint file.
 pub const MAGIC: &[u8; 8] = b"SDLCKPT\0";
 /// Format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Checkpoints kept in a directory: the newest and the one before it.
 pub const KEEP: usize = 2;
 /// Tag of the rank parts sent to and from rank 0.
@@ -297,6 +297,8 @@ impl Replicated {
                 .f64(f64::from(s.loss))
                 .f64(s.train_acc)
                 .f64(s.test_acc)
+                .f64(s.test_loss)
+                .f64(s.test_ppl.unwrap_or(f64::NAN))
                 .f64(s.elapsed_s);
         }
         e.f64(self.train_time_s)
@@ -316,7 +318,7 @@ impl Replicated {
         let profile_bw = (0..n).map(|_| d.f64()).collect::<Result<_>>()?;
         let weights = d.f32_lists()?;
         let optimizer = d.bytes()?.to_vec();
-        let n = d.count(40)?;
+        let n = d.count(56)?;
         let mut epochs = Vec::with_capacity(n);
         for _ in 0..n {
             epochs.push(EpochStats {
@@ -324,6 +326,8 @@ impl Replicated {
                 loss: d.f64()? as f32,
                 train_acc: d.f64()?,
                 test_acc: d.f64()?,
+                test_loss: d.f64()?,
+                test_ppl: Some(d.f64()?).filter(|v| !v.is_nan()),
                 elapsed_s: d.f64()?,
             });
         }

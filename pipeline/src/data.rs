@@ -8,22 +8,109 @@
 //!   digits that scikit-learn ships, converted by the repository's
 //!   `tools/digits_to_idx.py` into `data/digits/`);
 //! - [`ImageData::cifar10`]: the CIFAR-10 binary release (`--data DIR`);
-//! - [`ImageData::generated_cifar10`]: generated files in CIFAR-10 format, for throughput.
+//! - [`ImageData::generated_cifar10`]: generated files in CIFAR-10 format, for throughput;
+//! - [`TextData`]: token-id files for the LSTM language model (`datacache::tokens`), by
+//!   default the four Gospels of the King James Version that the repository ships in
+//!   `data/kjv-gospels/` (converted from Debian's `bible-kjv` by
+//!   `tools/kjv_to_tokens.py`).
 //!
-//! Missing or corrupt files, missing labels and labels outside the classes are
-//! [`Error::Data`].
+//! Training reads either through one [`Dataset`] trait: the model that fits the data, the
+//! batches of one rank's shard (resumable), and the test metrics ([`Eval`]: accuracy and
+//! mean cross entropy, plus perplexity for a language model).
+//!
+//! Missing or corrupt files, missing labels, labels outside the classes and a vocabulary
+//! that differs from the model's are [`Error::Data`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::sync::OnceLock;
+
 use candle_core::{Device, Tensor};
 use datacache::{
-    Cifar10Decoder, Cifar10Source, DataCache, Decoder, Loader, LoaderConfig, MnistSource,
-    ShardMode, ShardPlan, Source, U8Decoder,
+    Cifar10Decoder, Cifar10Source, DataCache, Decoder, Loader, LoaderConfig, LoaderState,
+    MnistSource, ShardMode, ShardPlan, Source, TokenDecoder, TokenSource, U8Decoder,
 };
 use rand::{Rng, SeedableRng};
 
+use crate::candle_models::{LstmLm, LstmShape};
+use crate::staged::{self, Staged};
+use crate::train::ModelKind;
 use crate::{Error, Result};
+
+/// An epoch's batches `(inputs, targets)` for one rank, with the position to resume from.
+pub trait Batches: Iterator<Item = Result<(Tensor, Tensor)>> {
+    /// Where the epoch stands (epoch, samples delivered, seed).
+    fn state(&self) -> LoaderState;
+}
+
+/// One rank's reader of the training set.
+pub trait RankLoader {
+    /// The batches of `epoch` from its start.
+    fn epoch(&self, epoch: u64) -> Box<dyn Batches>;
+    /// The rest of the epoch a saved state stands in.
+    fn resume(&self, state: &LoaderState) -> Result<Box<dyn Batches>>;
+}
+
+/// Test-set metrics of a model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Eval {
+    /// Accuracy, % (of images; of next tokens for a language model).
+    pub accuracy: f64,
+    /// Mean cross entropy per prediction, nats.
+    pub loss: f64,
+    /// `exp(loss)` for a language model, `None` for a classifier.
+    pub perplexity: Option<f64>,
+}
+
+/// A training data set, as training sees it. See the module docs.
+pub trait Dataset: Send + Sync {
+    /// Short name for reports.
+    fn name(&self) -> String;
+    /// A fresh `kind` model that fits this data, initialised from `seed`; `lstm` is the
+    /// language model's shape, whose vocabulary must be the data's.
+    fn build_model(&self, kind: ModelKind, lstm: LstmShape, seed: u64) -> Result<Box<dyn Staged>>;
+    /// Iterations per epoch that every one of `world` ranks can fill with `batch`.
+    fn iters_per_epoch(&self, world: usize, batch: usize) -> usize;
+    /// Rank `rank` of `world`'s loader, `batch` samples (or streams) per iteration.
+    fn loader(
+        &self,
+        world: usize,
+        rank: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Box<dyn RankLoader>>;
+    /// The model's metrics on the test set.
+    fn evaluate(&self, model: &dyn Staged) -> Result<Eval>;
+    /// The vocabulary of token data (`None` for images).
+    fn vocab(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Accuracy and mean loss of `model` on `(x, y)` in chunks of `chunk` rows of `x`; `y`
+/// holds the targets of each row (`[N]` for images, `[N, T]` for token windows).
+pub fn evaluate_chunks(model: &dyn Staged, x: &Tensor, y: &Tensor, chunk: usize) -> Result<Eval> {
+    let n = x.dim(0)?;
+    let (mut right, mut count, mut loss) = (0usize, 0usize, 0.0f64);
+    let mut i = 0;
+    while i < n {
+        let b = chunk.max(1).min(n - i);
+        let logits = staged::forward(model, &x.narrow(0, i, b)?, false)?;
+        let t = y.narrow(0, i, b)?.flatten_all()?;
+        let k = t.elem_count();
+        right += staged::correct(&logits, &t)?;
+        loss += f64::from(model.loss(&logits, &t)?.to_scalar::<f32>()?) * k as f64;
+        count += k;
+        i += b;
+    }
+    let count = count.max(1) as f64;
+    Ok(Eval {
+        accuracy: 100.0 * right as f64 / count,
+        loss: loss / count,
+        perplexity: None,
+    })
+}
 
 /// Where the data comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +140,14 @@ pub fn digits_dir() -> PathBuf {
         .join("digits")
 }
 
+/// The token files shipped in the repository (`data/kjv-gospels`).
+pub fn kjv_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("data")
+        .join("kjv-gospels")
+}
+
 /// A labelled image data set: training and test caches and the sample shape.
 pub struct ImageData {
     train: Arc<DataCache>,
@@ -63,6 +158,7 @@ pub struct ImageData {
     pub classes: usize,
     /// Short name for reports.
     pub name: String,
+    test_cache: OnceLock<(Tensor, Tensor)>,
 }
 
 /// Options of the cache levels.
@@ -137,6 +233,7 @@ impl ImageData {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "idx".into()),
+            test_cache: OnceLock::new(),
         };
         data.check_labels()?;
         Ok(data)
@@ -173,9 +270,19 @@ impl ImageData {
             shape: [3, 32, 32],
             classes: 10,
             name: name.into(),
+            test_cache: OnceLock::new(),
         };
         data.check_labels()?;
         Ok(data)
+    }
+
+    /// The whole test set as `(images [N, C, H, W], labels u32 [N])`, read once.
+    fn test_set(&self) -> Result<&(Tensor, Tensor)> {
+        if let Some(t) = self.test_cache.get() {
+            return Ok(t);
+        }
+        let t = self.test_tensors(&Device::Cpu)?;
+        Ok(self.test_cache.get_or_init(|| t))
     }
 
     /// Writes `train` and `test` generated samples in CIFAR-10 format into `dir` (random
@@ -279,6 +386,285 @@ impl ImageData {
     /// Cache statistics of the training set (hits per level, bytes).
     pub fn train_stats(&self) -> datacache::StatsSnapshot {
         self.train.stats()
+    }
+}
+
+/// [`Batches`] over a `datacache` epoch of labelled images.
+struct ImageBatches(datacache::EpochIter);
+
+impl Iterator for ImageBatches {
+    type Item = Result<(Tensor, Tensor)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|b| {
+            b.map_err(Error::from)
+                .and_then(|b| batch_tensors(&b, &Device::Cpu))
+        })
+    }
+}
+
+impl Batches for ImageBatches {
+    fn state(&self) -> LoaderState {
+        self.0.state()
+    }
+}
+
+impl RankLoader for Loader {
+    fn epoch(&self, epoch: u64) -> Box<dyn Batches> {
+        Box::new(ImageBatches(Loader::epoch(self, epoch)))
+    }
+    fn resume(&self, state: &LoaderState) -> Result<Box<dyn Batches>> {
+        Ok(Box::new(ImageBatches(Loader::resume(self, state)?)))
+    }
+}
+
+impl Dataset for ImageData {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn build_model(&self, kind: ModelKind, _lstm: LstmShape, seed: u64) -> Result<Box<dyn Staged>> {
+        let [c, h, w] = self.shape;
+        if h != w {
+            return Err(Error::InvalidArgument(format!(
+                "square images expected, got {:?}",
+                self.shape
+            )));
+        }
+        Ok(match kind {
+            ModelKind::Resnet20 => {
+                Box::new(crate::candle_models::resnet20(c, h, self.classes, seed)?)
+            }
+            ModelKind::Vgg16Bn => {
+                Box::new(crate::candle_models::vgg16_bn(c, h, self.classes, 1, seed)?)
+            }
+            ModelKind::Lstm => {
+                return Err(Error::InvalidArgument(format!(
+                    "the LSTM language model reads token files, not the images of `{}`",
+                    self.name
+                )))
+            }
+        })
+    }
+    fn iters_per_epoch(&self, world: usize, batch: usize) -> usize {
+        self.train_len() / world.max(1) / batch.max(1)
+    }
+    fn loader(
+        &self,
+        world: usize,
+        rank: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Box<dyn RankLoader>> {
+        Ok(Box::new(ImageData::loader(self, world, rank, batch, seed)?))
+    }
+    fn evaluate(&self, model: &dyn Staged) -> Result<Eval> {
+        let (x, y) = self.test_set()?;
+        evaluate_chunks(model, x, y, 256)
+    }
+}
+
+/// Token-id files for a language model (`datacache::tokens`): `train.tok`, `valid.tok`,
+/// `test.tok` and `vocab.txt` (one token a line) in a folder, read as windows of `bptt`
+/// inputs through a memory level. Batches are Penn Treebank style
+/// ([`datacache::stream_batches`]): each rank's contiguous shard of the training stream
+/// is cut into `batch` streams read in order.
+pub struct TextData {
+    train: Arc<DataCache>,
+    test: Arc<DataCache>,
+    vocab: usize,
+    bptt: usize,
+    name: String,
+    test_cache: OnceLock<(Tensor, Tensor)>,
+}
+
+impl TextData {
+    /// Opens the token files in `dir` with windows of `bptt` steps. Every file's
+    /// vocabulary must be `vocab.txt`'s.
+    pub fn open(dir: &Path, bptt: usize, opts: &CacheOptions) -> Result<Self> {
+        if bptt == 0 {
+            return Err(Error::InvalidArgument("bptt must be at least 1".into()));
+        }
+        let vocab_path = need(dir.join("vocab.txt"))?;
+        let words = std::fs::read_to_string(&vocab_path)
+            .map_err(|e| Error::Data(format!("{}: {e}", vocab_path.display())))?
+            .lines()
+            .count();
+        let decoder: Arc<dyn Decoder> = Arc::new(TokenDecoder { seq_len: bptt });
+        let open = |split: &str| -> Result<Arc<DataCache>> {
+            let src = TokenSource::open(need(dir.join(format!("{split}.tok")))?, bptt)?;
+            if src.vocab() != words {
+                return Err(Error::Data(format!(
+                    "{split}.tok has a vocabulary of {}, vocab.txt lists {words}",
+                    src.vocab()
+                )));
+            }
+            build_cache(
+                Arc::new(src),
+                decoder.clone(),
+                opts,
+                &format!("tokens-{split}"),
+            )
+        };
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "tokens".into());
+        Ok(TextData {
+            train: open("train")?,
+            test: open("test")?,
+            vocab: words,
+            bptt,
+            name,
+            test_cache: OnceLock::new(),
+        })
+    }
+
+    /// Training windows of `bptt` steps.
+    pub fn train_windows(&self) -> usize {
+        self.train.len()
+    }
+
+    /// Windows `indices` as `(inputs u32 [B, bptt], targets u32 [B, bptt])`.
+    fn windows(cache: &DataCache, indices: &[usize], bptt: usize) -> Result<(Tensor, Tensor)> {
+        let mut x = Vec::with_capacity(indices.len() * bptt);
+        let mut y = Vec::with_capacity(indices.len() * bptt);
+        for &i in indices {
+            let w = &cache.get(i)?.tensor.data;
+            x.extend(w[..bptt].iter().map(|&v| v as u32));
+            y.extend(w[1..].iter().map(|&v| v as u32));
+        }
+        let shape = (indices.len(), bptt);
+        Ok((
+            Tensor::from_vec(x, shape, &Device::Cpu)?,
+            Tensor::from_vec(y, shape, &Device::Cpu)?,
+        ))
+    }
+}
+
+/// One rank's streams over the training windows.
+#[derive(Clone)]
+struct TextLoader {
+    cache: Arc<DataCache>,
+    /// The windows of each iteration.
+    order: Arc<Vec<Vec<usize>>>,
+    bptt: usize,
+    seed: u64,
+}
+
+/// An epoch of [`TextLoader`]: iteration `next` onwards.
+struct TextBatches {
+    loader: TextLoader,
+    epoch: u64,
+    next: usize,
+}
+
+impl Iterator for TextBatches {
+    type Item = Result<(Tensor, Tensor)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let ids = self.loader.order.get(self.next)?;
+        self.next += 1;
+        Some(
+            TextData::windows(&self.loader.cache, ids, self.loader.bptt)
+                .and_then(|(x, y)| Ok((x, y.flatten_all()?))),
+        )
+    }
+}
+
+impl Batches for TextBatches {
+    fn state(&self) -> LoaderState {
+        let per = self.loader.order.first().map_or(0, Vec::len);
+        LoaderState {
+            epoch: self.epoch,
+            position: self.next * per,
+            seed: self.loader.seed,
+        }
+    }
+}
+
+impl TextLoader {
+    fn at(&self, epoch: u64, next: usize) -> TextBatches {
+        TextBatches {
+            loader: self.clone(),
+            epoch,
+            next,
+        }
+    }
+}
+
+impl RankLoader for TextLoader {
+    fn epoch(&self, epoch: u64) -> Box<dyn Batches> {
+        Box::new(self.at(epoch, 0))
+    }
+    fn resume(&self, state: &LoaderState) -> Result<Box<dyn Batches>> {
+        let per = self.order.first().map_or(1, Vec::len);
+        if state.seed != self.seed
+            || state.position % per != 0
+            || state.position / per > self.order.len()
+        {
+            return Err(Error::Data(format!(
+                "loader state {state:?} does not fit {} iterations of {per} streams (seed {})",
+                self.order.len(),
+                self.seed
+            )));
+        }
+        Ok(Box::new(self.at(state.epoch, state.position / per)))
+    }
+}
+
+impl Dataset for TextData {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn vocab(&self) -> Option<usize> {
+        Some(self.vocab)
+    }
+    fn build_model(&self, kind: ModelKind, lstm: LstmShape, seed: u64) -> Result<Box<dyn Staged>> {
+        if kind != ModelKind::Lstm {
+            return Err(Error::InvalidArgument(format!(
+                "{kind} classifies images; the token files of `{}` need the LSTM model",
+                self.name
+            )));
+        }
+        if lstm.vocab != self.vocab {
+            return Err(Error::Data(format!(
+                "the model's vocabulary has {} entries, the token files' {}",
+                lstm.vocab, self.vocab
+            )));
+        }
+        Ok(Box::new(LstmLm::new(lstm, seed)?))
+    }
+    fn iters_per_epoch(&self, world: usize, batch: usize) -> usize {
+        // The smallest contiguous shard has ⌊len / world⌋ windows.
+        self.train.len() / world.max(1) / batch.max(1)
+    }
+    fn loader(
+        &self,
+        world: usize,
+        rank: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Box<dyn RankLoader>> {
+        let plan = ShardPlan::new(self.train.len(), world, rank, ShardMode::Contiguous)?;
+        Ok(Box::new(TextLoader {
+            cache: self.train.clone(),
+            order: Arc::new(datacache::stream_batches(&plan, batch)?),
+            bptt: self.bptt,
+            seed,
+        }))
+    }
+    fn evaluate(&self, model: &dyn Staged) -> Result<Eval> {
+        let (x, y) = match self.test_cache.get() {
+            Some(t) => t,
+            None => {
+                let all: Vec<usize> = (0..self.test.len()).collect();
+                let t = Self::windows(&self.test, &all, self.bptt)?;
+                self.test_cache.get_or_init(|| t)
+            }
+        };
+        let e = evaluate_chunks(model, x, y, 32)?;
+        Ok(Eval {
+            perplexity: Some(e.loss.exp()),
+            ..e
+        })
     }
 }
 

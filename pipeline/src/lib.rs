@@ -4,7 +4,8 @@
 //! layer-wise, TopK-SGD single group, MGS threshold, the optimal merge of OMGS-SGD (Shi et al.,
 //! INFOCOM 2020) Algorithm 1, MG-WFBP for dense, an exact planner), the iteration timeline of
 //! OMGS-SGD Eq. 2-9 and 17, and the runtime that a framework drives from its backward hooks
-//! (OMGS-SGD Algorithm 2; BSP-SGD Algorithms 1-3 of Linear Pipelining (Wang et al.);
+//! (OMGS-SGD Algorithm 2; BSP-SGD Algorithms 1-3 of Linear Pipelining (Wang et al.), whose
+//! root-only update and per-stage weight broadcast live in [`bsp`];
 //! MSTopK/HiTopKComm (Shi et al., MLSys 2021) §4).
 //!
 //! ```
@@ -18,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod bsp;
 pub mod candle_models;
 pub mod check;
 pub mod checkpoint;

@@ -9,8 +9,10 @@
 //!   al., INFOCOM 2020)).
 //! - every sparse all-reduce of `collectives::sparse` (SparDL (Zhao et al.), ExDyna (Yoon
 //!   & Oh, CCGrid 2024), HiTopKComm, gTop-k, ...), one group each.
-//! - `bsp1`, `bsp2`, `bsp3`: BSP-SGD of Linear Pipelining (Wang et al.), Algorithms 1-3
-//!   with LP reduce/broadcast/all-reduce (64 KiB blocks).
+//! - `bsp1`, `bsp2`, `bsp3`: BSP-SGD of Linear Pipelining (Wang et al.), Algorithms 1-3:
+//!   LP reduce of the gradients to the root (per layer, overlapping backward; or after
+//!   backward), the root's update and an LP broadcast of the weights (per stage,
+//!   overlapping the next forward; or before it) ([`crate::bsp`]); or LP all-reduce.
 //! - `switch`: MSTopK with HiTopKComm for the first epochs, then the dense 2D torus
 //!   all-reduce (MSTopK/HiTopKComm (Shi et al., MLSys 2021), §5.6).
 
@@ -67,11 +69,14 @@ pub enum SchemeKind {
     /// MSTopK + HiTopKComm, then dense 2D torus (MLSys 2021 §5.6).
     Switch,
     /// BSP-SGD of Linear Pipelining (Wang et al.), Algorithm 1: per layer, an LP reduce to
-    /// the root then an LP broadcast, overlapping backward.
+    /// the root overlapping backward; the root updates; the weights' LP broadcast, stage by
+    /// stage, overlaps the next forward.
     Bsp1,
-    /// BSP-SGD Algorithm 2: after backward, one LP reduce and one LP broadcast.
+    /// BSP-SGD Algorithm 2: after backward, one LP reduce; the root updates; one LP
+    /// broadcast of the weights before the next forward.
     Bsp2,
-    /// BSP-SGD Algorithm 3: after backward, one LP all-reduce.
+    /// BSP-SGD Algorithm 3: after backward, one LP all-reduce; every rank updates; the
+    /// root's weights broadcast every 5 iterations.
     Bsp3,
 }
 
@@ -123,6 +128,17 @@ impl SchemeKind {
         })
     }
 
+    /// How BSP-SGD updates the weights (`None` for the other schemes: every rank applies
+    /// the averaged gradients).
+    pub fn bsp_update(&self) -> Option<BspUpdate> {
+        match self {
+            SchemeKind::Bsp1 => Some(BspUpdate::RootOverlapped),
+            SchemeKind::Bsp2 => Some(BspUpdate::RootBlocking),
+            SchemeKind::Bsp3 => Some(BspUpdate::ReplicatedSync),
+            _ => None,
+        }
+    }
+
     /// The planner this scheme uses by default.
     pub fn default_planner(&self) -> Planner {
         match self {
@@ -134,6 +150,18 @@ impl SchemeKind {
             _ => Planner::TopK,
         }
     }
+}
+
+/// The weight update of BSP-SGD (Linear Pipelining (Wang et al.), §3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BspUpdate {
+    /// Algorithm 1: the root updates; the broadcast overlaps the next forward per stage.
+    RootOverlapped,
+    /// Algorithm 2: the root updates; the whole broadcast ends before the next forward.
+    RootBlocking,
+    /// Algorithm 3: every rank updates; the root's weights are broadcast every
+    /// [`crate::bsp::BSP3_SYNC_EVERY`] iterations.
+    ReplicatedSync,
 }
 
 /// The scheme the profiling iterations run: dense, one group, so that backward is timed
@@ -161,57 +189,52 @@ const LP_BLOCK: usize = 64 << 10;
 /// The LP block for `op` on a group of `numel` `f32` over `ranks`: Linear Pipelining
 /// (Wang et al.)'s optimal `b` for the emulated link when there is one
 /// ([`cost_model::dense::lp_optimal_block_bytes`]), else [`LP_BLOCK`].
-fn lp_block(op: cost_model::Collective, numel: usize, ranks: usize, link: Option<Link>) -> usize {
+pub(crate) fn lp_block(
+    op: cost_model::Collective,
+    numel: usize,
+    ranks: usize,
+    link: Option<Link>,
+) -> usize {
     link.and_then(|l| {
         cost_model::dense::lp_optimal_block_bytes(op, 4 * numel, 4, ranks, l, 0.0).ok()
     })
     .unwrap_or(LP_BLOCK)
 }
 
-/// BSP-SGD's reduce + broadcast (Linear Pipelining (Wang et al.), Algorithm 2 lines 2-5):
-/// an LP reduce of the group's gradient to rank 0, then an LP broadcast of the sum, which
-/// every rank averages. (The paper's root applies the update and broadcasts the weights;
-/// broadcasting the averaged gradient instead moves as many bytes, and every rank then
-/// applies the same update to the same weights.)
-struct LpReduceBroadcast {
+/// BSP-SGD's gradient reduce (Linear Pipelining (Wang et al.), Algorithm 1 line 9 per
+/// layer, Algorithm 2 line 2 for the whole model): an LP reduce to rank 0, which returns
+/// the average. Other ranks return their own gradient unchanged: they apply no update,
+/// the root's weights reach them by broadcast ([`crate::bsp`]).
+struct LpReduce {
     /// Block of the reduce, bytes.
-    reduce_block: usize,
-    /// Block of the broadcast, bytes.
-    bcast_block: usize,
+    block_bytes: usize,
 }
 
-impl Exchange for LpReduceBroadcast {
+impl Exchange for LpReduce {
     fn exchange(
         &mut self,
         comm: &dyn collectives::Communicator,
         ctx: crate::schemes::ExchangeCtx,
         payload: crate::schemes::Payload,
     ) -> Result<Vec<f32>> {
-        use collectives::dense::{broadcast, reduce, BroadcastAlgo, DenseOptions, ReduceAlgo};
+        use collectives::dense::{reduce, DenseOptions, ReduceAlgo};
         let mut data = match payload {
             crate::schemes::Payload::Dense(d) => d,
             crate::schemes::Payload::Sparse(s) => s.to_dense(),
         };
         crate::schemes::agree(comm, ctx)?;
-        let opts = DenseOptions::default().unchecked();
-        let block_bytes = self.reduce_block;
+        let block_bytes = self.block_bytes;
         reduce(
             comm,
             &mut data,
             0,
             ReduceAlgo::LinearPipeline { block_bytes },
-            &opts,
+            &DenseOptions::default().unchecked(),
         )?;
-        let block_bytes = self.bcast_block;
-        broadcast(
-            comm,
-            &mut data,
-            0,
-            BroadcastAlgo::LinearPipeline { block_bytes },
-            &opts,
-        )?;
-        let inv = 1.0 / comm.size() as f32;
-        data.iter_mut().for_each(|v| *v *= inv);
+        if comm.rank() == 0 {
+            let inv = 1.0 / comm.size() as f32;
+            data.iter_mut().for_each(|v| *v *= inv);
+        }
         Ok(data)
     }
 }
@@ -312,10 +335,9 @@ pub fn for_epoch(
     let scheme: Box<dyn Scheme> = if dense {
         if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
             // BSP-SGD Algorithms 1 and 2's exchange.
-            uncompressed("bsp-lp-reduce-broadcast", move |numel, ranks| {
-                Box::new(LpReduceBroadcast {
-                    reduce_block: lp_block(cost_model::Collective::Reduce, numel, ranks, link),
-                    bcast_block: lp_block(cost_model::Collective::Broadcast, numel, ranks, link),
+            uncompressed("bsp-lp-reduce", move |numel, ranks| {
+                Box::new(LpReduce {
+                    block_bytes: lp_block(cost_model::Collective::Reduce, numel, ranks, link),
                 })
             })
         } else if cfg.scheme == SchemeKind::Bsp3 {
@@ -373,14 +395,20 @@ pub fn for_epoch(
         } else {
             measure_topk(sizes, cfg.density)?
         };
-        Box::new(RuntimeCosts {
+        let runtime = RuntimeCosts {
             link: topo.inter,
             ranks: p,
             density: (!dense).then_some(cfg.density),
             algorithm: if dense { None } else { sparse_algorithm(cfg) },
             sparsify_a: a,
             sparsify_b: b,
-        })
+        };
+        if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
+            // The gradients' LP reduce to the root (the weights' broadcast is not in it).
+            Box::new(crate::check::LpReduceCosts { base: runtime })
+        } else {
+            Box::new(runtime)
+        }
     } else if let (Some(path), false) = (&cfg.calibration, dense) {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
@@ -460,7 +488,16 @@ mod tests {
                 e.exchange(&comm, ctx, p)
             })
             .unwrap();
-            for o in &out {
+            // BSP-SGD Algorithms 1 and 2 average on the root only.
+            let averaged = if kind
+                .bsp_update()
+                .is_some_and(|u| u != BspUpdate::ReplicatedSync)
+            {
+                &out[..1]
+            } else {
+                &out[..]
+            };
+            for o in averaged {
                 assert_eq!(o, &out[0], "{kind}: ranks differ");
                 for (i, v) in o.iter().enumerate() {
                     assert!((v - ((i % 7) as f32 + 1.0)).abs() < 1e-4, "{kind}: {i} {v}");

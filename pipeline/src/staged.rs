@@ -86,6 +86,15 @@ pub fn get_params(model: &dyn Staged) -> Result<Vec<Vec<f32>>> {
     get_vars(model, |m, s| m.stage_params(s))
 }
 
+/// Stage `stage`'s parameters concatenated (its tensors in their fixed order).
+pub fn get_stage_params(model: &dyn Staged, stage: usize) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for (_, v) in model.stage_params(stage) {
+        out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
 /// Overwrites every parameter from `values` (one vector per layer, forward order).
 pub fn set_params(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
     set_vars(model, |m, s| m.stage_params(s), values)
@@ -168,6 +177,17 @@ impl Forward {
 
 /// Forward in training mode, each stage's input detached as a [`Var`].
 pub fn forward_train(model: &dyn Staged, x: &Tensor) -> Result<Forward> {
+    forward_train_with(model, x, &mut |_| Ok(()))
+}
+
+/// [`forward_train`] calling `before(s)` before stage `s` runs: where BSP-SGD Algorithm 1
+/// of Linear Pipelining (Wang et al.) waits for the stage's parameters, so the broadcast
+/// of the next stage's overlaps this stage's forward.
+pub fn forward_train_with(
+    model: &dyn Staged,
+    x: &Tensor,
+    before: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<Forward> {
     let n = model.num_stages();
     if n == 0 {
         return Err(Error::InvalidArgument(format!(
@@ -178,6 +198,7 @@ pub fn forward_train(model: &dyn Staged, x: &Tensor) -> Result<Forward> {
     let mut inputs = Vec::with_capacity(n);
     let mut outputs: Vec<Tensor> = Vec::with_capacity(n);
     for s in 0..n {
+        before(s)?;
         let out = match outputs.last() {
             None => {
                 inputs.push(None);

@@ -2,7 +2,11 @@
 //! through `datacache`, runs forward, then a stage-by-stage backward whose stages hand
 //! their gradients to the [`Reducer`] as soon as they are ready (wait-free backpropagation,
 //! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
-//! [`Optimizer`] (SGD, or LARS/LAMB with PTO).
+//! [`Optimizer`] (SGD, or LARS/LAMB with PTO). Under BSP-SGD Algorithms 1 and 2 of Linear
+//! Pipelining (Wang et al.) only the root steps and its weights reach the other ranks by
+//! LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
+//! forward, each stage waiting for its own weights, and the parameter check of a step runs
+//! once they have arrived. Data comes through a [`Dataset`] (images or token streams).
 //!
 //! **Profile, then plan** (as OMGS-SGD does): the first `profile_iters` iterations run as
 //! dense SGD with one group, so backward is not disturbed by communication; their per-layer
@@ -18,18 +22,19 @@
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
 use collectives::dense::{self, AllgatherAlgo, BroadcastAlgo, DenseOptions};
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::Topology;
 use serde::{Deserialize, Serialize};
 
+use crate::bsp::ParamBroadcast;
+use crate::candle_models::LstmShape;
 use crate::checkpoint::{self, Header, RankPart, Replicated};
-use crate::data::{batch_tensors, ImageData};
+use crate::data::{Dataset, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{average_backward, LayerProfile};
-use crate::reduction::{self, SchemeKind};
+use crate::reduction::{self, BspUpdate, SchemeKind};
 use crate::runtime::Reducer;
 use crate::staged::{self, Staged};
 use crate::timeline::{predict, Timeline};
@@ -71,6 +76,8 @@ pub enum ModelKind {
     Resnet20,
     /// VGG-16 with batch norm (input side a multiple of 32).
     Vgg16Bn,
+    /// The 2-layer LSTM language model (token files).
+    Lstm,
 }
 
 impl std::fmt::Display for ModelKind {
@@ -78,25 +85,7 @@ impl std::fmt::Display for ModelKind {
         f.write_str(match self {
             ModelKind::Resnet20 => "resnet20",
             ModelKind::Vgg16Bn => "vgg16_bn",
-        })
-    }
-}
-
-impl ModelKind {
-    /// A fresh model for `[channels, side, side]` inputs and `classes`, from `seed`.
-    pub fn build(&self, shape: [usize; 3], classes: usize, seed: u64) -> Result<Box<dyn Staged>> {
-        if shape[1] != shape[2] {
-            return Err(Error::InvalidArgument(format!(
-                "square images expected, got {shape:?}"
-            )));
-        }
-        Ok(match self {
-            ModelKind::Resnet20 => Box::new(crate::candle_models::resnet20(
-                shape[0], shape[1], classes, seed,
-            )?),
-            ModelKind::Vgg16Bn => Box::new(crate::candle_models::vgg16_bn(
-                shape[0], shape[1], classes, 1, seed,
-            )?),
+            ModelKind::Lstm => "lstm",
         })
     }
 }
@@ -134,6 +123,9 @@ pub struct TrainConfig {
     pub groups: Option<Vec<Vec<usize>>>,
     /// Model.
     pub model: ModelKind,
+    /// The language model's shape ([`ModelKind::Lstm`]); its vocabulary must be the
+    /// token files'.
+    pub lstm: LstmShape,
     /// Ranks P (threads; under MPI the world size must equal it).
     pub ranks: usize,
     /// Density ρ of the sparse schemes.
@@ -184,6 +176,7 @@ impl Default for TrainConfig {
             planner: None,
             groups: None,
             model: ModelKind::Resnet20,
+            lstm: LstmShape::SMALL,
             ranks: 4,
             density: 0.01,
             epochs: 10,
@@ -216,8 +209,14 @@ pub struct EpochStats {
     pub loss: f32,
     /// Training accuracy, %.
     pub train_acc: f64,
-    /// Test accuracy, %.
+    /// Test accuracy, % (next-token accuracy for a language model).
     pub test_acc: f64,
+    /// Mean test cross entropy, nats.
+    #[serde(default)]
+    pub test_loss: f64,
+    /// Test perplexity (`exp(test_loss)`) of a language model; `None` for a classifier.
+    #[serde(default)]
+    pub test_ppl: Option<f64>,
     /// Training time so far (evaluation excluded), seconds.
     pub elapsed_s: f64,
 }
@@ -256,6 +255,14 @@ pub struct Breakdown {
     pub iteration_s: f64,
     /// The optimizer step (and parameter write-back), seconds.
     pub optimizer_s: f64,
+    /// BSP-SGD: forward time spent waiting for the weights' broadcast, seconds (inside
+    /// `forward_s`).
+    #[serde(default)]
+    pub param_wait_s: f64,
+    /// BSP-SGD: the weights' broadcast spans (per stage, summed), seconds; under
+    /// Algorithm 1 `param_bcast_s − param_wait_s` of it overlapped forward.
+    #[serde(default)]
+    pub param_bcast_s: f64,
     /// The timeline's predicted iteration time for the plan.
     pub predicted_iteration_s: f64,
     /// The timeline's predicted non-overlapped communication.
@@ -291,6 +298,9 @@ pub struct TrainReport {
     pub epochs: Vec<EpochStats>,
     /// Final test accuracy, %.
     pub test_acc: f64,
+    /// Final test perplexity of a language model (`None` for a classifier).
+    #[serde(default)]
+    pub test_ppl: Option<f64>,
     /// Training wall time (evaluation excluded), seconds.
     pub time_s: f64,
     /// Payload bytes each rank sent in gradient exchanges, averaged over ranks.
@@ -324,9 +334,13 @@ pub struct TrainReport {
     /// Rank 0's measured timeline as Chrome trace events.
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
+    /// The final parameters (one vector per layer, forward order), to compare runs in
+    /// memory; not written to JSON.
+    #[serde(skip)]
+    pub final_params: Vec<Vec<f32>>,
 }
 
-fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
+fn validate(cfg: &TrainConfig, data: &dyn Dataset, world: usize) -> Result<()> {
     if cfg.ranks == 0 || cfg.batch == 0 || cfg.epochs == 0 {
         return Err(Error::InvalidArgument(format!(
             "ranks ({}), batch ({}) and epochs ({}) must be positive",
@@ -352,16 +366,24 @@ fn validate(cfg: &TrainConfig, data: &ImageData, world: usize) -> Result<()> {
             "learning rate must be positive and warm-up ≥ 0".into(),
         ));
     }
+    if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2)
+        && cfg.optimizer != OptimizerKind::Sgd
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{}: the root alone applies BSP-SGD's update, but {} splits its step across the ranks (PTO)",
+            cfg.scheme, cfg.optimizer
+        )));
+    }
     if cfg.profile_iters < 2 {
         return Err(Error::InvalidArgument(
             "profile_iters must be ≥ 2 (the first is warm-up)".into(),
         ));
     }
-    let iters = data.train_len() / cfg.ranks / cfg.batch;
+    let iters = data.iters_per_epoch(cfg.ranks, cfg.batch);
     if iters == 0 {
         return Err(Error::InvalidArgument(format!(
-            "{} training samples over {} ranks do not fill one batch of {}",
-            data.train_len(),
+            "the training set of `{}` over {} ranks does not fill one batch of {}",
+            data.name(),
             cfg.ranks,
             cfg.batch
         )));
@@ -431,11 +453,12 @@ fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
 /// What every rank must agree on: the configuration (transport aside) and the layers.
 fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64 {
     let text = format!(
-        "{:?}|{:?}|{:?}|{}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
         cfg.scheme,
         cfg.planner,
         cfg.groups,
         cfg.model,
+        cfg.lstm,
         cfg.ranks,
         cfg.density,
         cfg.epochs,
@@ -455,23 +478,90 @@ fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64
     hash_params(&bytes)
 }
 
-/// Test accuracy, %, in chunks of 256.
-pub fn evaluate(model: &dyn Staged, x: &Tensor, y: &Tensor) -> Result<f64> {
-    let n = x.dim(0)?;
-    let mut right = 0;
-    let mut i = 0;
-    while i < n {
-        let b = 256.min(n - i);
-        let logits = staged::forward(model, &x.narrow(0, i, b)?, false)?;
-        right += staged::correct(&logits, &y.narrow(0, i, b)?)?;
-        i += b;
-    }
-    Ok(100.0 * right as f64 / n.max(1) as f64)
-}
-
 /// Per-rank result.
 struct RankOut {
     report: TrainReport,
+}
+
+/// One iteration's BSP-SGD weight broadcast: forward time spent waiting for parameters
+/// and the stages' broadcast spans.
+#[derive(Debug, Clone, Copy, Default)]
+struct BspTimes {
+    wait_s: f64,
+    bcast_s: f64,
+}
+
+impl BspTimes {
+    /// Counts one stage's [`ParamBroadcast::wait`] result and installs its values.
+    fn add(
+        &mut self,
+        (values, span, waited): (Vec<f32>, crate::timeline::Span, f64),
+        install: impl FnOnce(&[f32]) -> Result<()>,
+    ) -> Result<()> {
+        self.wait_s += waited;
+        self.bcast_s += span.len();
+        install(&values)
+    }
+}
+
+/// The layers of each stage (forward order, contiguous).
+fn stage_layer_ranges(model: &dyn Staged) -> Vec<std::ops::Range<usize>> {
+    let mut start = 0;
+    (0..model.num_stages())
+        .map(|s| {
+            let r = start..start + model.stage_params(s).len();
+            start = r.end;
+            r
+        })
+        .collect()
+}
+
+/// Each stage's weights concatenated, for the broadcast.
+fn stage_values(weights: &[Vec<f32>], stages: &[std::ops::Range<usize>]) -> Vec<Vec<f32>> {
+    stages.iter().map(|r| weights[r.clone()].concat()).collect()
+}
+
+/// Writes a stage's broadcast values into the host weights and the model's variables.
+fn install_stage(
+    model: &dyn Staged,
+    stage: usize,
+    values: &[f32],
+    weights: &mut [Vec<f32>],
+    stages: &[std::ops::Range<usize>],
+) -> Result<()> {
+    let mut off = 0;
+    for (l, (name, var)) in stages[stage].clone().zip(model.stage_params(stage)) {
+        let n = weights[l].len();
+        let chunk = values.get(off..off + n).ok_or(Error::GradientLength {
+            layer: l,
+            got: values.len(),
+            expected: off + n,
+        })?;
+        weights[l].copy_from_slice(chunk);
+        let dims = var.as_tensor().dims().to_vec();
+        var.set(&candle_core::Tensor::from_slice(
+            chunk,
+            dims.as_slice(),
+            &model.device(),
+        )?)
+        .map_err(|e| Error::Model(format!("setting `{name}`: {e}")))?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Waits for the rest of the broadcast in flight and installs it.
+fn drain(
+    b: &mut ParamBroadcast,
+    model: &dyn Staged,
+    weights: &mut [Vec<f32>],
+    stages: &[std::ops::Range<usize>],
+    times: &mut BspTimes,
+) -> Result<()> {
+    while let Some(s) = b.next_stage() {
+        times.add(b.wait(s)?, |v| install_stage(model, s, v, weights, stages))?;
+    }
+    Ok(())
 }
 
 struct Accum {
@@ -479,8 +569,10 @@ struct Accum {
 }
 
 impl Accum {
-    fn add(&mut self, t: &Timeline, opt_s: f64) {
+    fn add(&mut self, t: &Timeline, opt_s: f64, bsp: &BspTimes) {
         let s = &mut self.sum;
+        s.param_wait_s += bsp.wait_s;
+        s.param_bcast_s += bsp.bcast_s;
         s.forward_s += t.forward.len();
         s.backward_s += t.backward.iter().map(|b| b.len()).sum::<f64>();
         s.selection_s += t.total_sparsify_s();
@@ -501,6 +593,8 @@ impl Accum {
             non_overlapped_comm_s: s.non_overlapped_comm_s / n,
             iteration_s: s.iteration_s / n,
             optimizer_s: s.optimizer_s / n,
+            param_wait_s: s.param_wait_s / n,
+            param_bcast_s: s.param_bcast_s / n,
             predicted_iteration_s: predicted.iteration_s,
             predicted_non_overlapped_s: predicted.non_overlapped_comm_s,
             samples: s.samples,
@@ -515,7 +609,7 @@ impl Accum {
 pub fn run_rank<C: Communicator + 'static>(
     comm: C,
     cfg: &TrainConfig,
-    data: &ImageData,
+    data: &dyn Dataset,
     topology: Option<&Topology>,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
@@ -523,8 +617,7 @@ pub fn run_rank<C: Communicator + 'static>(
     let rank = comm.rank();
     let p = comm.size();
     let backend = comm.backend();
-    let device = Device::Cpu;
-    let model = cfg.model.build(data.shape, data.classes, cfg.seed)?;
+    let model = data.build_model(cfg.model, cfg.lstm, cfg.seed)?;
     let layers = staged::layers(&*model);
     let sizes = staged::layer_sizes(&*model);
     let l_count = sizes.len();
@@ -547,16 +640,36 @@ pub fn run_rank<C: Communicator + 'static>(
         cfg.momentum,
         cfg.weight_decay,
     )?;
+    let mut pending_check: Option<usize> = None;
     let loader = data.loader(p, rank, cfg.batch, cfg.seed)?;
-    let iters = data.train_len() / p / cfg.batch;
-    let (test_x, test_y) = if rank == 0 {
-        let (x, y) = data.test_tensors(&device)?;
-        (Some(x), Some(y))
-    } else {
-        (None, None)
-    };
+    let iters = data.iters_per_epoch(p, cfg.batch);
+    // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
+    let mut targets = cfg.batch;
     let counting = collectives::Metered::metered(comm);
     let meter = counting.tap().clone();
+    // BSP-SGD's weight broadcast, on its own communicator and thread (metered with the
+    // reducer's: a split shares the meter).
+    let stage_layers = stage_layer_ranges(&*model);
+    let mut bcast = match cfg.scheme.bsp_update() {
+        Some(_) => {
+            let link = topology.map(|t| t.inter);
+            let stage_sizes: Vec<usize> = stage_layers
+                .iter()
+                .map(|r| sizes[r.clone()].iter().sum())
+                .collect();
+            let blocks = stage_sizes
+                .iter()
+                .map(|&n| reduction::lp_block(cost_model::Collective::Broadcast, n.max(1), p, link))
+                .collect();
+            Some(ParamBroadcast::new(
+                counting.split(1, rank as u32)?,
+                stage_sizes,
+                blocks,
+                Instant::now(),
+            )?)
+        }
+        None => None,
+    };
     let mut phase = Phase::Profile(Vec::new());
     let mut predicted: Option<Timeline> = None;
     let mut profile_bw = Vec::new();
@@ -650,13 +763,32 @@ pub fn run_rank<C: Communicator + 'static>(
             _ => loader.epoch(epoch as u64),
         };
         for it in first_it..iters {
-            let batch = batches.next().ok_or_else(|| {
+            let (x, y) = batches.next().ok_or_else(|| {
                 Error::Data(format!("rank {rank}: epoch {epoch} ran out of batches"))
             })??;
-            let (x, y) = batch_tensors(&batch, &device)?;
+            targets = y.elem_count();
             let t_start = t_run.elapsed().as_secs_f64();
+            // BSP-SGD's root update applies once the plan (and its LP reduce) is in place.
+            let rooted = matches!(phase, Phase::Planned(()));
             reducer.begin()?;
-            let fwd = staged::forward_train(&*model, &x)?;
+            // BSP-SGD Algorithm 1: each stage's forward waits for its own parameters only.
+            let mut bsp_times = BspTimes::default();
+            let fwd = match bcast.as_mut().filter(|b| b.in_flight()) {
+                Some(b) => staged::forward_train_with(&*model, &x, &mut |s| {
+                    bsp_times.add(b.wait(s)?, |v| {
+                        install_stage(&*model, s, v, &mut weights, &stage_layers)
+                    })
+                })?,
+                None => staged::forward_train(&*model, &x)?,
+            };
+            if let Some(k) = pending_check.take() {
+                agree_u64(
+                    &*ctrl,
+                    hash_params(&weights),
+                    &format!("the parameters after step {k}"),
+                )?;
+                checked += 1;
+            }
             let loss = model.loss(fwd.logits(), &y)?;
             reducer.forward_done()?;
             staged::backward_staged(&*model, &fwd, &loss, &mut |l, g| reducer.ready(l, g))?;
@@ -665,16 +797,47 @@ pub fn run_rank<C: Communicator + 'static>(
             right += staged::correct(fwd.logits(), &y)?;
             let t_opt = Instant::now();
             let lr = learning_rate(cfg, step, iters * cfg.epochs, warmup_iters);
-            opt.step(&*ctrl, &mut weights, &grads, lr)?;
-            staged::set_params(&*model, &weights)?;
-            let opt_s = t_opt.elapsed().as_secs_f64();
             step += 1;
             since_rebuild += 1;
+            match (cfg.scheme.bsp_update(), &mut bcast, rooted) {
+                (Some(update), Some(b), true) if update != BspUpdate::ReplicatedSync => {
+                    // Algorithms 1 and 2: the root alone updates, then broadcasts.
+                    if rank == 0 {
+                        opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                        staged::set_params(&*model, &weights)?;
+                    }
+                    b.launch(stage_values(&weights, &stage_layers))?;
+                    if update == BspUpdate::RootBlocking {
+                        drain(b, &*model, &mut weights, &stage_layers, &mut bsp_times)?;
+                    }
+                }
+                (Some(BspUpdate::ReplicatedSync), Some(b), true) => {
+                    // Algorithm 3: every rank updates; the root's weights every 5 steps.
+                    opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                    staged::set_params(&*model, &weights)?;
+                    if step % crate::bsp::BSP3_SYNC_EVERY == 0 {
+                        b.launch(stage_values(&weights, &stage_layers))?;
+                        drain(b, &*model, &mut weights, &stage_layers, &mut bsp_times)?;
+                    }
+                }
+                _ => {
+                    opt.step(&*ctrl, &mut weights, &grads, lr)?;
+                    staged::set_params(&*model, &weights)?;
+                }
+            }
+            let opt_s = t_opt.elapsed().as_secs_f64();
+            // Under Algorithm 1 other ranks have this step's weights only once the next
+            // forward has received them: their check waits until then.
+            let in_flight = bcast.as_ref().is_some_and(|b| b.in_flight());
             let hash = hash_params(&weights);
             step_hashes.push(hash);
             if cfg.check_params {
-                agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
-                checked += 1;
+                if in_flight {
+                    pending_check = Some(step);
+                } else {
+                    agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
+                    checked += 1;
+                }
             }
             let tl = reducer
                 .last_timeline()
@@ -698,7 +861,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 }
                 Phase::Planned(()) => {
                     if since_rebuild > 1 {
-                        accum.add(&tl, opt_s);
+                        accum.add(&tl, opt_s, &bsp_times);
                     }
                 }
             }
@@ -715,6 +878,15 @@ pub fn run_rank<C: Communicator + 'static>(
             let every = cfg.checkpoint.every;
             if let (Some(dir), Phase::Planned(())) = (&cfg.checkpoint.dir, &phase) {
                 if stop || (every > 0 && step % every == 0) {
+                    if let Some(b) = bcast.as_mut().filter(|b| b.in_flight()) {
+                        drain(
+                            b,
+                            &*model,
+                            &mut weights,
+                            &stage_layers,
+                            &mut BspTimes::default(),
+                        )?;
+                    }
                     let replicated = Replicated {
                         step: step as u64,
                         epoch: epoch as u64,
@@ -759,12 +931,15 @@ pub fn run_rank<C: Communicator + 'static>(
         if stopped {
             break;
         }
-        if let (Some(x), Some(y)) = (&test_x, &test_y) {
+        if rank == 0 {
+            let eval = data.evaluate(&*model)?;
             let stats = EpochStats {
                 epoch: epoch + 1,
                 loss: loss_sum / iters as f32,
-                train_acc: 100.0 * right as f64 / (iters * cfg.batch) as f64,
-                test_acc: evaluate(&*model, x, y)?,
+                train_acc: 100.0 * right as f64 / (iters * targets) as f64,
+                test_acc: eval.accuracy,
+                test_loss: eval.loss,
+                test_ppl: eval.perplexity,
                 elapsed_s: train_time,
             };
             if let Some(f) = progress {
@@ -774,6 +949,26 @@ pub fn run_rank<C: Communicator + 'static>(
         }
     }
     drop(reducer.shutdown()?);
+    if let Some(mut b) = bcast {
+        if b.in_flight() {
+            drain(
+                &mut b,
+                &*model,
+                &mut weights,
+                &stage_layers,
+                &mut BspTimes::default(),
+            )?;
+        }
+        b.shutdown()?;
+    }
+    if let Some(k) = pending_check.take() {
+        agree_u64(
+            &*ctrl,
+            hash_params(&weights),
+            &format!("the parameters after step {k}"),
+        )?;
+        checked += 1;
+    }
     // Bytes per rank, averaged over ranks.
     let mine = (bytes_before + meter.counts().bytes_sent) as f64;
     let mut all = vec![0.0f64; p];
@@ -795,7 +990,7 @@ pub fn run_rank<C: Communicator + 'static>(
         scheme: cfg.scheme.to_string(),
         planner: current.planner,
         model: model.name(),
-        data: data.name.clone(),
+        data: data.name(),
         optimizer: opt.name(),
         backend,
         ranks: p,
@@ -803,12 +998,14 @@ pub fn run_rank<C: Communicator + 'static>(
         groups: current.plan.groups(),
         profile_backward_s: profile_bw,
         test_acc: epochs.last().map(|e| e.test_acc).unwrap_or(0.0),
+        test_ppl: epochs.last().and_then(|e| e.test_ppl),
         epochs,
         time_s: train_time,
         bytes_per_rank: all.iter().sum::<f64>() / p as f64,
         breakdown: accum.mean(&predicted),
         params_checked_steps: checked,
         final_param_hash: hash_params(&weights),
+        final_params: weights,
         first_step,
         steps: step,
         step_param_hashes: step_hashes,
@@ -981,7 +1178,7 @@ fn build_reducer<C: Communicator + 'static>(
 /// report, with the trace.
 pub fn train(
     cfg: &TrainConfig,
-    data: &ImageData,
+    data: &dyn Dataset,
     progress: Option<&(dyn Fn(TrainEvent) + Sync)>,
 ) -> Result<TrainReport> {
     validate(cfg, data, cfg.ranks)?;

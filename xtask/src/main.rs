@@ -42,7 +42,7 @@ enum Command {
     /// Compare every planner on a profile, with Gantt charts.
     Simulate(simulate::Args),
     /// Train a built-in model data-parallel with a chosen scheme.
-    Train(train::Args),
+    Train(Box<train::Args>),
     /// Format check, clippy, tests, and MPI tests under mpirun.
     Ci(ci::Args),
     /// Run the fuzz targets of the wire decoders and JSON readers for a while each.
@@ -73,7 +73,7 @@ fn main() {
         Command::Calibrate(a) => calibrate::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Simulate(a) => simulate::run(a),
-        Command::Train(a) => train::run(a),
+        Command::Train(a) => train::run(*a),
         Command::Ci(a) => ci::run(a),
         Command::Fuzz(a) => fuzz::run(a),
     };

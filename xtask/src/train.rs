@@ -1,7 +1,9 @@
-//! `cargo xtask train`: data-parallel training of a candle model (ResNet-20 or VGG-16-BN)
-//! on real data through `datacache` (the shipped digits by default, CIFAR-10 with
-//! `--data DIR`, or generated CIFAR-10-format files), one run per scheme; writes loss and
-//! test accuracy per epoch (train.json, train.svg), the measured iteration breakdown next
+//! `cargo xtask train`: data-parallel training of a candle model (ResNet-20, VGG-16-BN, or
+//! the 2-layer LSTM language model) on real data through `datacache` (the shipped digits by
+//! default, CIFAR-10 with `--data DIR`, or generated CIFAR-10-format files; for `--model
+//! lstm` the shipped King James Gospels token files, or `--text DIR`), one run per scheme;
+//! writes loss and test accuracy (perplexity for the language model) per epoch
+//! (train.json, train.svg), the measured iteration breakdown next
 //! to the timeline's prediction, and each scheme's Chrome trace (trace_SCHEME.json).
 //! `--mpi -n P` relaunches itself under mpirun (MpiComm); threads are the default.
 //! `--check-timeline` is the runtime-versus-prediction check over a real-time SimComm.
@@ -9,10 +11,11 @@
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use pipeline::candle_models::LstmShape;
 use pipeline::check::{
     runtime_vs_timeline, same_ranking, CheckConfig, LAYER_WISE, ONE_GROUP, PLANNED,
 };
-use pipeline::data::{digits_dir, CacheOptions, DataSpec, ImageData};
+use pipeline::data::{digits_dir, kjv_dir, CacheOptions, DataSpec, Dataset, ImageData, TextData};
 use pipeline::optimizer::OptimizerKind;
 use pipeline::train::{
     CheckpointConfig, LrSchedule, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport,
@@ -48,7 +51,7 @@ pub struct Args {
     /// Epochs.
     #[arg(long, default_value_t = 10)]
     pub epochs: usize,
-    /// Samples per rank per iteration.
+    /// Samples per rank per iteration (token streams per rank for --model lstm).
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Learning rate.
@@ -76,6 +79,9 @@ pub struct Args {
     /// Generate this many CIFAR-10-format training samples (throughput runs).
     #[arg(long, conflicts_with_all = ["data", "idx"])]
     pub generated: Option<usize>,
+    /// Options of --model lstm (boxed: the command enum stays small).
+    #[command(flatten)]
+    pub lm: Box<LmArgs>,
     /// Disk level of the data cache (raw bytes kept across runs).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
@@ -143,6 +149,27 @@ pub struct Args {
     pub check_hidden: usize,
 }
 
+/// Options of the language model (`--model lstm`).
+#[derive(clap::Args, Debug)]
+pub struct LmArgs {
+    /// Token files (train.tok, test.tok, vocab.txt) for --model lstm. Default: the King
+    /// James Gospels shipped in data/kjv-gospels.
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Truncated-BPTT length of --model lstm (tokens per stream per iteration).
+    #[arg(long, default_value_t = 35)]
+    pub bptt: usize,
+    /// Embedding width of --model lstm.
+    #[arg(long, default_value_t = LstmShape::SMALL.embed)]
+    pub lstm_embed: usize,
+    /// Hidden units of each LSTM layer of --model lstm.
+    #[arg(long, default_value_t = LstmShape::SMALL.hidden)]
+    pub lstm_hidden: usize,
+    /// Vocabulary of --model lstm (default: the token files'; another is an error).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+}
+
 fn transport(t: TransportArg, ranks: usize) -> Result<Transport, Box<dyn std::error::Error>> {
     let topo = || -> Result<cost_model::Topology, Box<dyn std::error::Error>> {
         Ok(match cost_model::presets::omgs_1gbe(ranks) {
@@ -177,12 +204,34 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
         RGBColor(255, 128, 0),
         RGBColor(128, 0, 255),
     ];
+    // Language models plot test perplexity where classifiers plot test accuracy.
+    let ppl = !reports.is_empty() && reports.iter().all(|r| r.test_ppl.is_some());
+    let metric = |e: &pipeline::train::EpochStats| match (ppl, e.test_ppl) {
+        (true, Some(p)) => p,
+        _ => e.test_acc,
+    };
+    let top = if ppl {
+        reports
+            .iter()
+            .flat_map(|r| r.epochs.iter().map(metric))
+            .fold(1.0, f64::max)
+            * 1.05
+    } else {
+        100.0
+    };
     let mut acc = ChartBuilder::on(&left)
-        .caption("test accuracy (%)", ("sans-serif", 16))
+        .caption(
+            if ppl {
+                "test perplexity"
+            } else {
+                "test accuracy (%)"
+            },
+            ("sans-serif", 16),
+        )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(40)
-        .build_cartesian_2d(1.0..epochs.max(2.0), 0.0..100.0)?;
+        .build_cartesian_2d(1.0..epochs.max(2.0), 0.0..top)?;
     acc.configure_mesh().x_desc("epoch").draw()?;
     let mut loss = ChartBuilder::on(&right)
         .caption("training loss", ("sans-serif", 16))
@@ -194,10 +243,10 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
     for (i, r) in reports.iter().enumerate() {
         let c = colors[i % colors.len()];
         acc.draw_series(LineSeries::new(
-            r.epochs.iter().map(|e| (e.epoch as f64, e.test_acc)),
+            r.epochs.iter().map(|e| (e.epoch as f64, metric(e))),
             c.stroke_width(2),
         ))?
-        .label(format!("{} ({:.1}%)", r.scheme, r.test_acc))
+        .label(headline(r))
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
         loss.draw_series(LineSeries::new(
             r.epochs.iter().map(|e| (e.epoch as f64, e.loss as f64)),
@@ -207,10 +256,36 @@ fn plot(reports: &[TrainReport], path: &std::path::Path) -> Result<(), Box<dyn s
     acc.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
+        .position(if ppl {
+            SeriesLabelPosition::UpperRight
+        } else {
+            SeriesLabelPosition::LowerRight
+        })
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// A run's final test number: perplexity for a language model, else accuracy.
+fn headline(r: &TrainReport) -> String {
+    match r.test_ppl {
+        Some(p) => format!("{} (ppl {p:.1})", r.scheme),
+        None => format!("{} ({:.1}%)", r.scheme, r.test_acc),
+    }
+}
+
+/// One epoch's line for the progress bar.
+fn epoch_line(s: &pipeline::train::EpochStats) -> String {
+    match s.test_ppl {
+        Some(p) => format!(
+            "epoch {} loss {:.3} test loss {:.3} ppl {p:.1}",
+            s.epoch, s.loss, s.test_loss
+        ),
+        None => format!(
+            "epoch {} loss {:.3} test {:.1}%",
+            s.epoch, s.loss, s.test_acc
+        ),
+    }
 }
 
 fn check(args: &Args) -> CliResult {
@@ -248,6 +323,15 @@ fn check(args: &Args) -> CliResult {
             r.measured_non_overlapped_s * 1e3
         );
     }
+    for r in rows.iter().filter(|r| r.param_bcast_s > 0.0) {
+        println!(
+            "{}: the weights' LP broadcast took {:.2} ms per iteration, forward waited {:.2} ms for it: {:.0}% overlapped forward",
+            r.scheme,
+            r.param_bcast_s * 1e3,
+            r.param_wait_s * 1e3,
+            100.0 * (1.0 - r.param_wait_s / r.param_bcast_s).max(0.0)
+        );
+    }
     let tolerance = 0.15;
     let within = rows.iter().all(|r| r.rel_error.abs() <= tolerance);
     let ranked = same_ranking(&rows, 0.05);
@@ -281,9 +365,15 @@ fn check(args: &Args) -> CliResult {
 /// The configuration of one scheme's run.
 fn config(
     args: &Args,
+    data: &dyn Dataset,
     scheme: SchemeKind,
     ranks: usize,
 ) -> Result<TrainConfig, Box<dyn std::error::Error>> {
+    let lstm = LstmShape {
+        vocab: args.lm.vocab.or(data.vocab()).unwrap_or(0),
+        embed: args.lm.lstm_embed,
+        hidden: args.lm.lstm_hidden,
+    };
     Ok(TrainConfig {
         scheme,
         planner: args
@@ -292,6 +382,7 @@ fn config(
             .map(str::parse::<Planner>)
             .transpose()?,
         model: args.model,
+        lstm,
         ranks,
         density: args.density,
         epochs: args.epochs,
@@ -319,11 +410,15 @@ fn config(
     })
 }
 
-fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
+fn data(args: &Args) -> Result<Box<dyn Dataset>, Box<dyn std::error::Error>> {
     let opts = CacheOptions {
         disk: args.cache_dir.clone(),
         memory_bytes: 0,
     };
+    if args.model == ModelKind::Lstm || args.lm.text.is_some() {
+        let dir = args.lm.text.clone().unwrap_or_else(kjv_dir);
+        return Ok(Box::new(TextData::open(&dir, args.lm.bptt, &opts)?));
+    }
     let spec = match (&args.data, &args.idx, args.generated) {
         (Some(d), _, _) => DataSpec::Cifar10(d.clone()),
         (_, Some(d), _) => DataSpec::Idx(d.clone()),
@@ -334,7 +429,7 @@ fn data(args: &Args) -> Result<ImageData, Box<dyn std::error::Error>> {
         },
         _ => DataSpec::Idx(digits_dir()),
     };
-    Ok(ImageData::open(&spec, &opts)?)
+    Ok(Box::new(ImageData::open(&spec, &opts)?))
 }
 
 fn print_report(r: &TrainReport, step_hashes: bool) {
@@ -370,9 +465,12 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
             .unwrap_or_default()
     );
     println!(
-        "{:<8} test {:.2}%  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked on every rank after {} steps (final hash {:016x})",
+        "{:<8} {}  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked on every rank after {} steps (final hash {:016x})",
         r.scheme,
-        r.test_acc,
+        match r.test_ppl {
+            Some(p) => format!("test perplexity {p:.2} (next-token accuracy {:.2}%)", r.test_acc),
+            None => format!("test {:.2}%", r.test_acc),
+        },
         r.time_s,
         r.bytes_per_rank,
         r.groups.len(),
@@ -393,6 +491,13 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         (b.iteration_s / b.predicted_iteration_s - 1.0) * 100.0,
         b.optimizer_s * 1e3
     );
+    if b.param_bcast_s > 0.0 {
+        println!(
+            "         weights' LP broadcast (ms): {:.2}, waited for {:.2} of it (bsp1: inside forward)",
+            b.param_bcast_s * 1e3,
+            b.param_wait_s * 1e3
+        );
+    }
 }
 
 /// Writes train.json, train.svg and one trace per scheme.
@@ -430,8 +535,8 @@ pub fn run(args: Args) -> CliResult {
     let data = data(&args)?;
     let mut reports = Vec::new();
     for &scheme in &args.scheme {
-        let cfg = config(&args, scheme, args.ranks)?;
-        let iters = (data.train_len() / args.ranks.max(1) / args.batch.max(1)) as u64;
+        let cfg = config(&args, &*data, scheme, args.ranks)?;
+        let iters = data.iters_per_epoch(args.ranks, args.batch) as u64;
         let bar = ProgressBar::new(iters * args.epochs as u64);
         bar.set_style(
             ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {msg}")
@@ -441,12 +546,9 @@ pub fn run(args: Args) -> CliResult {
         bar.set_prefix(scheme.to_string());
         let on_event = |e: TrainEvent| match e {
             TrainEvent::Iteration { .. } => bar.inc(1),
-            TrainEvent::Epoch(s) => bar.set_message(format!(
-                "epoch {} loss {:.3} test {:.1}%",
-                s.epoch, s.loss, s.test_acc
-            )),
+            TrainEvent::Epoch(s) => bar.set_message(epoch_line(&s)),
         };
-        let report = pipeline::train(&cfg, &data, Some(&on_event))?;
+        let report = pipeline::train(&cfg, &*data, Some(&on_event))?;
         bar.finish();
         print_report(&report, args.print_step_hashes);
         reports.push(report);
@@ -464,12 +566,12 @@ fn run_mpi(args: &Args) -> CliResult {
     let mut reports = Vec::new();
     for &scheme in &args.scheme {
         let comm = world.split(0, rank as u32)?;
-        let cfg = config(args, scheme, comm.size())?;
+        let cfg = config(args, &*data, scheme, comm.size())?;
         let cfg = TrainConfig {
             transport: Transport::Thread,
             ..cfg
         };
-        let report = pipeline::train::run_rank(comm, &cfg, &data, None, None)?;
+        let report = pipeline::train::run_rank(comm, &cfg, &*data, None, None)?;
         if rank == 0 {
             print_report(&report, args.print_step_hashes);
             reports.push(report);

@@ -28,6 +28,14 @@ impl LstmShape {
         embed: 1_500,
         hidden: 1_500,
     };
+
+    /// A small model for the shipped corpus and tests: vocabulary 2,000 (that of
+    /// `data/kjv-gospels`), 128 units.
+    pub const SMALL: LstmShape = LstmShape {
+        vocab: 2_000,
+        embed: 128,
+        hidden: 128,
+    };
 }
 
 struct Embed(Embedding);
