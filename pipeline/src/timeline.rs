@@ -157,16 +157,20 @@ impl StepCosts for DenseCosts {
     }
 }
 
-/// Sparse costs from a machine calibration (`cargo xtask calibrate`): its first top-k fit
-/// for `t_s`, and for `t_c` its all-gather fit (bytes per rank: 8 per selected element,
-/// index and value) or, without one, a ring all-gather over its ping-pong link,
-/// `(P − 1)·(α + β·bytes)`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Sparse costs from a machine calibration (`cargo xtask calibrate`): its exact top-k fit
+/// (else its first) for `t_s`, and for `t_c` its piecewise all-gather fit (bytes per rank:
+/// 8 per selected element, index and value) or, without one, a ring all-gather over its
+/// ping-pong link, `(P − 1)·(α + β·bytes)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CalibratedCosts {
-    /// Top-k time model.
+    /// Top-k time model (the exact selector's fit when the calibration swept it).
     pub topk: cost_model::TopkModel,
-    /// All-gather time `α + β·bytes` for `bytes` per rank.
-    pub allgather: cost_model::LinearModel,
+    /// All-gather time against bytes per rank: the calibration's direct fit of the
+    /// all-gather (its piecewise model), or `None` to price it from the ping-pong link.
+    pub allgather: Option<cost_model::CollectiveFit>,
+    /// All-gather `α + β·bytes` from the ping-pong link, `P − 1` rounds, when the
+    /// calibration has no all-gather fit.
+    pub allgather_link: cost_model::LinearModel,
     /// Density ρ.
     pub density: f64,
 }
@@ -175,27 +179,36 @@ impl CalibratedCosts {
     /// Costs from `cal` at `density`.
     pub fn from_calibration(cal: &cost_model::Calibration, density: f64) -> Result<Self> {
         let topk = cal
-            .topk
-            .first()
-            .map(|t| t.fit.model)
+            .topk_model("exact")
+            .or_else(|| cal.topk.first().map(|t| t.fit.model))
             .ok_or_else(|| Error::InvalidArgument("the calibration has no top-k fit".into()))?;
-        let allgather = match cal
-            .collectives
-            .iter()
-            .find(|c| c.op == cost_model::Collective::Allgather)
-        {
-            Some(c) => c.fit.model,
-            None => {
-                let link = cal.pingpong.model;
-                let rounds = cal.ranks.saturating_sub(1).max(1) as f64;
-                cost_model::LinearModel::new(rounds * link.alpha_s, rounds * link.beta_s)
-            }
-        };
+        // The ring all-gather is what the sparse step sends its entries with.
+        let allgather = cal
+            .collective_fit(cost_model::Collective::Allgather, cost_model::Algorithm::Ring)
+            .or_else(|| {
+                cal.collectives
+                    .iter()
+                    .find(|c| c.op == cost_model::Collective::Allgather)
+            })
+            .cloned();
+        let link = cal.pingpong.model;
+        let rounds = cal.ranks.saturating_sub(1).max(1) as f64;
         Ok(CalibratedCosts {
             topk,
             allgather,
+            allgather_link: cost_model::LinearModel::new(
+                rounds * link.alpha_s,
+                rounds * link.beta_s,
+            ),
             density,
         })
+    }
+
+    fn allgather_s(&self, bytes: usize) -> f64 {
+        match &self.allgather {
+            Some(fit) => fit.time(bytes),
+            None => self.allgather_link.time(bytes),
+        }
     }
 }
 
@@ -205,10 +218,11 @@ impl StepCosts for CalibratedCosts {
     }
     fn comm_s(&self, numel: usize) -> f64 {
         let k = ((self.density * numel as f64).ceil() as usize).clamp(1, numel.max(1));
-        self.allgather.time(8 * k)
+        self.allgather_s(8 * k)
     }
     fn comm_alpha_s(&self) -> f64 {
-        self.allgather.alpha_s
+        // The start-up cost: the smallest message's time.
+        self.allgather_s(8)
     }
 }
 
