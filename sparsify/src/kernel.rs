@@ -171,7 +171,10 @@ mod avx512_emit {
     unsafe fn tree16_zmm(v: __m512) -> f32 {
         // SAFETY: register-only AVX-512F/SSE operations, enabled by the callers.
         unsafe {
-            let a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+            let a = _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            );
             let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
             let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
             _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
@@ -216,10 +219,7 @@ mod avx512_emit {
             st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
             let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
-            _mm512_storeu_si512(
-                w.pi.add(w.len).cast(),
-                _mm512_maskz_compress_epi32(m, idx),
-            );
+            _mm512_storeu_si512(w.pi.add(w.len).cast(), _mm512_maskz_compress_epi32(m, idx));
             _mm512_storeu_ps(w.pv.add(w.len), _mm512_maskz_compress_ps(m, a));
             w.len += m.count_ones() as usize;
         }
@@ -243,6 +243,10 @@ mod avx512_emit {
                 st.mx = _mm512_max_epi32(st.mx, bits);
             }
             st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
+            // Once over `cap` the list is final: a hit only confirms the overflow.
+            if st.out.overflow {
+                return;
+            }
             if _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(t)) != 0 {
                 let mut v = [0.0f32; BLOCK];
                 let mut b = [0i32; BLOCK];
@@ -325,7 +329,12 @@ mod avx512_emit {
 
     /// Closes a pass over `acc` (the values the pass compared) that started at `base`.
     #[inline(always)]
-    unsafe fn finish<const STATS: bool>(st: State, tail_mx: i32, acc: &[f32], base: usize) -> PassOut {
+    unsafe fn finish<const STATS: bool>(
+        st: State,
+        tail_mx: i32,
+        acc: &[f32],
+        base: usize,
+    ) -> PassOut {
         let mut out = st.out;
         if st.nf != 0 || out.non_finite.is_some() {
             let i = acc.iter().position(|v| !v.is_finite()).unwrap_or(0);
@@ -394,7 +403,9 @@ mod avx512_emit {
         let px = x.as_ptr();
         // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
         unsafe {
-            blocks::<STATS>(n, base, t, cap, cand, &mut st, |i| _mm512_loadu_ps(px.add(i)));
+            blocks::<STATS>(n, base, t, cap, cand, &mut st, |i| {
+                _mm512_loadu_ps(px.add(i))
+            });
         }
         let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
         // SAFETY: AVX-512 is enabled here.

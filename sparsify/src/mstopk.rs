@@ -39,6 +39,8 @@ pub struct MsTopK {
     rng: ChaCha8Rng,
     cand: Cand,
     sample: Vec<i32>,
+    /// Candidate magnitudes the binary search partitions.
+    work: Vec<i32>,
 }
 
 impl Default for MsTopK {
@@ -71,6 +73,7 @@ impl MsTopK {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Cand::default(),
             sample: Vec::new(),
+            work: Vec::new(),
         }
     }
 
@@ -90,20 +93,53 @@ impl MsTopK {
     }
 
     /// Runs the N rounds answering each count from the candidates (`|x| ≥ t_low`, more
-    /// than `k` of them).
-    fn search(&self, t_low: i32, mean: f64, u: f64, k: usize) -> Bounds {
+    /// than `k` of them). The round thresholds only narrow (they are monotone in `ratio`),
+    /// so each round partitions just the candidates still between the bounds: those above
+    /// the upper bound are counted once and dropped, those below the lower one never count
+    /// again. The N rounds cost about two passes over the candidates instead of N, with
+    /// exactly the counts of Algorithm 1.
+    fn search(&mut self, t_low: i32, mean: f64, u: f64, k: usize) -> Bounds {
         let (mut l, mut r) = (0.0f64, 1.0f64);
         let mut b = Bounds {
             t1: i32::MAX,
             t2: 0,
         };
+        let work = &mut self.work;
+        work.clear();
+        work.extend(self.cand.val.iter().map(|v| abs_bits(*v)));
+        // Candidates at or above every threshold still to come.
+        let mut above = 0usize;
+        let mut live = &mut work[..];
+        // The thresholds grow with `ratio` unless rounding put the mean above the maximum
+        // (all magnitudes nearly equal); then every round counts all the candidates.
+        let narrows = u >= mean;
         for _ in 0..self.rounds {
             let ratio = l + (r - l) / 2.0;
             let tb = abs_bits(round_threshold(mean, u, ratio));
             let nnz = if tb < t_low {
                 usize::MAX
+            } else if !narrows {
+                live.iter().filter(|&&m| m >= tb).count()
             } else {
-                self.cand.val.iter().filter(|v| abs_bits(**v) >= tb).count()
+                // Move the live magnitudes `>= tb` to the front.
+                let mut hi = 0;
+                for j in 0..live.len() {
+                    if live[j] >= tb {
+                        live.swap(hi, j);
+                        hi += 1;
+                    }
+                }
+                let nnz = above + hi;
+                let rest = std::mem::take(&mut live);
+                live = if nnz <= k {
+                    // Later thresholds are at most `tb`: the front counts from now on.
+                    above = nnz;
+                    &mut rest[hi..]
+                } else {
+                    // Later thresholds are at least `tb`: the back never counts again.
+                    &mut rest[..hi]
+                };
+                nnz
             };
             if nnz <= k {
                 r = ratio;
