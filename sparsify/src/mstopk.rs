@@ -121,13 +121,14 @@ impl MsTopK {
             } else if !narrows {
                 live.iter().filter(|&&m| m >= tb).count()
             } else {
-                // Move the live magnitudes `>= tb` to the front.
+                // Move the live magnitudes `>= tb` to the front, branch-free: every
+                // element is swapped to the boundary, which advances only past a hit.
                 let mut hi = 0;
                 for j in 0..live.len() {
-                    if live[j] >= tb {
-                        live.swap(hi, j);
-                        hi += 1;
-                    }
+                    let v = live[j];
+                    live[j] = live[hi];
+                    live[hi] = v;
+                    hi += usize::from(v >= tb);
                 }
                 let nnz = above + hi;
                 let rest = std::mem::take(&mut live);
@@ -181,29 +182,31 @@ impl MsTopK {
         };
         let start = self.rng.gen_range(0..=len2.saturating_sub(need));
         let end = start + need;
+        if from_cand {
+            // Branch-free over the candidates: every one is written at the end of the lists
+            // and the length advances only for the picked ones.
+            let picks = self.cand.idx.iter().zip(&self.cand.val).map(|(&i, &v)| {
+                let ab = abs_bits(v);
+                let in1 = ab >= b.t1;
+                let in2 = !in1 & (ab >= b.t2);
+                (i, v, in1, in2)
+            });
+            return kernel::compact(k, picks, start, end);
+        }
         let mut idx = Vec::with_capacity(k);
         let mut val = Vec::with_capacity(k);
         let mut rank = 0usize;
-        let mut take = |i: u32, v: f32, idx: &mut Vec<u32>, val: &mut Vec<f32>| {
+        for (i, &v) in acc.iter().enumerate() {
             let ab = abs_bits(v);
             if ab >= b.t1 {
-                idx.push(i);
+                idx.push(i as u32);
                 val.push(v);
             } else if ab >= b.t2 {
                 if rank >= start && rank < end {
-                    idx.push(i);
+                    idx.push(i as u32);
                     val.push(v);
                 }
                 rank += 1;
-            }
-        };
-        if from_cand {
-            for (&i, &v) in self.cand.idx.iter().zip(&self.cand.val) {
-                take(i, v, &mut idx, &mut val);
-            }
-        } else {
-            for (i, &v) in acc.iter().enumerate() {
-                take(i as u32, v, &mut idx, &mut val);
             }
         }
         (idx, val)
