@@ -717,9 +717,32 @@ macro_rules! dispatch {
     }};
 }
 
+/// [`fused_body`] on one range, from the widest build; with `ZERO`, then zeroes in `r`
+/// the candidates this range added (while the range is still in cache).
+#[inline]
+fn fused_one<const STATS: bool, const ZERO: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    base: usize,
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+) -> PassOut {
+    let before = cand.len();
+    // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
+    let cap = if ZERO { usize::MAX } else { cap };
+    let out = fused_any::<STATS>(r, g, base, t, cap, cand);
+    if ZERO {
+        for &i in &cand.idx[before..] {
+            r[i as usize - base] = 0.0;
+        }
+    }
+    out
+}
+
 /// [`fused_body`] on one range, from the widest build.
 #[inline]
-fn fused_one<const STATS: bool>(
+fn fused_any<const STATS: bool>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -736,6 +759,13 @@ fn fused_one<const STATS: bool>(
         fused::<STATS>(r, g, base, t, cap, cand),
         fused_body::<STATS>(r, g, base, t, cap, cand)
     )
+}
+
+/// Puts the recorded values of `cand` back into `residual` (undoing a `ZERO` pass).
+pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
+    for (&i, &v) in cand.idx.iter().zip(&cand.val) {
+        residual[i as usize] = v;
+    }
 }
 
 /// [`scan_body`] on one range, from the widest build.
@@ -796,21 +826,24 @@ fn piece_len(n: usize, np: usize) -> usize {
     n.div_ceil(np).div_ceil(CHUNK).max(1) * CHUNK
 }
 
-/// One serial range of a pass: with `STATS`, chunk by chunk, writing each chunk's `|x|`
-/// sum to `sums` and folding them in order into the result.
+/// One serial range of a pass: chunk by chunk when `split` (with `STATS`, writing each
+/// chunk's `|x|` sum to `sums` and folding them in order into the result), else in one go.
 fn serial_chunks<const STATS: bool>(
     n: usize,
     sums: &mut [f64],
+    split: bool,
     mut one: impl FnMut(usize, usize) -> PassOut,
 ) -> PassOut {
-    if !STATS {
+    if !STATS && !split {
         return one(0, n);
     }
     let mut out = PassOut::new();
-    for (c, s) in sums.iter_mut().enumerate() {
+    for c in 0..n.div_ceil(CHUNK) {
         let lo = c * CHUNK;
         let o = one(lo, (lo + CHUNK).min(n));
-        *s = o.abs_sum;
+        if STATS {
+            sums[c] = o.abs_sum;
+        }
         out.merge(&o);
     }
     out
@@ -819,7 +852,11 @@ fn serial_chunks<const STATS: bool>(
 /// Appends the pieces' candidates to `cand` in order (at most `room` of them) and merges
 /// their flags; the `|x|` sum is refolded from the per-chunk sums in index order, exactly
 /// as the serial pass folds it.
-fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
+///
+/// With `keep_all` every piece's candidates are kept even past `room` (the overflow is
+/// still flagged): a zeroing pass zeroed all of them in the residual, and the caller
+/// restores them from the list.
+fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> PassOut {
     let mut out = PassOut::new();
     let mut total = 0usize;
     for (o, part) in outs.iter().zip(&cand.parts) {
@@ -827,7 +864,9 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
         total += part.len();
     }
     out.overflow |= total > room;
-    let mut left = room;
+    let mut left = if keep_all { usize::MAX } else { room };
+    cand.idx.reserve_exact(total.min(left));
+    cand.val.reserve_exact(total.min(left));
     let parts = std::mem::take(&mut cand.parts);
     for part in &parts[..outs.len()] {
         let m = part.len().min(left);
@@ -843,7 +882,13 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
 /// The fused error-feedback pass (see [`fused_body`]) over `r` and `g`, appending to
 /// `cand` (at most `cap` entries in all). Split into chunked pieces over the rayon pool for
 /// large inputs; the candidates, flags and statistics equal the serial pass's exactly.
-pub(crate) fn fused_pass<const STATS: bool>(
+///
+/// With `ZERO`, every candidate the list records is also zeroed in `r`, chunk by chunk
+/// while the chunk is still in cache (the list holds its value): a threshold selector's
+/// candidates are its selection, so this saves the scattered second write of the residual.
+/// Past `cap` the list keeps everything (flagging the overflow) so that [`restore`] can
+/// put every zeroed value back.
+pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -859,9 +904,11 @@ pub(crate) fn fused_pass<const STATS: bool>(
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let np = pieces(n);
     if np == 1 {
-        let out = serial_chunks::<STATS>(n, &mut sums, |lo, hi| {
-            fused_one::<STATS>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
+        let before = cand.len();
+        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO, |lo, hi| {
+            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
         });
+        out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
         return out;
     }
@@ -882,13 +929,13 @@ pub(crate) fn fused_pass<const STATS: bool>(
         .map(|(i, (((rp, gp), part), sp))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(rp.len(), sp, |lo, hi| {
-                fused_one::<STATS>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
+            serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
+                fused_one::<STATS, ZERO>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
             })
         })
         .collect();
     cand.sums = sums;
-    gather(cand, outs, room)
+    gather(cand, outs, room, ZERO)
 }
 
 /// Read-only filter pass over `x`, parallel like [`fused_pass`].
@@ -906,7 +953,7 @@ pub(crate) fn scan_pass<const STATS: bool>(
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let np = pieces(n);
     if np == 1 {
-        let out = serial_chunks::<STATS>(n, &mut sums, |lo, hi| {
+        let out = serial_chunks::<STATS>(n, &mut sums, false, |lo, hi| {
             scan_one::<STATS>(&x[lo..hi], base + lo, t, cap, cand)
         });
         cand.sums = sums;
@@ -928,13 +975,13 @@ pub(crate) fn scan_pass<const STATS: bool>(
         .map(|(i, ((xp, part), sp))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(xp.len(), sp, |lo, hi| {
+            serial_chunks::<STATS>(xp.len(), sp, false, |lo, hi| {
                 scan_one::<STATS>(&xp[lo..hi], b + lo, t, room, part)
             })
         })
         .collect();
     cand.sums = sums;
-    gather(cand, outs, room)
+    gather(cand, outs, room, false)
 }
 
 /// Zeroes `residual[i]` for every `i` of the increasing list `idx` (out-of-range indices
@@ -1260,7 +1307,7 @@ mod tests {
             .collect();
         let mut r = vec![0.25f32; g.len()];
         let mut c = Cand::default();
-        let out = fused_pass::<true>(&mut r, &g, 0, INF_BITS, usize::MAX, &mut c);
+        let out = fused_pass::<true, false>(&mut r, &g, 0, INF_BITS, usize::MAX, &mut c);
         assert_eq!(out.abs_sum, abs_sum(&r));
         let mx = r.iter().map(|v| abs_bits(*v)).max().unwrap();
         assert_eq!(out.max_bits, mx);

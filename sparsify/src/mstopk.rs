@@ -300,7 +300,7 @@ impl Selector for MsTopK {
         self.cand.clear();
         let (idx, val) = if k == 0 || k == d {
             let t = if k == 0 { INF_BITS } else { 0 };
-            kernel::fused_pass::<false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
+            kernel::fused_pass::<false, false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
                 .check()?;
             self.cand.take()
         } else {
@@ -314,7 +314,7 @@ impl Selector for MsTopK {
                 }
                 None => (0, usize::MAX),
             };
-            let out = kernel::fused_pass::<true>(residual, grad, 0, t, cap, &mut self.cand);
+            let out = kernel::fused_pass::<true, false>(residual, grad, 0, t, cap, &mut self.cand);
             self.complete(residual, t, out, k)?
         };
         zero_selected(residual, &idx);

@@ -4,6 +4,7 @@
 //! `torch.topk` on the same data in the same run.
 
 use std::process::Command;
+use std::time::Instant;
 
 use indicatif::ProgressBar;
 use sparsify::{ErrorFeedback, ExactTopK, HardThreshold, Selector, SelectorKind};
@@ -74,48 +75,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         let peer_times = run_peers(&peers, &grad, &ks, reps)?;
         for (di, &density) in densities.iter().enumerate() {
             let k = ks[di];
-            let mut times = Vec::new();
-            for (ci, &case) in cases.iter().enumerate() {
-                pb.set_message(format!("{case} d=2^{} ρ={density}", d.trailing_zeros()));
-                let t = match case {
-                    "stream" => {
-                        let mut r = vec![0.0f32; d];
-                        min_time_with_setup(
-                            reps,
-                            || {},
-                            || {
-                                sparsify::accumulate(&mut r, &grad)?;
-                                std::hint::black_box(&r);
-                                Ok(())
-                            },
-                        )?
-                    }
-                    "naive" => min_time_with_setup(
-                        reps,
-                        || {},
-                        || {
-                            let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
-                            let (_, kth, _) =
-                                a.select_nth_unstable_by(d - k, |x, y| x.total_cmp(y));
-                            std::hint::black_box(*kth);
-                            Ok(())
-                        },
-                    )?,
-                    name => {
-                        let mut sel = steady_state_selector(name, &grad, k)?;
-                        let ef = std::cell::RefCell::new(ErrorFeedback::new(d));
-                        // Every repetition sees the same input: zero residual + grad.
-                        min_time_with_setup(
-                            reps,
-                            || ef.borrow_mut().reset(),
-                            || {
-                                let (sg, _) = ef.borrow_mut().step(sel.as_mut(), &grad, k)?;
-                                std::hint::black_box(sg.nnz());
-                                Ok(())
-                            },
-                        )?
-                    }
-                };
+            pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
+            let times = time_cases(&cases, &grad, k, reps)?;
+            for (ci, (&case, &t)) in cases.iter().zip(&times).enumerate() {
                 out.record(
                     SUITE,
                     case,
@@ -133,7 +95,6 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                 if density == 0.001 {
                     by_case[ci].points.push((d as f64, t));
                 }
-                times.push(t);
                 pb.inc(1);
             }
             let at = |n: &str| times[cases.iter().position(|c| *c == n).unwrap_or(0)];
@@ -370,22 +331,53 @@ fn run_peers(
     Ok(res)
 }
 
-/// Fastest of `reps` timings of `f` (after one warm-up run), running `setup` untimed before
-/// every run. The minimum, not the median: on a machine shared with other jobs the
-/// interference only ever adds time, and the floor and every selector are timed alike.
-fn min_time_with_setup<S>(
-    reps: usize,
-    mut setup: impl FnMut() -> S,
-    mut f: impl FnMut() -> Result<(), BoxErr>,
-) -> Result<f64, BoxErr> {
-    setup();
-    f()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..reps.max(1) {
-        setup();
-        let s = std::time::Instant::now();
-        f()?;
-        best = best.min(s.elapsed().as_secs_f64());
+/// The fastest of `reps` timings of every case on `grad` with `k` (after one untimed
+/// warm-up round), in case order. The cases are timed in turns, one run of each per round,
+/// so that the floor and every selector see the same interference from other jobs on a
+/// shared machine; the minimum, not the median, because interference only ever adds time.
+/// Each selector's residual is reset (untimed) before each of its runs, so every run sees
+/// the same input: a zero residual plus `grad`.
+fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec<f64>, BoxErr> {
+    let d = grad.len();
+    let mut stream = vec![0.0f32; d];
+    let mut sels = Vec::with_capacity(cases.len());
+    for &case in cases {
+        sels.push(match case {
+            "stream" | "naive" => None,
+            name => Some((steady_state_selector(name, grad, k)?, ErrorFeedback::new(d))),
+        });
+    }
+    let mut best = vec![f64::INFINITY; cases.len()];
+    for round in 0..=reps.max(1) {
+        for (ci, &case) in cases.iter().enumerate() {
+            let t = match (case, &mut sels[ci]) {
+                ("stream", _) => {
+                    let s = Instant::now();
+                    sparsify::accumulate(&mut stream, grad)?;
+                    std::hint::black_box(&stream);
+                    s.elapsed()
+                }
+                ("naive", _) => {
+                    let s = Instant::now();
+                    let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
+                    let (_, kth, _) = a.select_nth_unstable_by(d - k, |x, y| x.total_cmp(y));
+                    std::hint::black_box(*kth);
+                    s.elapsed()
+                }
+                (_, Some((sel, ef))) => {
+                    ef.reset();
+                    let s = Instant::now();
+                    let (sg, _) = ef.step(sel.as_mut(), grad, k)?;
+                    std::hint::black_box(sg.nnz());
+                    drop(sg);
+                    s.elapsed()
+                }
+                (name, None) => return Err(format!("no selector for {name}").into()),
+            };
+            if round > 0 {
+                best[ci] = best[ci].min(t.as_secs_f64());
+            }
+        }
     }
     Ok(best)
 }
