@@ -80,39 +80,21 @@ impl ExactTopK {
             (0, usize::MAX)
         };
         self.cand.clear();
-        // The pass zeroes its candidates in the residual; those not selected get their
-        // value back below, which touches far fewer cache lines than zeroing the k
-        // selected ones afterwards.
-        let out = kernel::fused_pass::<false, true>(residual, grad, 0, t, cap, &mut self.cand);
-        if out.non_finite.is_some() || out.overflow || self.cand.len() < k {
-            kernel::restore(residual, &self.cand);
-            out.check()?;
-            let (idx, val) = kernel::exact_readonly(
+        let out = kernel::fused_pass::<false, false>(residual, grad, 0, t, cap, &mut self.cand);
+        out.check()?;
+        let (idx, val) = if out.overflow || self.cand.len() < k {
+            kernel::exact_readonly(
                 residual,
                 k,
                 &mut self.cand,
                 &mut self.sample,
                 &mut self.scratch,
-            )?;
-            zero_selected(residual, &idx);
-            return Ok((idx, val));
-        }
-        let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
-        restore_rejected(residual, &self.cand, &idx);
-        Ok((idx, val))
-    }
-}
-
-/// Puts back into `residual` the values of the candidates that were not selected
-/// (`selected` is an increasing sublist of the candidates' indices).
-pub(crate) fn restore_rejected(residual: &mut [f32], cand: &Cand, selected: &[u32]) {
-    let mut next = selected.iter().copied().peekable();
-    for (&i, &v) in cand.idx.iter().zip(&cand.val) {
-        if next.peek() == Some(&i) {
-            next.next();
+            )?
         } else {
-            residual[i as usize] = v;
-        }
+            kernel::select_k_of(&self.cand, k, &mut self.scratch)
+        };
+        zero_selected(residual, &idx);
+        Ok((idx, val))
     }
 }
 

@@ -341,7 +341,12 @@ mod avx512_emit {
                     len,
                 };
                 while i + 4 * BLOCK <= end {
-                    let a = [load(i), load(i + BLOCK), load(i + 2 * BLOCK), load(i + 3 * BLOCK)];
+                    let a = [
+                        load(i),
+                        load(i + BLOCK),
+                        load(i + 2 * BLOCK),
+                        load(i + 3 * BLOCK),
+                    ];
                     group::<STATS>(a, src.add(i), base + i, tv, &mut w, st);
                     i += 4 * BLOCK;
                 }

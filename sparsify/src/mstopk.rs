@@ -58,6 +58,12 @@ struct Bounds {
     t2: i32,
 }
 
+/// `mean|x|` and `max|x|` of a statistics pass over `d` elements (Algorithm 1 lines 2-3).
+fn mean_max(out: &PassOut, d: usize) -> (f64, f64) {
+    let u = f64::from(f32::from_bits(out.max_bits as u32));
+    (out.abs_sum / d as f64, u)
+}
+
 /// Threshold of one round, Algorithm 1 line 9, computed in f64 and rounded to f32.
 #[inline]
 fn round_threshold(mean: f64, u: f64, ratio: f64) -> f32 {
@@ -166,6 +172,12 @@ impl MsTopK {
         k: usize,
     ) -> (Vec<u32>, Vec<f32>) {
         let b = self.search(t_low, mean, u, k);
+        self.pick(acc, t_low, b, k)
+    }
+
+    /// Lines 25-28 of Algorithm 1 once the search ended at `b`: reads `acc` only when
+    /// `b.t2 < t_low` (the tie band reaches below the candidates).
+    fn pick(&mut self, acc: &[f32], t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>) {
         let k1 = self
             .cand
             .val
@@ -228,8 +240,7 @@ impl MsTopK {
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         out.check()?;
         let d = acc.len();
-        let mean = out.abs_sum / d as f64;
-        let u = f64::from(f32::from_bits(out.max_bits as u32));
+        let (mean, u) = mean_max(&out, d);
         if out.overflow || self.cand.len() <= k {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.

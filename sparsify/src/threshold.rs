@@ -260,7 +260,15 @@ impl DgcSampling {
         } else {
             *self.sample.select_nth_unstable(ns - ks).1
         };
-        pass(x, grad, 0, usize::MAX, t.min(INF_BITS), &mut self.cand, false)?;
+        pass(
+            x,
+            grad,
+            0,
+            usize::MAX,
+            t.min(INF_BITS),
+            &mut self.cand,
+            false,
+        )?;
         let mut result: Option<(Vec<u32>, Vec<f32>)> = None;
         for _ in 0..DGC_MAX_ADAPT {
             let n = self.cand.len();
