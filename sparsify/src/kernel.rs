@@ -306,6 +306,7 @@ mod avx512_emit {
     /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
     /// the block at `i` (and writes the accumulated ones back in a fused pass).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn blocks<const STATS: bool>(
         n: usize,
         base: usize,
@@ -843,11 +844,12 @@ fn serial_chunks<const STATS: bool>(
         return one(0, n);
     }
     let mut out = PassOut::new();
-    for c in 0..n.div_ceil(CHUNK) {
+    // `sums` has one slot per chunk of this range.
+    for (c, s) in sums.iter_mut().enumerate() {
         let lo = c * CHUNK;
         let o = one(lo, (lo + CHUNK).min(n));
         if STATS {
-            sums[c] = o.abs_sum;
+            *s = o.abs_sum;
         }
         out.merge(&o);
     }
@@ -1080,10 +1082,36 @@ pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f
     if m >= n {
         return 0;
     }
+    if m <= SMALL_M {
+        return mth_largest_small(sample, m).min(INF_BITS);
+    }
     // m-th largest = position n - m in ascending order.
     let pos = n - m;
     let (_, v, _) = sample.select_nth_unstable(pos);
     (*v).min(INF_BITS)
+}
+
+/// Largest order statistic [`threshold_from_sample`] finds by [`mth_largest_small`].
+const SMALL_M: usize = 32;
+
+/// The `m`-th largest of `v` (`1 <= m <= min(SMALL_M, v.len())`) by one scan keeping the
+/// `m` largest seen in a sorted buffer: almost every element costs one comparison with
+/// the buffer's smallest, several times cheaper than a full selection on the few hundred
+/// elements of a small input's sample.
+fn mth_largest_small(v: &[i32], m: usize) -> i32 {
+    let mut top = [0i32; SMALL_M];
+    let top = &mut top[..m];
+    top.copy_from_slice(&v[..m]);
+    top.sort_unstable();
+    for &x in &v[m..] {
+        if x > top[0] {
+            // Insert `x`, dropping the smallest; `top` stays ascending.
+            let at = top.partition_point(|&y| y < x);
+            top.copy_within(1..at, 0);
+            top[at - 1] = x;
+        }
+    }
+    top[0]
 }
 
 /// Cap on the candidates of a pass whose threshold came from [`threshold_from_sample`]
@@ -1318,6 +1346,27 @@ mod tests {
         assert_eq!(out.max_bits, mx);
         let out2 = scan_pass::<true>(&r, 0, INF_BITS, usize::MAX, &mut c);
         assert_eq!(out2.abs_sum, out.abs_sum);
+    }
+
+    #[test]
+    fn small_order_statistic_matches_sorting() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for n in [1usize, 2, 33, 500, 3_000] {
+            let v: Vec<i32> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    // Few distinct values, so ties are common.
+                    (s % 97) as i32
+                })
+                .collect();
+            let mut sorted = v.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            for m in 1..=SMALL_M.min(n) {
+                assert_eq!(mth_largest_small(&v, m), sorted[m - 1], "n {n} m {m}");
+            }
+        }
     }
 
     #[test]

@@ -132,8 +132,7 @@ impl MsTopK {
                 let mut hi = 0;
                 for j in 0..live.len() {
                     let v = live[j];
-                    live[j] = live[hi];
-                    live[hi] = v;
+                    live.swap(hi, j);
                     hi += usize::from(v >= tb);
                 }
                 let nnz = above + hi;
