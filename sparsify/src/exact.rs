@@ -80,7 +80,7 @@ impl ExactTopK {
             (0, usize::MAX)
         };
         self.cand.clear();
-        let out = kernel::fused_pass::<false>(residual, grad, 0, t, cap, &mut self.cand);
+        let out = kernel::fused_pass::<false, false>(residual, grad, 0, t, cap, &mut self.cand);
         out.check()?;
         let (idx, val) = if out.overflow || self.cand.len() < k {
             kernel::exact_readonly(

@@ -145,65 +145,280 @@ fn reserve_block(cand: &mut Cand, len: usize) {
     }
 }
 
-/// The STATS-free passes written with AVX-512 intrinsics: the hit test is one mask
-/// compare and a block with hits is written out by two `vpcompress` stores, which keeps
-/// the cost of a candidate at a few cycles. Same candidates, order, cap handling and
-/// non-finite reporting as [`fused_body`] / [`scan_body`] (blocks that hold a non-finite
-/// value or would cross `cap` go through [`emit_block`]).
+/// The passes written with AVX-512 intrinsics. Every block is written out branch-free: its
+/// hit mask drives two `vpcompress` stores at the end of the lists and the length advances
+/// by the mask's popcount, so a candidate costs no mispredicted branch (which, for data in
+/// cache, cost more than the pass itself at ρ = 0.01). Non-finite values are only flagged in
+/// the loop and located after it. Same candidates, order, cap handling, statistics (the
+/// `|x|` sum in the order of [`abs_sum`]) and non-finite reporting as [`fused_body`] /
+/// [`scan_body`]; blocks that would cross `cap` go through [`emit_block`].
 #[cfg(target_arch = "x86_64")]
 mod avx512_emit {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// One block: `a` holds its values. Appends its candidates to `cand`.
+    /// Running state of one pass.
+    struct State {
+        out: PassOut,
+        /// Lanes of some block that held a non-finite value.
+        nf: u16,
+        sum: f64,
+        mx: __m512i,
+    }
+
+    /// [`tree16`] of one register: halves, then quarters, then `(b0 + b2) + (b1 + b3)`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn block(
+    unsafe fn tree16_zmm(v: __m512) -> f32 {
+        // SAFETY: register-only AVX-512F/SSE operations, enabled by the callers.
+        unsafe {
+            let a = _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            );
+            let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+            _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+        }
+    }
+
+    /// Blocks per batch: the lists get room for a whole batch at once, so the loop keeps
+    /// their length and pointers in registers (a length stored and reloaded per block puts
+    /// a store-forwarding round trip on the loop's critical path).
+    const BATCH: usize = 64;
+
+    /// The per-block state that stays in registers during a batch.
+    struct Batch {
+        pi: *mut u32,
+        pv: *mut f32,
+        len: usize,
+    }
+
+    /// One block of a batch (room already ensured): `a` holds its values, `off` the index of
+    /// its first one.
+    #[inline(always)]
+    unsafe fn block<const STATS: bool>(
         a: __m512,
         off: usize,
         tv: __m512i,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-        out: &mut PassOut,
+        w: &mut Batch,
+        st: &mut State,
     ) {
-        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl; the stores
-        // write 16 lanes at `len`, inside the capacity reserved just before them.
+        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl and reserved
+        // room for 16 more entries at `w.len` in both lists.
         unsafe {
             let bits = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fff_ffff));
             let m = _mm512_cmpge_epi32_mask(bits, tv);
+            if STATS {
+                st.sum += f64::from(tree16_zmm(_mm512_castsi512_ps(bits)));
+                st.mx = _mm512_max_epi32(st.mx, bits);
+            }
             if m == 0 {
                 return;
             }
-            let len = cand.idx.len();
-            let nonfinite = _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
-            if nonfinite != 0 || len + BLOCK > cap {
+            // Non-finite values pass every threshold, so only blocks with hits can hold one.
+            st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
+            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
+            _mm512_storeu_si512(w.pi.add(w.len).cast(), _mm512_maskz_compress_epi32(m, idx));
+            _mm512_storeu_ps(w.pv.add(w.len), _mm512_maskz_compress_ps(m, a));
+            w.len += m.count_ones() as usize;
+        }
+    }
+
+    /// Four blocks of a batch (room already ensured) with one hit test for all 64
+    /// elements: `a` holds their values, also readable at `src`, and `off` is the index of
+    /// the first. At ρ = 0.01 a quarter of the branches a per-block test takes, each about
+    /// as unpredictable; the hits are then written by a loop over the set bits.
+    #[inline(always)]
+    unsafe fn group<const STATS: bool>(
+        a: [__m512; 4],
+        src: *const f32,
+        off: usize,
+        tv: __m512i,
+        w: &mut Batch,
+        st: &mut State,
+    ) {
+        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl, `src` points
+        // at the 64 values, and room for 64 more entries at `w.len` is reserved.
+        unsafe {
+            let absm = _mm512_set1_epi32(0x7fff_ffff);
+            let bits = a.map(|v| _mm512_and_si512(_mm512_castps_si512(v), absm));
+            let mut mm = 0u64;
+            for (j, b) in bits.iter().enumerate() {
+                if STATS {
+                    st.sum += f64::from(tree16_zmm(_mm512_castsi512_ps(*b)));
+                    st.mx = _mm512_max_epi32(st.mx, *b);
+                }
+                mm |= u64::from(_mm512_cmpge_epi32_mask(*b, tv)) << (16 * j);
+            }
+            if mm == 0 {
+                return;
+            }
+            // Non-finite values pass every threshold, so only groups with hits can hold one.
+            let inf = _mm512_set1_epi32(INF_BITS);
+            for b in &bits {
+                st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
+            }
+            let mut len = w.len;
+            while mm != 0 {
+                let j = mm.trailing_zeros() as usize;
+                w.pi.add(len).write((off + j) as u32);
+                w.pv.add(len).write(src.add(j).read());
+                len += 1;
+                mm &= mm - 1;
+            }
+            w.len = len;
+        }
+    }
+
+    /// One block near `cap`: entry by entry through [`emit_block`].
+    #[inline(always)]
+    unsafe fn capped_block<const STATS: bool>(
+        a: __m512,
+        off: usize,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+        st: &mut State,
+    ) {
+        // SAFETY: register operations and stores into local arrays; AVX-512 is enabled.
+        unsafe {
+            let bits = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fff_ffff));
+            if STATS {
+                st.sum += f64::from(tree16_zmm(_mm512_castsi512_ps(bits)));
+                st.mx = _mm512_max_epi32(st.mx, bits);
+            }
+            st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
+            // Once over `cap` the list is final: a hit only confirms the overflow.
+            if st.out.overflow {
+                return;
+            }
+            if _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(t)) != 0 {
                 let mut v = [0.0f32; BLOCK];
                 let mut b = [0i32; BLOCK];
                 _mm512_storeu_ps(v.as_mut_ptr(), a);
                 _mm512_storeu_si512(b.as_mut_ptr().cast(), bits);
-                return emit_block(&v, &b, off, t, cap, cand, out);
+                emit_block(&v, &b, off, t, cap, cand, &mut st.out);
             }
-            reserve_block(cand, len);
-            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
-            _mm512_storeu_si512(
-                cand.idx.as_mut_ptr().add(len).cast(),
-                _mm512_maskz_compress_epi32(m, idx),
-            );
-            _mm512_storeu_ps(
-                cand.val.as_mut_ptr().add(len),
-                _mm512_maskz_compress_ps(m, a),
-            );
-            let end = len + m.count_ones() as usize;
-            cand.idx.set_len(end);
-            cand.val.set_len(end);
         }
     }
 
-    /// [`fused_body`] without statistics.
+    /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
+    /// the block at `i` (and writes the accumulated ones back in a fused pass).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn blocks<const STATS: bool>(
+        n: usize,
+        base: usize,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+        st: &mut State,
+        src: *const f32,
+        mut load: impl FnMut(usize) -> __m512,
+    ) {
+        let whole = n / BLOCK * BLOCK;
+        // SAFETY (whole body): AVX-512 is enabled by the callers; `block` writes at most
+        // 16 entries per block, and each batch reserved room for all of its blocks.
+        unsafe {
+            let tv = _mm512_set1_epi32(t);
+            let mut i = 0;
+            while i < whole {
+                let end = (i + BATCH * BLOCK).min(whole);
+                let room = (end - i) + BLOCK;
+                let len = cand.idx.len();
+                if len + room > cap {
+                    while i < end {
+                        capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
+                        i += BLOCK;
+                    }
+                    continue;
+                }
+                cand.idx.reserve(room);
+                cand.val.reserve(room);
+                let mut w = Batch {
+                    pi: cand.idx.as_mut_ptr(),
+                    pv: cand.val.as_mut_ptr(),
+                    len,
+                };
+                while i + 4 * BLOCK <= end {
+                    let a = [
+                        load(i),
+                        load(i + BLOCK),
+                        load(i + 2 * BLOCK),
+                        load(i + 3 * BLOCK),
+                    ];
+                    group::<STATS>(a, src.add(i), base + i, tv, &mut w, st);
+                    i += 4 * BLOCK;
+                }
+                while i < end {
+                    block::<STATS>(load(i), base + i, tv, &mut w, st);
+                    i += BLOCK;
+                }
+                cand.idx.set_len(w.len);
+                cand.val.set_len(w.len);
+            }
+        }
+    }
+
+    /// The scalar tail of a pass (fewer than 16 elements), continuing its statistics.
+    #[inline(always)]
+    fn tail<const STATS: bool>(
+        x: &[f32],
+        off: usize,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+        st: &mut State,
+    ) -> i32 {
+        let mut mx = 0i32;
+        for (j, &a) in x.iter().enumerate() {
+            let ab = abs_bits(a);
+            if STATS {
+                st.sum += f64::from(f32::from_bits(ab as u32));
+                mx = mx.max(ab);
+            }
+            if ab >= t {
+                emit(a, ab, off + j, cap, cand, &mut st.out);
+            }
+        }
+        mx
+    }
+
+    /// Closes a pass over `acc` (the values the pass compared) that started at `base`.
+    #[inline(always)]
+    unsafe fn finish<const STATS: bool>(
+        st: State,
+        tail_mx: i32,
+        acc: &[f32],
+        base: usize,
+    ) -> PassOut {
+        let mut out = st.out;
+        if st.nf != 0 || out.non_finite.is_some() {
+            let i = acc.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            out.non_finite = Some((base + i, acc[i]));
+        }
+        if STATS {
+            out.abs_sum = st.sum;
+            // SAFETY: register-only AVX-512F reduction, enabled by the callers.
+            out.max_bits = unsafe { _mm512_reduce_max_epi32(st.mx) }.max(tail_mx);
+        }
+        out
+    }
+
+    fn state() -> State {
+        State {
+            out: PassOut::new(),
+            nf: 0,
+            sum: 0.0,
+            // SAFETY: register-only AVX-512F, only reached from the enabled passes.
+            mx: unsafe { _mm512_setzero_si512() },
+        }
+    }
+
+    /// [`fused_body`] with AVX-512.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) fn fused(
+    pub(super) fn fused<const STATS: bool>(
         r: &mut [f32],
         g: &[f32],
         base: usize,
@@ -213,41 +428,46 @@ mod avx512_emit {
     ) -> PassOut {
         let n = r.len().min(g.len());
         let whole = n / BLOCK * BLOCK;
-        let mut out = PassOut::new();
-        let tv = _mm512_set1_epi32(t);
-        for i in (0..whole).step_by(BLOCK) {
-            // SAFETY: `i + 16 <= whole <= n`, within both slices.
-            unsafe {
-                let a = _mm512_add_ps(
-                    _mm512_loadu_ps(r.as_ptr().add(i)),
-                    _mm512_loadu_ps(g.as_ptr().add(i)),
-                );
-                _mm512_storeu_ps(r.as_mut_ptr().add(i), a);
-                block(a, base + i, tv, t, cap, cand, &mut out);
-            }
+        let mut st = state();
+        let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
+        // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both slices.
+        unsafe {
+            blocks::<STATS>(n, base, t, cap, cand, &mut st, pr.cast_const(), |i| {
+                let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
+                _mm512_storeu_ps(pr.add(i), a);
+                a
+            });
         }
-        let tail = fused_body::<false>(&mut r[whole..n], &g[whole..n], base + whole, t, cap, cand);
-        out.merge(&tail);
-        out
+        for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
+            *rv += *gv;
+        }
+        let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
+        // SAFETY: AVX-512 is enabled here.
+        unsafe { finish::<STATS>(st, mx, &r[..n], base) }
     }
 
-    /// [`scan_body`] without statistics.
+    /// [`scan_body`] with AVX-512.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) fn scan(x: &[f32], base: usize, t: i32, cap: usize, cand: &mut Cand) -> PassOut {
+    pub(super) fn scan<const STATS: bool>(
+        x: &[f32],
+        base: usize,
+        t: i32,
+        cap: usize,
+        cand: &mut Cand,
+    ) -> PassOut {
         let n = x.len();
         let whole = n / BLOCK * BLOCK;
-        let mut out = PassOut::new();
-        let tv = _mm512_set1_epi32(t);
-        for i in (0..whole).step_by(BLOCK) {
-            // SAFETY: `i + 16 <= whole <= n`, within the slice.
-            unsafe {
-                let a = _mm512_loadu_ps(x.as_ptr().add(i));
-                block(a, base + i, tv, t, cap, cand, &mut out);
-            }
+        let mut st = state();
+        let px = x.as_ptr();
+        // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
+        unsafe {
+            blocks::<STATS>(n, base, t, cap, cand, &mut st, px, |i| {
+                _mm512_loadu_ps(px.add(i))
+            });
         }
-        let tail = scan_body::<false>(&x[whole..], base + whole, t, cap, cand);
-        out.merge(&tail);
-        out
+        let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
+        // SAFETY: AVX-512 is enabled here.
+        unsafe { finish::<STATS>(st, mx, x, base) }
     }
 }
 
@@ -503,9 +723,32 @@ macro_rules! dispatch {
     }};
 }
 
+/// [`fused_body`] on one range, from the widest build; with `ZERO`, then zeroes in `r`
+/// the candidates this range added (while the range is still in cache).
+#[inline]
+fn fused_one<const STATS: bool, const ZERO: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    base: usize,
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+) -> PassOut {
+    let before = cand.len();
+    // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
+    let cap = if ZERO { usize::MAX } else { cap };
+    let out = fused_any::<STATS>(r, g, base, t, cap, cand);
+    if ZERO {
+        for &i in &cand.idx[before..] {
+            r[i as usize - base] = 0.0;
+        }
+    }
+    out
+}
+
 /// [`fused_body`] on one range, from the widest build.
 #[inline]
-fn fused_one<const STATS: bool>(
+fn fused_any<const STATS: bool>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -514,14 +757,21 @@ fn fused_one<const STATS: bool>(
     cand: &mut Cand,
 ) -> PassOut {
     #[cfg(target_arch = "x86_64")]
-    if !STATS && isa() == Isa::Avx512 {
+    if isa() == Isa::Avx512 {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        return unsafe { avx512_emit::fused(r, g, base, t, cap, cand) };
+        return unsafe { avx512_emit::fused::<STATS>(r, g, base, t, cap, cand) };
     }
     dispatch!(
         fused::<STATS>(r, g, base, t, cap, cand),
         fused_body::<STATS>(r, g, base, t, cap, cand)
     )
+}
+
+/// Puts the recorded values of `cand` back into `residual` (undoing a `ZERO` pass).
+pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
+    for (&i, &v) in cand.idx.iter().zip(&cand.val) {
+        residual[i as usize] = v;
+    }
 }
 
 /// [`scan_body`] on one range, from the widest build.
@@ -534,9 +784,9 @@ fn scan_one<const STATS: bool>(
     cand: &mut Cand,
 ) -> PassOut {
     #[cfg(target_arch = "x86_64")]
-    if !STATS && isa() == Isa::Avx512 {
+    if isa() == Isa::Avx512 {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        return unsafe { avx512_emit::scan(x, base, t, cap, cand) };
+        return unsafe { avx512_emit::scan::<STATS>(x, base, t, cap, cand) };
     }
     dispatch!(
         scan::<STATS>(x, base, t, cap, cand),
@@ -582,21 +832,25 @@ fn piece_len(n: usize, np: usize) -> usize {
     n.div_ceil(np).div_ceil(CHUNK).max(1) * CHUNK
 }
 
-/// One serial range of a pass: with `STATS`, chunk by chunk, writing each chunk's `|x|`
-/// sum to `sums` and folding them in order into the result.
+/// One serial range of a pass: chunk by chunk when `split` (with `STATS`, writing each
+/// chunk's `|x|` sum to `sums` and folding them in order into the result), else in one go.
 fn serial_chunks<const STATS: bool>(
     n: usize,
     sums: &mut [f64],
+    split: bool,
     mut one: impl FnMut(usize, usize) -> PassOut,
 ) -> PassOut {
-    if !STATS {
+    if !STATS && !split {
         return one(0, n);
     }
     let mut out = PassOut::new();
+    // `sums` has one slot per chunk of this range.
     for (c, s) in sums.iter_mut().enumerate() {
         let lo = c * CHUNK;
         let o = one(lo, (lo + CHUNK).min(n));
-        *s = o.abs_sum;
+        if STATS {
+            *s = o.abs_sum;
+        }
         out.merge(&o);
     }
     out
@@ -605,7 +859,11 @@ fn serial_chunks<const STATS: bool>(
 /// Appends the pieces' candidates to `cand` in order (at most `room` of them) and merges
 /// their flags; the `|x|` sum is refolded from the per-chunk sums in index order, exactly
 /// as the serial pass folds it.
-fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
+///
+/// With `keep_all` every piece's candidates are kept even past `room` (the overflow is
+/// still flagged): a zeroing pass zeroed all of them in the residual, and the caller
+/// restores them from the list.
+fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> PassOut {
     let mut out = PassOut::new();
     let mut total = 0usize;
     for (o, part) in outs.iter().zip(&cand.parts) {
@@ -613,7 +871,9 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
         total += part.len();
     }
     out.overflow |= total > room;
-    let mut left = room;
+    let mut left = if keep_all { usize::MAX } else { room };
+    cand.idx.reserve_exact(total.min(left));
+    cand.val.reserve_exact(total.min(left));
     let parts = std::mem::take(&mut cand.parts);
     for part in &parts[..outs.len()] {
         let m = part.len().min(left);
@@ -629,7 +889,13 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize) -> PassOut {
 /// The fused error-feedback pass (see [`fused_body`]) over `r` and `g`, appending to
 /// `cand` (at most `cap` entries in all). Split into chunked pieces over the rayon pool for
 /// large inputs; the candidates, flags and statistics equal the serial pass's exactly.
-pub(crate) fn fused_pass<const STATS: bool>(
+///
+/// With `ZERO`, every candidate the list records is also zeroed in `r`, chunk by chunk
+/// while the chunk is still in cache (the list holds its value): a threshold selector's
+/// candidates are its selection, so this saves the scattered second write of the residual.
+/// Past `cap` the list keeps everything (flagging the overflow) so that [`restore`] can
+/// put every zeroed value back.
+pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -645,9 +911,11 @@ pub(crate) fn fused_pass<const STATS: bool>(
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let np = pieces(n);
     if np == 1 {
-        let out = serial_chunks::<STATS>(n, &mut sums, |lo, hi| {
-            fused_one::<STATS>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
+        let before = cand.len();
+        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO, |lo, hi| {
+            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
         });
+        out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
         return out;
     }
@@ -668,13 +936,13 @@ pub(crate) fn fused_pass<const STATS: bool>(
         .map(|(i, (((rp, gp), part), sp))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(rp.len(), sp, |lo, hi| {
-                fused_one::<STATS>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
+            serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
+                fused_one::<STATS, ZERO>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
             })
         })
         .collect();
     cand.sums = sums;
-    gather(cand, outs, room)
+    gather(cand, outs, room, ZERO)
 }
 
 /// Read-only filter pass over `x`, parallel like [`fused_pass`].
@@ -692,7 +960,7 @@ pub(crate) fn scan_pass<const STATS: bool>(
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let np = pieces(n);
     if np == 1 {
-        let out = serial_chunks::<STATS>(n, &mut sums, |lo, hi| {
+        let out = serial_chunks::<STATS>(n, &mut sums, false, |lo, hi| {
             scan_one::<STATS>(&x[lo..hi], base + lo, t, cap, cand)
         });
         cand.sums = sums;
@@ -714,13 +982,13 @@ pub(crate) fn scan_pass<const STATS: bool>(
         .map(|(i, ((xp, part), sp))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(xp.len(), sp, |lo, hi| {
+            serial_chunks::<STATS>(xp.len(), sp, false, |lo, hi| {
                 scan_one::<STATS>(&xp[lo..hi], b + lo, t, room, part)
             })
         })
         .collect();
     cand.sums = sums;
-    gather(cand, outs, room)
+    gather(cand, outs, room, false)
 }
 
 /// Zeroes `residual[i]` for every `i` of the increasing list `idx` (out-of-range indices
@@ -814,10 +1082,36 @@ pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f
     if m >= n {
         return 0;
     }
+    if m <= SMALL_M {
+        return mth_largest_small(sample, m).min(INF_BITS);
+    }
     // m-th largest = position n - m in ascending order.
     let pos = n - m;
     let (_, v, _) = sample.select_nth_unstable(pos);
     (*v).min(INF_BITS)
+}
+
+/// Largest order statistic [`threshold_from_sample`] finds by [`mth_largest_small`].
+const SMALL_M: usize = 32;
+
+/// The `m`-th largest of `v` (`1 <= m <= min(SMALL_M, v.len())`) by one scan keeping the
+/// `m` largest seen in a sorted buffer: almost every element costs one comparison with
+/// the buffer's smallest, several times cheaper than a full selection on the few hundred
+/// elements of a small input's sample.
+fn mth_largest_small(v: &[i32], m: usize) -> i32 {
+    let mut top = [0i32; SMALL_M];
+    let top = &mut top[..m];
+    top.copy_from_slice(&v[..m]);
+    top.sort_unstable();
+    for &x in &v[m..] {
+        if x > top[0] {
+            // Insert `x`, dropping the smallest; `top` stays ascending.
+            let at = top.partition_point(|&y| y < x);
+            top.copy_within(1..at, 0);
+            top[at - 1] = x;
+        }
+    }
+    top[0]
 }
 
 /// Cap on the candidates of a pass whose threshold came from [`threshold_from_sample`]
@@ -849,19 +1143,46 @@ pub(crate) fn select_k_of(cand: &Cand, k: usize, scratch: &mut Vec<i32>) -> (Vec
     scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
     let (_, kth, above) = scratch.select_nth_unstable(n - k);
     let kth = *kth;
-    let mut ties = k - above.iter().filter(|&&m| m > kth).count();
-    let mut idx = Vec::with_capacity(k);
-    let mut val = Vec::with_capacity(k);
-    for (&i, &v) in cand.idx.iter().zip(&cand.val) {
+    let ties = k - above.iter().filter(|&&m| m > kth).count();
+    // Above the k-th magnitude: taken; at it: the first `ties` in index order.
+    let picks = cand.idx.iter().zip(&cand.val).map(|(&i, &v)| {
         let m = abs_bits(v);
-        let take = m > kth || (m == kth && ties > 0);
-        if m == kth && take {
-            ties -= 1;
+        (i, v, m > kth, m == kth)
+    });
+    compact(k, picks, 0, ties)
+}
+
+/// Keeps, in order, the entries `(index, value, sure, ranked)` that are `sure`, plus those
+/// `ranked` whose rank among the ranked ones lies in `start..end`; at most `k` are kept.
+/// Branch-free: every entry is written at the end of the lists and the length advances
+/// only for a kept one, which for a kept fraction near one half is several times faster
+/// than a branch per entry.
+pub(crate) fn compact(
+    k: usize,
+    entries: impl Iterator<Item = (u32, f32, bool, bool)>,
+    start: usize,
+    end: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let mut idx: Vec<u32> = Vec::with_capacity(k + 1);
+    let mut val: Vec<f32> = Vec::with_capacity(k + 1);
+    let (pi, pv) = (idx.as_mut_ptr(), val.as_mut_ptr());
+    let (mut len, mut rank) = (0usize, 0usize);
+    for (i, v, sure, ranked) in entries {
+        let at = len.min(k);
+        // SAFETY: `at <= k < k + 1`, the capacity of both lists.
+        unsafe {
+            pi.add(at).write(i);
+            pv.add(at).write(v);
         }
-        if take {
-            idx.push(i);
-            val.push(v);
-        }
+        let keep = sure | (ranked & (rank >= start) & (rank < end));
+        len = (len + usize::from(keep)).min(k);
+        rank += usize::from(ranked);
+    }
+    // SAFETY: every position below `len` was written (the entry kept there), and
+    // `len <= k` is within capacity.
+    unsafe {
+        idx.set_len(len);
+        val.set_len(len);
     }
     (idx, val)
 }
@@ -1019,12 +1340,33 @@ mod tests {
             .collect();
         let mut r = vec![0.25f32; g.len()];
         let mut c = Cand::default();
-        let out = fused_pass::<true>(&mut r, &g, 0, INF_BITS, usize::MAX, &mut c);
+        let out = fused_pass::<true, false>(&mut r, &g, 0, INF_BITS, usize::MAX, &mut c);
         assert_eq!(out.abs_sum, abs_sum(&r));
         let mx = r.iter().map(|v| abs_bits(*v)).max().unwrap();
         assert_eq!(out.max_bits, mx);
         let out2 = scan_pass::<true>(&r, 0, INF_BITS, usize::MAX, &mut c);
         assert_eq!(out2.abs_sum, out.abs_sum);
+    }
+
+    #[test]
+    fn small_order_statistic_matches_sorting() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for n in [1usize, 2, 33, 500, 3_000] {
+            let v: Vec<i32> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    // Few distinct values, so ties are common.
+                    (s % 97) as i32
+                })
+                .collect();
+            let mut sorted = v.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            for m in 1..=SMALL_M.min(n) {
+                assert_eq!(mth_largest_small(&v, m), sorted[m - 1], "n {n} m {m}");
+            }
+        }
     }
 
     #[test]

@@ -221,6 +221,31 @@ mod tests {
         });
     }
 
+    /// A fused step that meets a non-finite value leaves the accumulated vector in the
+    /// residual, every entry (the zeroing passes put their candidates back), serial and
+    /// split over a pool.
+    #[test]
+    fn non_finite_leaves_the_accumulated_residual() {
+        for (threads, d) in [(1, 20_000), (4, 4 * kernel::PAR_MIN)] {
+            let r0 = gen_vec(21, d, 0);
+            let mut g = gen_vec(22, d, 0);
+            g[d - 3] = f32::NAN;
+            let acc: Vec<u32> = r0.iter().zip(&g).map(|(a, b)| (a + b).to_bits()).collect();
+            on_pool(threads, || {
+                for kind in SelectorKind::ALL {
+                    for k in [0, d / 1000, d / 100, d] {
+                        let mut ef = ErrorFeedback::from_residual(r0.clone());
+                        let mut sel = kind.build(3);
+                        let e = ef.step(sel.as_mut(), &g, k);
+                        assert!(matches!(e, Err(Error::NonFinite { .. })), "{kind} {k}");
+                        let got: Vec<u32> = ef.residual().iter().map(|v| v.to_bits()).collect();
+                        assert!(got == acc, "{kind} k {k} threads {threads}");
+                    }
+                }
+            });
+        }
+    }
+
     #[test]
     fn every_selector_handles_bad_input() {
         for kind in SelectorKind::ALL {

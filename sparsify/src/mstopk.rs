@@ -39,6 +39,8 @@ pub struct MsTopK {
     rng: ChaCha8Rng,
     cand: Cand,
     sample: Vec<i32>,
+    /// Candidate magnitudes the binary search partitions.
+    work: Vec<i32>,
 }
 
 impl Default for MsTopK {
@@ -56,6 +58,12 @@ struct Bounds {
     t2: i32,
 }
 
+/// `mean|x|` and `max|x|` of a statistics pass over `d` elements (Algorithm 1 lines 2-3).
+fn mean_max(out: &PassOut, d: usize) -> (f64, f64) {
+    let u = f64::from(f32::from_bits(out.max_bits as u32));
+    (out.abs_sum / d as f64, u)
+}
+
 /// Threshold of one round, Algorithm 1 line 9, computed in f64 and rounded to f32.
 #[inline]
 fn round_threshold(mean: f64, u: f64, ratio: f64) -> f32 {
@@ -71,6 +79,7 @@ impl MsTopK {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Cand::default(),
             sample: Vec::new(),
+            work: Vec::new(),
         }
     }
 
@@ -90,20 +99,53 @@ impl MsTopK {
     }
 
     /// Runs the N rounds answering each count from the candidates (`|x| ≥ t_low`, more
-    /// than `k` of them).
-    fn search(&self, t_low: i32, mean: f64, u: f64, k: usize) -> Bounds {
+    /// than `k` of them). The round thresholds only narrow (they are monotone in `ratio`),
+    /// so each round partitions just the candidates still between the bounds: those above
+    /// the upper bound are counted once and dropped, those below the lower one never count
+    /// again. The N rounds cost about two passes over the candidates instead of N, with
+    /// exactly the counts of Algorithm 1.
+    fn search(&mut self, t_low: i32, mean: f64, u: f64, k: usize) -> Bounds {
         let (mut l, mut r) = (0.0f64, 1.0f64);
         let mut b = Bounds {
             t1: i32::MAX,
             t2: 0,
         };
+        let work = &mut self.work;
+        work.clear();
+        work.extend(self.cand.val.iter().map(|v| abs_bits(*v)));
+        // Candidates at or above every threshold still to come.
+        let mut above = 0usize;
+        let mut live = &mut work[..];
+        // The thresholds grow with `ratio` unless rounding put the mean above the maximum
+        // (all magnitudes nearly equal); then every round counts all the candidates.
+        let narrows = u >= mean;
         for _ in 0..self.rounds {
             let ratio = l + (r - l) / 2.0;
             let tb = abs_bits(round_threshold(mean, u, ratio));
             let nnz = if tb < t_low {
                 usize::MAX
+            } else if !narrows {
+                live.iter().filter(|&&m| m >= tb).count()
             } else {
-                self.cand.val.iter().filter(|v| abs_bits(**v) >= tb).count()
+                // Move the live magnitudes `>= tb` to the front, branch-free: every
+                // element is swapped to the boundary, which advances only past a hit.
+                let mut hi = 0;
+                for j in 0..live.len() {
+                    let v = live[j];
+                    live.swap(hi, j);
+                    hi += usize::from(v >= tb);
+                }
+                let nnz = above + hi;
+                let rest = std::mem::take(&mut live);
+                live = if nnz <= k {
+                    // Later thresholds are at most `tb`: the front counts from now on.
+                    above = nnz;
+                    &mut rest[hi..]
+                } else {
+                    // Later thresholds are at least `tb`: the back never counts again.
+                    &mut rest[..hi]
+                };
+                nnz
             };
             if nnz <= k {
                 r = ratio;
@@ -129,6 +171,12 @@ impl MsTopK {
         k: usize,
     ) -> (Vec<u32>, Vec<f32>) {
         let b = self.search(t_low, mean, u, k);
+        self.pick(acc, t_low, b, k)
+    }
+
+    /// Lines 25-28 of Algorithm 1 once the search ended at `b`: reads `acc` only when
+    /// `b.t2 < t_low` (the tie band reaches below the candidates).
+    fn pick(&mut self, acc: &[f32], t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>) {
         let k1 = self
             .cand
             .val
@@ -145,29 +193,31 @@ impl MsTopK {
         };
         let start = self.rng.gen_range(0..=len2.saturating_sub(need));
         let end = start + need;
+        if from_cand {
+            // Branch-free over the candidates: every one is written at the end of the lists
+            // and the length advances only for the picked ones.
+            let picks = self.cand.idx.iter().zip(&self.cand.val).map(|(&i, &v)| {
+                let ab = abs_bits(v);
+                let in1 = ab >= b.t1;
+                let in2 = !in1 & (ab >= b.t2);
+                (i, v, in1, in2)
+            });
+            return kernel::compact(k, picks, start, end);
+        }
         let mut idx = Vec::with_capacity(k);
         let mut val = Vec::with_capacity(k);
         let mut rank = 0usize;
-        let mut take = |i: u32, v: f32, idx: &mut Vec<u32>, val: &mut Vec<f32>| {
+        for (i, &v) in acc.iter().enumerate() {
             let ab = abs_bits(v);
             if ab >= b.t1 {
-                idx.push(i);
+                idx.push(i as u32);
                 val.push(v);
             } else if ab >= b.t2 {
                 if rank >= start && rank < end {
-                    idx.push(i);
+                    idx.push(i as u32);
                     val.push(v);
                 }
                 rank += 1;
-            }
-        };
-        if from_cand {
-            for (&i, &v) in self.cand.idx.iter().zip(&self.cand.val) {
-                take(i, v, &mut idx, &mut val);
-            }
-        } else {
-            for (i, &v) in acc.iter().enumerate() {
-                take(i as u32, v, &mut idx, &mut val);
             }
         }
         (idx, val)
@@ -189,8 +239,7 @@ impl MsTopK {
     ) -> Result<(Vec<u32>, Vec<f32>)> {
         out.check()?;
         let d = acc.len();
-        let mean = out.abs_sum / d as f64;
-        let u = f64::from(f32::from_bits(out.max_bits as u32));
+        let (mean, u) = mean_max(&out, d);
         if out.overflow || self.cand.len() <= k {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
@@ -261,7 +310,7 @@ impl Selector for MsTopK {
         self.cand.clear();
         let (idx, val) = if k == 0 || k == d {
             let t = if k == 0 { INF_BITS } else { 0 };
-            kernel::fused_pass::<false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
+            kernel::fused_pass::<false, false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
                 .check()?;
             self.cand.take()
         } else {
@@ -275,7 +324,7 @@ impl Selector for MsTopK {
                 }
                 None => (0, usize::MAX),
             };
-            let out = kernel::fused_pass::<true>(residual, grad, 0, t, cap, &mut self.cand);
+            let out = kernel::fused_pass::<true, false>(residual, grad, 0, t, cap, &mut self.cand);
             self.complete(residual, t, out, k)?
         };
         zero_selected(residual, &idx);

@@ -31,6 +31,8 @@ fn ge_bits(t: f32) -> i32 {
 
 /// Runs a selection pass either fused (`grad = Some`) or read-only, emitting `|x| ≥ t`
 /// only inside `lo..hi`; outside it, only non-finite values are emitted (and reported).
+/// A fused pass with `zero` also zeroes its candidates in `x` (they are the selection);
+/// on an error they get their values back.
 fn pass(
     x: &mut [f32],
     grad: Option<&[f32]>,
@@ -38,6 +40,7 @@ fn pass(
     hi: usize,
     t: i32,
     cand: &mut Cand,
+    zero: bool,
 ) -> Result<()> {
     cand.clear();
     let d = x.len();
@@ -47,10 +50,15 @@ fn pass(
         if a == b {
             continue;
         }
+        let (xs, m) = (&mut x[a..b], usize::MAX);
         let out = match grad {
-            Some(g) => kernel::fused_pass::<false>(&mut x[a..b], &g[a..b], a, tt, usize::MAX, cand),
-            None => kernel::scan_pass::<false>(&x[a..b], a, tt, usize::MAX, cand),
+            Some(g) if zero => kernel::fused_pass::<false, true>(xs, &g[a..b], a, tt, m, cand),
+            Some(g) => kernel::fused_pass::<false, false>(xs, &g[a..b], a, tt, m, cand),
+            None => kernel::scan_pass::<false>(xs, a, tt, m, cand),
         };
+        if out.non_finite.is_some() && zero && grad.is_some() {
+            kernel::restore(x, cand);
+        }
         out.check()?;
     }
     Ok(())
@@ -59,7 +67,7 @@ fn pass(
 /// Accumulates `grad` into `residual` (checking finiteness) when fused; no-op otherwise.
 fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Result<()> {
     if grad.is_some() {
-        pass(x, grad, 0, 0, INF_BITS, cand)?;
+        pass(x, grad, 0, 0, INF_BITS, cand, false)?;
     } else {
         cand.clear();
         kernel::scan_pass::<false>(x, 0, INF_BITS, usize::MAX, cand).check()?;
@@ -69,8 +77,9 @@ fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Resu
 }
 
 /// What a threshold selector's pass returns: the selected indices (increasing), their
-/// values and the threshold it used.
-type Picked = (Vec<u32>, Vec<f32>, f32);
+/// values, the threshold it used, and whether a fused pass already zeroed them in the
+/// residual.
+type Picked = (Vec<u32>, Vec<f32>, f32, bool);
 
 /// Shared driver: `select` copies nothing (read-only scan of `x`), `select_fused`
 /// accumulates in the first pass. Implementors supply `run` over a mutable buffer.
@@ -86,9 +95,9 @@ macro_rules! selector_impl {
             ) -> Result<Picked> {
                 if k == 0 || k >= x.len() {
                     let t = if k == 0 { INF_BITS } else { 0 };
-                    pass(x, grad, 0, usize::MAX, t, &mut self.cand)?;
+                    pass(x, grad, 0, usize::MAX, t, &mut self.cand, true)?;
                     let (idx, val) = self.cand.take();
-                    return Ok((idx, val, 0.0));
+                    return Ok((idx, val, 0.0, grad.is_some()));
                 }
                 self.run(x, grad, k)
             }
@@ -108,7 +117,7 @@ macro_rules! selector_impl {
                 // `run` takes a mutable buffer (it accumulates when fused) but never
                 // writes when `grad` is None; the read-only path hands it a copy.
                 let mut buf = x.to_vec();
-                let (idx, val, t) = self.run_edges(&mut buf, None, k)?;
+                let (idx, val, t, _) = self.run_edges(&mut buf, None, k)?;
                 let (sg, mut info) = finish(idx, val, x.len());
                 info.threshold = t;
                 Ok((sg, info))
@@ -116,8 +125,10 @@ macro_rules! selector_impl {
 
             fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
                 crate::check_fused(residual, grad)?;
-                let (idx, val, t) = self.run_edges(residual, Some(grad), k)?;
-                zero_selected(residual, &idx);
+                let (idx, val, t, zeroed) = self.run_edges(residual, Some(grad), k)?;
+                if !zeroed {
+                    zero_selected(residual, &idx);
+                }
                 let (sg, mut info) = finish(idx, val, residual.len());
                 info.threshold = t;
                 Ok((sg, info))
@@ -175,9 +186,9 @@ impl HardThreshold {
 
     fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
-        pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand)?;
+        pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
         let (idx, val) = self.cand.take();
-        Ok((idx, val, t))
+        Ok((idx, val, t, grad.is_some()))
     }
 }
 selector_impl!(HardThreshold, "threshold");
@@ -225,7 +236,7 @@ impl DgcSampling {
         let k = k.min(d);
         if k == 0 {
             accumulate_only(x, grad, &mut self.cand)?;
-            return Ok((Vec::new(), Vec::new(), 0.0));
+            return Ok((Vec::new(), Vec::new(), 0.0, false));
         }
         // Stride: the largest multiple of 32 not above 1/ratio (so the sample is ≥ ratio),
         // or every element for small inputs.
@@ -249,7 +260,15 @@ impl DgcSampling {
         } else {
             *self.sample.select_nth_unstable(ns - ks).1
         };
-        pass(x, grad, 0, usize::MAX, t.min(INF_BITS), &mut self.cand)?;
+        pass(
+            x,
+            grad,
+            0,
+            usize::MAX,
+            t.min(INF_BITS),
+            &mut self.cand,
+            false,
+        )?;
         let mut result: Option<(Vec<u32>, Vec<f32>)> = None;
         for _ in 0..DGC_MAX_ADAPT {
             let n = self.cand.len();
@@ -260,7 +279,7 @@ impl DgcSampling {
                 break;
             } else if (n as f64) < DGC_LOWER * k as f64 && t > 0 {
                 t = abs_bits(f32::from_bits(t as u32) * DGC_LOWER as f32);
-                pass(x, None, 0, usize::MAX, t, &mut self.cand)?;
+                pass(x, None, 0, usize::MAX, t, &mut self.cand, false)?;
             } else {
                 break;
             }
@@ -272,7 +291,7 @@ impl DgcSampling {
         // DGC keeps the first k indices (`indices[:num_selects]`).
         idx.truncate(k);
         val.truncate(k);
-        Ok((idx, val, f32::from_bits(t.min(INF_BITS) as u32)))
+        Ok((idx, val, f32::from_bits(t.min(INF_BITS) as u32), false))
     }
 }
 selector_impl!(DgcSampling, "dgc");
@@ -375,9 +394,11 @@ impl ExDyna {
         let t = *self
             .threshold
             .get_or_insert_with(|| (0.5 / (k.max(1) as f64).sqrt()) as f32);
-        pass(x, grad, lo, hi, ge_bits(t), &mut self.cand)?;
+        pass(x, grad, lo, hi, ge_bits(t), &mut self.cand, true)?;
         let (mut idx, mut val) = self.cand.take();
+        let mut zeroed = grad.is_some();
         if idx.is_empty() && k > 0 && lo < hi {
+            zeroed = false;
             // Nothing selected: take one index, the largest magnitude of the partition.
             let (mut bi, mut bb) = (lo, -1i32);
             for (i, v) in x[lo..hi].iter().enumerate() {
@@ -391,7 +412,7 @@ impl ExDyna {
         if self.auto_scale {
             self.scale(k, idx.len());
         }
-        Ok((idx, val, t))
+        Ok((idx, val, t, zeroed))
     }
 }
 selector_impl!(ExDyna, "exdyna");
@@ -418,7 +439,7 @@ impl GaussianK {
             None => kernel::moments(x)?,
         };
         if k == 0 {
-            return Ok((Vec::new(), Vec::new(), 0.0));
+            return Ok((Vec::new(), Vec::new(), 0.0, false));
         }
         let (mean, std) = mean_std(sum, sumsq, d);
         let rho = k as f64 / d as f64;
@@ -450,10 +471,10 @@ impl GaussianK {
             }
         }
         if last.1 {
-            pass(x, None, 0, usize::MAX, last.0, &mut self.cand)?;
+            pass(x, None, 0, usize::MAX, last.0, &mut self.cand, false)?;
         }
         let (idx, val) = self.cand.take();
-        Ok((idx, val, right))
+        Ok((idx, val, right, false))
     }
 }
 selector_impl!(GaussianK, "gaussiank");

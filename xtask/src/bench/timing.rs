@@ -6,29 +6,6 @@ use collectives::Communicator;
 
 use super::BoxErr;
 
-/// Median of `reps` timings of `f` (after one warm-up run).
-pub fn median_time(reps: usize, f: impl FnMut() -> Result<(), BoxErr>) -> Result<f64, BoxErr> {
-    median_time_with_setup(reps, || {}, f)
-}
-
-/// Like [`median_time`], running `setup` untimed before every run of `f`.
-pub fn median_time_with_setup<S>(
-    reps: usize,
-    mut setup: impl FnMut() -> S,
-    mut f: impl FnMut() -> Result<(), BoxErr>,
-) -> Result<f64, BoxErr> {
-    setup();
-    f()?;
-    let mut t = Vec::with_capacity(reps.max(1));
-    for _ in 0..reps.max(1) {
-        setup();
-        let s = Instant::now();
-        f()?;
-        t.push(s.elapsed().as_secs_f64());
-    }
-    Ok(median(&mut t))
-}
-
 /// Median over repetitions of the slowest rank's time of `f`: each repetition starts after
 /// a barrier and the rank times are max-reduced, so every rank returns the same figure.
 pub fn world_time(
