@@ -184,7 +184,10 @@ impl CalibratedCosts {
             .ok_or_else(|| Error::InvalidArgument("the calibration has no top-k fit".into()))?;
         // The ring all-gather is what the sparse step sends its entries with.
         let allgather = cal
-            .collective_fit(cost_model::Collective::Allgather, cost_model::Algorithm::Ring)
+            .collective_fit(
+                cost_model::Collective::Allgather,
+                cost_model::Algorithm::Ring,
+            )
             .or_else(|| {
                 cal.collectives
                     .iter()

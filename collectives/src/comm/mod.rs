@@ -235,35 +235,6 @@ pub trait CommExt: Communicator {
         elems(self.rank(), src, tag, n, std::mem::size_of::<T>())
     }
 
-    /// [`recv_slice_into`](Self::recv_slice_into) of an agreed length (see
-    /// [`Communicator::recv_agreed_into`]).
-    fn recv_agreed_slice_into<T: Pod>(&self, src: usize, tag: Tag, buf: &mut [T]) -> Result<usize> {
-        let n = self.recv_agreed_into(src, tag, bytemuck::cast_slice_mut(buf))?;
-        elems(self.rank(), src, tag, n, std::mem::size_of::<T>())
-    }
-
-    /// [`sendrecv_slice_into`](Self::sendrecv_slice_into) of an agreed length (see
-    /// [`Communicator::recv_agreed_into`]).
-    fn sendrecv_agreed_slice_into<T: Pod>(
-        &self,
-        dest: usize,
-        st: Tag,
-        data: &[T],
-        src: usize,
-        rt: Tag,
-        buf: &mut [T],
-    ) -> Result<usize> {
-        let n = self.sendrecv_agreed_into(
-            dest,
-            st,
-            bytemuck::cast_slice(data),
-            src,
-            rt,
-            bytemuck::cast_slice_mut(buf),
-        )?;
-        elems(self.rank(), src, rt, n, std::mem::size_of::<T>())
-    }
-
     /// Send-receive of typed slices, receiving a vector of any length.
     fn sendrecv_vec<T: Pod>(
         &self,

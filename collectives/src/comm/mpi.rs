@@ -203,15 +203,20 @@ impl MpiComm {
         *pending = still;
     }
 
-    /// Waits for the matching message's envelope, polling so that a timeout is possible.
-    fn probe(&self, src: usize, tag: Tag) -> Result<(Message, usize)> {
+    /// Calls `attempt` until it yields, spinning then yielding the core, and reaping
+    /// buffered sends now and then; [`Error::Timeout`] once the timeout has passed. The one
+    /// polling loop of every receive, so all of them time out alike.
+    fn poll_until<T>(
+        &self,
+        src: usize,
+        tag: Tag,
+        mut attempt: impl FnMut() -> Option<T>,
+    ) -> Result<T> {
         let start = Instant::now();
-        let process = self.comm.process_at_rank(src as i32);
         let mut spins: u64 = 0;
         loop {
-            if let Some((msg, status)) = process.immediate_matched_probe_with_tag(tag as i32) {
-                let count = status.count(u8::equivalent_datatype());
-                return Ok((msg, count.max(0) as usize));
+            if let Some(t) = attempt() {
+                return Ok(t);
             }
             spins += 1;
             if spins % 64 == 0 {
@@ -230,6 +235,19 @@ impl MpiComm {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Waits for the matching message's envelope, polling so that a timeout is possible.
+    fn probe(&self, src: usize, tag: Tag) -> Result<(Message, usize)> {
+        let process = self.comm.process_at_rank(src as i32);
+        self.poll_until(src, tag, || {
+            process
+                .immediate_matched_probe_with_tag(tag as i32)
+                .map(|(msg, status)| {
+                    let count = status.count(u8::equivalent_datatype());
+                    (msg, count.max(0) as usize)
+                })
+        })
     }
 
     fn recv_vec_raw(&self, src: usize, tag: Tag) -> Result<Vec<u8>> {
@@ -259,42 +277,33 @@ impl MpiComm {
     /// message won the race, completed). Returns the bytes received.
     fn poll_posted<'a, S: mpi::request::Scope<'a>>(
         &self,
-        mut request: Request<'a, [u8], S>,
+        request: Request<'a, [u8], S>,
         src: usize,
         tag: Tag,
     ) -> Result<usize> {
-        let start = Instant::now();
-        let mut spins: u64 = 0;
-        loop {
-            request = match request.test() {
-                Ok(status) => return Ok(status.count(u8::equivalent_datatype()).max(0) as usize),
-                Err(r) => r,
-            };
-            spins += 1;
-            if spins % 64 == 0 {
-                self.progress();
-                let waited = start.elapsed();
-                if waited >= self.timeout {
-                    request.cancel();
-                    let n = request.wait().count(u8::equivalent_datatype());
-                    if n > 0 {
-                        // The message arrived between the last test and the cancel
-                        // (rsmpi does not expose `MPI_Test_cancelled`; a cancelled
-                        // receive counts 0, so an empty message in that window is
-                        // reported as the timeout it nearly was).
-                        return Ok(n as usize);
-                    }
-                    return Err(Error::Timeout {
-                        rank: self.rank,
-                        src,
-                        tag,
-                        waited,
-                    });
+        let bytes = |status: mpi::point_to_point::Status| {
+            status.count(u8::equivalent_datatype()).max(0) as usize
+        };
+        let mut pending = Some(request);
+        let polled = self.poll_until(src, tag, || match pending.take()?.test() {
+            Ok(status) => Some(bytes(status)),
+            Err(r) => {
+                pending = Some(r);
+                None
+            }
+        });
+        match (polled, pending) {
+            (Err(timeout), Some(request)) => {
+                request.cancel();
+                match bytes(request.wait()) {
+                    // The message arrived between the last test and the cancel (rsmpi does
+                    // not expose `MPI_Test_cancelled`; a cancelled receive counts 0, so an
+                    // empty message in that window is reported as the timeout it nearly was).
+                    0 => Err(timeout),
+                    n => Ok(n),
                 }
             }
-            if spins > 2_000 {
-                std::thread::yield_now();
-            }
+            (polled, _) => polled,
         }
     }
 

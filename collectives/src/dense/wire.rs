@@ -7,7 +7,7 @@ use half::{bf16, f16};
 
 use cost_model::plan::Combine;
 
-use crate::{CommExt, Communicator, Error, Result, Tag};
+use crate::{Communicator, Error, Result, Tag};
 
 /// The element type sent on the wire by the reducing collectives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -231,9 +231,10 @@ impl<W: WireElem> Scratch<W> {
         if W::IS_F32 && combine == Combine::Copy {
             let n = match send {
                 Some((dest, data)) => {
-                    comm.sendrecv_agreed_slice_into(dest, tag, data, src, tag, out)?
+                    let data = bytemuck::cast_slice(data);
+                    agreed_exchange(comm, Some((dest, data)), src, tag, out)?
                 }
-                None => comm.recv_agreed_slice_into(src, tag, out)?,
+                None => agreed_exchange(comm, None, src, tag, out)?,
             };
             return expect_len(comm, src, tag, n, out.len());
         }
@@ -269,24 +270,18 @@ impl<W: WireElem> Scratch<W> {
         n: usize,
     ) -> Result<()> {
         let got = match (send, W::IS_F32) {
-            (None, true) => comm.recv_agreed_slice_into(src, tag, &mut self.recv[..n])?,
+            (None, true) => agreed_exchange(comm, None, src, tag, &mut self.recv[..n])?,
             (None, false) => {
-                comm.recv_agreed_slice_into(src, tag, wire_view::<W>(&mut self.recv, n))?
+                agreed_exchange(comm, None, src, tag, wire_view::<W>(&mut self.recv, n))?
             }
             (Some((dest, data)), true) => {
-                comm.sendrecv_agreed_slice_into(dest, tag, data, src, tag, &mut self.recv[..n])?
+                let data = bytemuck::cast_slice(data);
+                agreed_exchange(comm, Some((dest, data)), src, tag, &mut self.recv[..n])?
             }
             (Some((dest, data)), false) => {
                 let bytes = Self::encode(&mut self.send, data);
-                let got = comm.sendrecv_agreed_into(
-                    dest,
-                    tag,
-                    bytes,
-                    src,
-                    tag,
-                    bytemuck::cast_slice_mut(wire_view::<W>(&mut self.recv, n)),
-                )?;
-                got / std::mem::size_of::<W>()
+                let out = wire_view::<W>(&mut self.recv, n);
+                agreed_exchange(comm, Some((dest, bytes)), src, tag, out)?
             }
         };
         expect_len(comm, src, tag, got, n)
@@ -305,6 +300,24 @@ impl<W: WireElem> Scratch<W> {
             }
         }
     }
+}
+
+/// Receives `out.len()` elements from `src` (after sending `send = (dest, bytes)` in the
+/// same round, if any) through the transport's agreed-length receive; returns the whole
+/// elements received ([`expect_len`] reports a short message).
+fn agreed_exchange<C: Communicator + ?Sized, V: Pod>(
+    comm: &C,
+    send: Option<(usize, &[u8])>,
+    src: usize,
+    tag: Tag,
+    out: &mut [V],
+) -> Result<usize> {
+    let buf = bytemuck::cast_slice_mut(out);
+    let n = match send {
+        Some((dest, data)) => comm.sendrecv_agreed_into(dest, tag, data, src, tag, buf)?,
+        None => comm.recv_agreed_into(src, tag, buf)?,
+    };
+    Ok(n / std::mem::size_of::<V>())
 }
 
 /// A message of the wrong length means the ranks disagree on the call.
