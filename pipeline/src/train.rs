@@ -425,6 +425,12 @@ fn hash_params(values: &[Vec<f32>]) -> u64 {
     h
 }
 
+/// Checks that every rank holds the same parameters after step `step`, by their
+/// [`hash_params`] (see [`agree_u64`]).
+fn agree_params(comm: &dyn Communicator, hash: u64, step: usize) -> Result<()> {
+    agree_u64(comm, hash, &format!("the parameters after step {step}"))
+}
+
 /// All-gathers `value`; any rank whose value differs is [`Error::RankMismatch`] on every
 /// rank (every rank sees every value).
 fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
@@ -782,11 +788,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 None => staged::forward_train(&*model, &x)?,
             };
             if let Some(k) = pending_check.take() {
-                agree_u64(
-                    &*ctrl,
-                    hash_params(&weights),
-                    &format!("the parameters after step {k}"),
-                )?;
+                agree_params(&*ctrl, hash_params(&weights), k)?;
                 checked += 1;
             }
             let loss = model.loss(fwd.logits(), &y)?;
@@ -835,7 +837,7 @@ pub fn run_rank<C: Communicator + 'static>(
                 if in_flight {
                     pending_check = Some(step);
                 } else {
-                    agree_u64(&*ctrl, hash, &format!("the parameters after step {step}"))?;
+                    agree_params(&*ctrl, hash, step)?;
                     checked += 1;
                 }
             }
@@ -962,11 +964,7 @@ pub fn run_rank<C: Communicator + 'static>(
         b.shutdown()?;
     }
     if let Some(k) = pending_check.take() {
-        agree_u64(
-            &*ctrl,
-            hash_params(&weights),
-            &format!("the parameters after step {k}"),
-        )?;
+        agree_params(&*ctrl, hash_params(&weights), k)?;
         checked += 1;
     }
     // Bytes per rank, averaged over ranks.

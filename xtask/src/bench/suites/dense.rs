@@ -179,6 +179,16 @@ fn measure(
 ) -> Result<(Times, Vec<(usize, String)>), BoxErr> {
     let p = comm.size();
     let predictor = cal.map(|c| c as &dyn collectives::dense::Predictor);
+    // The 2D torus runs on the transport's own nodes (MPI's shared-memory groups; one
+    // node for threads), not on a guessed layout: resolved once (a collective call).
+    let torus = if list
+        .iter()
+        .any(|(_, a)| matches!(a, Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. }))))
+    {
+        Algo::Allreduce(collectives::comm::nodes::torus2d(comm)?)
+    } else {
+        Algo::Allreduce(AllreduceAlgo::Ring)
+    };
     let mut out = Vec::new();
     let mut chosen = Vec::new();
     for &bytes in sizes {
@@ -207,11 +217,7 @@ fn measure(
                         chosen.push((bytes, algo_name(&a)));
                         a
                     }
-                    // The 2D torus runs on the transport's own nodes (MPI's shared-memory
-                    // groups; one node for threads), not on a guessed layout.
-                    Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => {
-                        Algo::Allreduce(collectives::comm::nodes::torus2d(comm)?)
-                    }
+                    Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => torus,
                     Some(a) => *a,
                 };
             runners.push((name.clone(), runner(comm, algo, n)));
