@@ -77,15 +77,6 @@ pub fn sweepable_allreduce() -> Vec<AllreduceAlgo> {
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
-    }
-}
-
 /// Times `op` `reps` times between barriers and returns the median seconds (each rank its
 /// own; they agree to within a barrier).
 pub fn time_op<C: Communicator + ?Sized>(
@@ -104,7 +95,7 @@ pub fn time_op<C: Communicator + ?Sized>(
         comm.barrier()?;
         t.push(start.elapsed().as_secs_f64());
     }
-    Ok(median(t))
+    Ok(cost_model::median(&t))
 }
 
 /// Bytes a ping-pong timing moves at least (short messages repeat the round trip).
@@ -233,7 +224,7 @@ fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
         }
         t.push(s.elapsed().as_secs_f64() / inner as f64);
     }
-    Ok(median(t).max(1e-9))
+    Ok(cost_model::median(&t).max(1e-9))
 }
 
 /// Local `f32` summation time against bytes (γ of Linear Pipelining (Wang et al.), Table 1).

@@ -73,12 +73,25 @@ impl CollectiveFit {
     }
 
     /// Predicted seconds for `bytes`: the piecewise model (a shared-memory machine is not
-    /// α-β linear across its cache sizes), extrapolated with its nearest segment outside
-    /// the sweep. Calibrations without one (older files) interpolate the measured medians
-    /// log-log inside the sweep and use the line outside it.
+    /// α-β linear across its cache sizes), extrapolated with its nearest segment above the
+    /// sweep; below it, the smallest swept size's time (start-up dominates there, and a
+    /// line extrapolated below its range can go negative). Calibrations without one (older
+    /// files) interpolate the measured medians log-log inside the sweep and use the line
+    /// outside it.
     pub fn time(&self, bytes: usize) -> f64 {
         match &self.piecewise {
-            Some(p) if !p.model.segments.is_empty() => p.model.time(bytes),
+            Some(p) if !p.model.segments.is_empty() => {
+                let smallest = self
+                    .samples
+                    .iter()
+                    .map(|s| s.size)
+                    .fold(f64::INFINITY, f64::min);
+                p.model.time_f((bytes as f64).max(if smallest.is_finite() {
+                    smallest
+                } else {
+                    0.0
+                }))
+            }
             _ => interpolate(&self.samples, bytes as f64)
                 .unwrap_or_else(|| self.fit.model.time(bytes)),
         }

@@ -544,6 +544,18 @@ pub fn fit_coefficients<const K: usize>(rows: &[([f64; K], f64)]) -> Result<[f64
     weighted_lstsq(&w).ok_or_else(singular)
 }
 
+/// The median of `values` (the mean of the two middle ones for an even count; 0 for none):
+/// the statistic of repeated timings, robust to the one run that another process delays.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,7 +47,7 @@ pub use calibration::{rank_dense, rank_dense_calibrated, Calibration, Collective
 pub use dense::{predict_dense, DenseCase};
 pub use error::{Error, Result};
 pub use fit::{
-    fit_linear, fit_reduction, fit_topk_linear, fit_topk_omgs, FitQuality, Fitted, Sample,
+    fit_linear, fit_reduction, fit_topk_linear, fit_topk_omgs, median, FitQuality, Fitted, Sample,
 };
 pub use models::{LinearModel, ReductionModel, SparseAllgatherModel, TopkModel};
 pub use schedule::{Prediction, RankCost, Schedule};

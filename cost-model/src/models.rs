@@ -75,7 +75,9 @@ pub enum TopkModel {
         b_s: f64,
     },
     /// Up to [`TOPK_MAX_REGIMES`] size regimes, each `a_i + b_i·d` with its own fixed cost
-    /// per call (see [`TopkRegime`]); sizes below the first regime's start use the first.
+    /// per call (see [`TopkRegime`]); sizes below the first regime's start (the smallest
+    /// calibrated size) cost what that size costs: the fixed cost per call dominates there,
+    /// and the line extrapolated below its range can go negative.
     Piecewise {
         /// The regimes by increasing `start`; only the first `count` are used.
         regimes: [TopkRegime; TOPK_MAX_REGIMES],
@@ -115,6 +117,7 @@ impl TopkModel {
             TopkModel::Linear { a_s, b_s } => a_s + b_s * x,
             TopkModel::Piecewise { regimes, count } => {
                 let used = &regimes[..count.clamp(1, TOPK_MAX_REGIMES)];
+                let x = x.max(used[0].start);
                 let r = used.iter().rev().find(|r| r.start <= x).unwrap_or(&used[0]);
                 r.a_s + r.b_s * x
             }

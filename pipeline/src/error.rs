@@ -176,11 +176,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub(crate) fn rank0<T>(
     outs: std::result::Result<Vec<T>, collectives::RunError<Error>>,
 ) -> Result<T> {
+    all_ranks(outs)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+}
+
+/// Every rank's result of a thread world, or the first rank's failure as this crate's error.
+pub(crate) fn all_ranks<T>(
+    outs: std::result::Result<Vec<T>, collectives::RunError<Error>>,
+) -> Result<Vec<T>> {
     outs.map_err(|e| match e {
         collectives::RunError::Failed { error, .. } => error,
         other => Error::CommThread(other.to_string()),
-    })?
-    .into_iter()
-    .next()
-    .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
+    })
 }

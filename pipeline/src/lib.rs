@@ -37,6 +37,7 @@ pub mod staged;
 pub mod timeline;
 pub mod trace;
 pub mod train;
+pub mod validate;
 pub mod zoo;
 
 pub use error::{Error, Result};
@@ -45,5 +46,7 @@ pub use profile::{Layer, LayerProfile};
 pub use reduction::SchemeKind;
 pub use runtime::Reducer;
 pub use schemes::{CollectiveScheme, DenseAllreduce, Scheme, SelectorAllgather, TopkAllgather};
-pub use timeline::{predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline};
+pub use timeline::{
+    predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline, Traffic,
+};
 pub use train::{train, train_suite, SuiteResult, TrainConfig, TrainReport};

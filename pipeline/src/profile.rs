@@ -258,6 +258,71 @@ pub fn average_backward(samples: &[Vec<f64>], warmup: usize) -> Result<Vec<f64>>
     Ok(sum.into_iter().map(|x| x / n).collect())
 }
 
+/// One rank's measured iteration for [`slowest_rank_times`]: its forward time and its
+/// per-layer backward times in forward order (backward runs from the last layer).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RankSample {
+    /// Forward time, seconds.
+    pub forward_s: f64,
+    /// Backward time per layer, forward order, seconds.
+    pub backward_s: Vec<f64>,
+}
+
+/// The forward time and per-layer backward times that the slowest rank imposes, from every
+/// rank's measurements (`samples[r][i]`: rank `r`, iteration `i`), skipping `warmup`
+/// iterations.
+///
+/// Why: a group's collective starts when its last rank has the group ready, so what predicts
+/// a synchronous iteration is not one rank's profile but, iteration by iteration, the latest
+/// ready time over ranks. Layer `l`'s ready time on a rank is its forward time plus the
+/// backward of layers `L − 1 … l`; this takes the maximum over ranks per iteration, averages
+/// over iterations, and differences the result back into per-layer times (non-negative:
+/// the ready times grow as backward goes on, and so do their maxima). With one rank it is
+/// [`average_backward`]. Returns `(forward_s, backward_s)`.
+pub fn slowest_rank_times(samples: &[Vec<RankSample>], warmup: usize) -> Result<(f64, Vec<f64>)> {
+    let Some(first) = samples.first() else {
+        return Err(Error::InvalidArgument("no rank's samples".into()));
+    };
+    let iters = first.len();
+    if iters <= warmup {
+        return Err(Error::InvalidArgument(format!(
+            "{iters} samples with {warmup} warm-up leave none to average"
+        )));
+    }
+    let layers = first[warmup].backward_s.len();
+    if samples
+        .iter()
+        .any(|r| r.len() != iters || r.iter().any(|s| s.backward_s.len() != layers))
+    {
+        return Err(Error::InvalidArgument(
+            "ranks' samples differ in iterations or layers".into(),
+        ));
+    }
+    // ready[l]: mean over iterations of the latest ready time of layer l (forward: index L).
+    let mut ready = vec![0.0; layers + 1];
+    for i in warmup..iters {
+        let mut latest = vec![0.0f64; layers + 1];
+        for rank in samples {
+            let s = &rank[i];
+            let mut t = s.forward_s;
+            latest[layers] = latest[layers].max(t);
+            for l in (0..layers).rev() {
+                t += s.backward_s[l];
+                latest[l] = latest[l].max(t);
+            }
+        }
+        for (a, b) in ready.iter_mut().zip(&latest) {
+            *a += b;
+        }
+    }
+    let n = (iters - warmup) as f64;
+    ready.iter_mut().for_each(|r| *r /= n);
+    let backward = (0..layers)
+        .map(|l| (ready[l] - ready[l + 1]).max(0.0))
+        .collect();
+    Ok((ready[layers], backward))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +337,35 @@ mod tests {
         assert_eq!(p.layers()[1].backward_s, 0.0);
         let back = LayerProfile::from_json(&p.to_json()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn slowest_rank_times_take_the_latest_ready_time_per_iteration() {
+        let s = |f: f64, b: &[f64]| RankSample {
+            forward_s: f,
+            backward_s: b.to_vec(),
+        };
+        // Rank 0 is slow in forward, rank 1 in the last layer's backward (which runs first).
+        let samples = vec![
+            vec![s(9.0, &[0.0, 0.0]), s(3.0, &[1.0, 1.0])],
+            vec![s(9.0, &[0.0, 0.0]), s(1.0, &[1.0, 4.0])],
+        ];
+        let (f, bw) = slowest_rank_times(&samples, 1).unwrap();
+        // Ready times: layer 1 at max(3 + 1, 1 + 4) = 5, layer 0 at max(5, 6) = 6.
+        assert_eq!(f, 3.0);
+        assert_eq!(bw, vec![1.0, 2.0]);
+        // One rank: the plain mean.
+        let one = vec![vec![s(2.0, &[1.0, 3.0]), s(4.0, &[3.0, 5.0])]];
+        let (f, bw) = slowest_rank_times(&one, 0).unwrap();
+        assert_eq!(f, 3.0);
+        assert_eq!(
+            bw,
+            average_backward(&[vec![1.0, 3.0], vec![3.0, 5.0]], 0).unwrap()
+        );
+        // Mismatched shapes and no samples left are typed errors.
+        assert!(slowest_rank_times(&[vec![s(1.0, &[1.0])], vec![]], 0).is_err());
+        assert!(slowest_rank_times(&one, 2).is_err());
+        assert!(slowest_rank_times(&[], 0).is_err());
     }
 
     #[test]

@@ -402,6 +402,8 @@ pub fn for_epoch(
             algorithm: if dense { None } else { sparse_algorithm(cfg) },
             sparsify_a: a,
             sparsify_b: b,
+            host_a: 0.0,
+            host_b: 0.0,
         };
         if matches!(cfg.scheme, SchemeKind::Bsp1 | SchemeKind::Bsp2) {
             // The gradients' LP reduce to the root (the weights' broadcast is not in it).

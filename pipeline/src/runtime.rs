@@ -29,7 +29,7 @@ use collectives::Communicator;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::plan::MergePlan;
-use crate::timeline::{GroupTiming, Span, Timeline};
+use crate::timeline::{GroupTiming, Span, Timeline, Traffic};
 use crate::{Error, Result};
 
 pub use crate::schemes::{Compress, Exchange, ExchangeCtx, Payload, Scheme};
@@ -46,8 +46,12 @@ enum Job {
 
 struct Done {
     group: usize,
-    result: Result<(Vec<f32>, Span)>,
+    result: Result<Exchanged>,
 }
+
+/// One group's exchange as the communication thread hands it back: the averaged values,
+/// the span it took, and its traffic where that depended on the data.
+type Exchanged = (Vec<f32>, Span, Option<Traffic>);
 
 /// What the communication thread ran with the last time.
 struct CommThread<C> {
@@ -325,7 +329,7 @@ impl<C: Communicator + 'static> Reducer<C> {
             });
         }
         let groups = self.plan.num_groups();
-        let mut results: Vec<Option<(Vec<f32>, Span)>> = vec![None; groups];
+        let mut results: Vec<Option<Exchanged>> = vec![None; groups];
         let mut first_err = None;
         for _ in 0..groups {
             let done = match self.thread.as_ref().map(|t| t.done.recv()) {
@@ -357,7 +361,7 @@ impl<C: Communicator + 'static> Reducer<C> {
         let mut out = vec![Vec::new(); l_count];
         let mut timings = Vec::with_capacity(groups);
         for g in (0..groups).rev() {
-            let Some((avg, comm)) = results[g].take() else {
+            let Some((avg, comm, traffic)) = results[g].take() else {
                 let e = Error::CommThread(format!("group {g} never came back"));
                 self.failed = Some(e.clone());
                 return Err(e);
@@ -380,6 +384,7 @@ impl<C: Communicator + 'static> Reducer<C> {
                     start: comm.start - self.t0,
                     end: comm.end - self.t0,
                 },
+                traffic,
             });
         }
         let fwd_end = self.forward_end.map(|f| f - self.t0).unwrap_or(0.0);
@@ -549,7 +554,10 @@ fn comm_loop<C: Communicator>(
             };
             let end = epoch.elapsed().as_secs_f64();
             match r {
-                Ok(v) if v.len() == ctx.numel => Ok((v, Span { start, end })),
+                Ok(v) if v.len() == ctx.numel => {
+                    let traffic = exchangers.get(group).and_then(|x| x.last_traffic());
+                    Ok((v, Span { start, end }, traffic))
+                }
                 Ok(v) => Err(Error::CommThread(format!(
                     "group {group}: exchange returned {} elements, expected {}",
                     v.len(),

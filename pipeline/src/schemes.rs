@@ -27,6 +27,7 @@ use collectives::sparse::SparseAlgo;
 use collectives::Communicator;
 use sparsify::{ErrorFeedback, ExactTopK, Selector, SparseGrad};
 
+use crate::timeline::Traffic;
 use crate::{Error, Result};
 
 /// What the compute side hands to the communication side.
@@ -96,6 +97,11 @@ pub trait Exchange: Send {
     /// Continues from [`Self::save_state`]'s output.
     fn restore_state(&mut self, state: &[u8]) -> Result<()> {
         no_state(state)
+    }
+    /// What the last exchange sent, where that depends on the data (threshold
+    /// algorithms); `None` where the size alone decides it.
+    fn last_traffic(&self) -> Option<Traffic> {
+        None
     }
 }
 
@@ -452,6 +458,8 @@ pub struct CollectiveSparse {
     alg: Option<Box<dyn collectives::sparse::SparseAllreduce>>,
     /// A restored state waiting for the algorithm's (collective) construction.
     pending: Option<collectives::sparse::AlgoState>,
+    /// The last step's traffic, for a data-dependent algorithm.
+    traffic: Option<Traffic>,
 }
 
 impl Exchange for CollectiveSparse {
@@ -475,8 +483,15 @@ impl Exchange for CollectiveSparse {
                 self.alg.insert(a)
             }
         };
-        let (update, _stats) = alg.step(comm, &grad)?;
+        let (update, stats) = alg.step(comm, &grad)?;
+        self.traffic = stats.padding.map(|padding| Traffic {
+            density: stats.density,
+            padding,
+        });
         Ok(update.to_dense())
+    }
+    fn last_traffic(&self) -> Option<Traffic> {
+        self.traffic
     }
 
     /// The algorithm's [`collectives::sparse::AlgoState`] (empty before its first step);
@@ -525,6 +540,7 @@ impl Scheme for CollectiveScheme {
                 density: self.density,
                 alg: None,
                 pending: None,
+                traffic: None,
             }),
         ))
     }
@@ -603,6 +619,7 @@ mod tests {
                 density: 0.5,
                 alg: None,
                 pending: None,
+                traffic: None,
             }),
         ]
     }

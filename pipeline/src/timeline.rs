@@ -272,6 +272,21 @@ pub struct GroupTiming {
     pub sparsify: Span,
     /// Communication span (`τ_c`, `t_c`).
     pub comm: Span,
+    /// What a data-dependent exchange sent (measured timelines of threshold algorithms);
+    /// `None` in predictions and where the traffic follows from the size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<Traffic>,
+}
+
+/// The traffic of one data-dependent sparse exchange, from its step statistics: a threshold
+/// algorithm (ExDyna) selects a data-dependent count, so its time follows from what it
+/// selected, not from `ρ` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    /// Density of the update, `nnz / d` (the ranks' selections are disjoint: their sum).
+    pub density: f64,
+    /// Padding overhead `P · max_i k_i / Σ_i k_i` of the all-gather (1 where nothing pads).
+    pub padding: f64,
 }
 
 /// A predicted or measured iteration.
@@ -356,6 +371,7 @@ pub fn predict(
                 start: cstart,
                 end: comm_free,
             },
+            traffic: None,
         });
     }
     Ok(Timeline {

@@ -33,7 +33,7 @@ use crate::checkpoint::{self, Header, RankPart, Replicated};
 use crate::data::{Dataset, ImageData};
 use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
-use crate::profile::{average_backward, LayerProfile};
+use crate::profile::{slowest_rank_times, LayerProfile, RankSample};
 use crate::reduction::{self, BspUpdate, SchemeKind};
 use crate::runtime::Reducer;
 use crate::staged::{self, Staged};
@@ -1053,29 +1053,45 @@ enum Phase {
     Planned(()),
 }
 
-/// Rank 0's mean per-layer backward times (first profiled iteration skipped as warm-up),
-/// broadcast so that every rank plans the same.
-fn shared_backward_times(ctrl: &dyn Communicator, samples: &[Timeline]) -> Result<Vec<f64>> {
-    let per_iter: Vec<Vec<f64>> = samples
+/// The per-layer backward times and the forward time that the slowest rank imposes
+/// ([`slowest_rank_times`], first profiled iteration skipped as warm-up), from every rank's
+/// measurements: all-gathered, so every rank computes the same profile and plans the same.
+pub(crate) fn shared_backward_times(
+    ctrl: &dyn Communicator,
+    samples: &[Timeline],
+) -> Result<Vec<f64>> {
+    // Per iteration: forward, then the per-layer backward times.
+    let mine: Vec<f64> = samples
         .iter()
-        .map(|t| t.backward.iter().map(|s| s.len()).collect())
+        .flat_map(|t| std::iter::once(t.forward.len()).chain(t.backward.iter().map(|s| s.len())))
         .collect();
-    let mut bw = average_backward(&per_iter, 1)?;
-    let fwd = samples.iter().skip(1).map(|t| t.forward.len()).sum::<f64>()
-        / (samples.len() - 1).max(1) as f64;
-    bw.push(fwd);
-    dense::broadcast(
+    let mut all = vec![0.0f64; mine.len() * ctrl.size()];
+    dense::allgather(
         ctrl,
-        &mut bw,
-        0,
-        BroadcastAlgo::Binomial,
+        &mine,
+        &mut all,
+        AllgatherAlgo::Ring,
         &DenseOptions::default(),
     )?;
+    let per_iter = mine.len() / samples.len().max(1);
+    let ranks: Vec<Vec<RankSample>> = all
+        .chunks(mine.len().max(1))
+        .map(|rank| {
+            rank.chunks(per_iter.max(1))
+                .map(|it| RankSample {
+                    forward_s: it[0],
+                    backward_s: it[1..].to_vec(),
+                })
+                .collect()
+        })
+        .collect();
+    let (fwd, mut bw) = slowest_rank_times(&ranks, 1)?;
+    bw.push(fwd);
     Ok(bw)
 }
 
 /// The profile from measured backward times (`times` = per-layer times then forward).
-fn profile_for(model: &dyn Staged, times: &[f64]) -> Result<LayerProfile> {
+pub(crate) fn profile_for(model: &dyn Staged, times: &[f64]) -> Result<LayerProfile> {
     let sizes = staged::layer_sizes(model);
     let Some((&fwd, bw)) = times.split_last() else {
         return Err(Error::InvalidArgument("no profile yet".into()));
@@ -1085,7 +1101,7 @@ fn profile_for(model: &dyn Staged, times: &[f64]) -> Result<LayerProfile> {
 
 /// Rank 0's plan on every rank: the costs include times measured on each rank (the top-k
 /// fit), so plans computed locally could differ, and ranks must merge alike.
-fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
+pub(crate) fn shared_plan(comm: &dyn Communicator, plan: &MergePlan) -> Result<MergePlan> {
     let l = plan.num_layers();
     let mut starts = vec![u64::MAX; l];
     for (i, &s) in plan.starts().iter().enumerate() {

@@ -12,6 +12,7 @@ use collectives::calibrate::{
 use collectives::{Communicator, ThreadComm};
 use cost_model::Calibration;
 use indicatif::{ProgressBar, ProgressStyle};
+use pipeline::validate::{calibrated_iteration, IterationCheck, IterationValidation};
 
 use crate::CliResult;
 
@@ -96,10 +97,23 @@ fn run_on<C: Communicator + ?Sized>(
     } else {
         vec![]
     };
+    // The planner against a real runtime iteration (it plans with the top-k fit).
+    let iteration = if !args.no_topk {
+        if root {
+            bar.set_message("runtime iteration");
+        }
+        let check = IterationCheck {
+            density: opts.density,
+            ..IterationCheck::default()
+        };
+        Some(calibrated_iteration(comm, &cal, &check).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     if root {
         bar.finish_and_clear();
         cal.save(&args.out).map_err(|e| e.to_string())?;
-        report(&cal, &table, &composite, args);
+        report(&cal, &table, &composite, iteration.as_ref(), args);
     }
     Ok(())
 }
@@ -107,7 +121,13 @@ fn run_on<C: Communicator + ?Sized>(
 /// Worst relative error a fit may have over its calibrated range (issue 17).
 const MAX_REL_GOAL: f64 = 0.15;
 
-fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidation], args: &Args) {
+fn report(
+    cal: &Calibration,
+    table: &[Validation],
+    composite: &[CompositeValidation],
+    iteration: Option<&IterationValidation>,
+    args: &Args,
+) {
     // (fit, worst relative error) of every fitted model, for the verdict at the end.
     let mut worst: Vec<(String, f64)> = Vec::new();
     println!(
@@ -248,6 +268,43 @@ fn report(cal: &Calibration, table: &[Validation], composite: &[CompositeValidat
                 c.rel_error() * 100.0
             );
         }
+    }
+    if let Some(v) = iteration {
+        let p = (&v.predicted_parts, &v.measured_parts);
+        println!();
+        println!(
+            "planner validation against a runtime iteration: a candle MLP of {} weights on \
+             all {} ranks, real compute, exact top-k with error feedback and the sparse \
+             all-gather, profiled layer by layer, merged into {} groups by the default planner \
+             with this calibration; medians of the timed iterations (rank 0):",
+            v.numel, v.ranks, v.groups
+        );
+        println!(
+            "  iteration: predicted {:.3} ms, measured {:.3} ms, error {:.1}% (goal ≤ {:.0}%: {})",
+            v.predicted_s * 1e3,
+            v.measured_s * 1e3,
+            v.rel_error() * 100.0,
+            MAX_REL_GOAL * 100.0,
+            if v.rel_error() <= MAX_REL_GOAL {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
+        println!(
+            "  parts, predicted / measured ms: forward {:.3} / {:.3}, backward {:.3} / {:.3}, \
+             selection {:.3} / {:.3}, communication {:.3} / {:.3}, not overlapped {:.3} / {:.3}",
+            p.0.forward_s * 1e3,
+            p.1.forward_s * 1e3,
+            p.0.backward_s * 1e3,
+            p.1.backward_s * 1e3,
+            p.0.sparsify_s * 1e3,
+            p.1.sparsify_s * 1e3,
+            p.0.comm_s * 1e3,
+            p.1.comm_s * 1e3,
+            v.predicted_non_overlapped_s * 1e3,
+            v.measured_non_overlapped_s * 1e3
+        );
     }
     println!();
     let misses: Vec<String> = worst

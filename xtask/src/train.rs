@@ -302,25 +302,44 @@ fn check(args: &Args) -> CliResult {
     );
     let rows = runtime_vs_timeline(&cfg)?;
     println!(
-        "{:<18} {:>6} {:>14} {:>13} {:>8} {:>22} {:>21}",
+        "{:<18} {:>6} {:>14} {:>13} {:>9} {:>8} {:>22} {:>21}",
         "scheme",
         "groups",
         "predicted (ms)",
-        "measured (ms)",
+        "median (ms)",
+        "mean (ms)",
         "error",
         "non-overlapped pred.",
         "non-overlapped meas."
     );
     for r in &rows {
         println!(
-            "{:<18} {:>6} {:>14.2} {:>13.2} {:>+7.1}% {:>19.2} ms {:>18.2} ms",
+            "{:<18} {:>6} {:>14.2} {:>13.2} {:>9.2} {:>+7.1}% {:>19.2} ms {:>18.2} ms",
             r.scheme,
             r.groups,
             r.predicted_s * 1e3,
             r.measured_s * 1e3,
+            r.measured_mean_s * 1e3,
             r.rel_error * 100.0,
             r.predicted_non_overlapped_s * 1e3,
             r.measured_non_overlapped_s * 1e3
+        );
+    }
+    println!();
+    println!(
+        "{:<18} {:>17} {:>17} {:>17} {:>17}   (predicted / measured, ms)",
+        "parts", "forward", "backward", "selection", "communication"
+    );
+    for r in &rows {
+        let (p, m) = (&r.predicted_parts, &r.measured_parts);
+        let pair = |a: f64, b: f64| format!("{:>8.2}/{:<8.2}", a * 1e3, b * 1e3);
+        println!(
+            "{:<18} {:>17} {:>17} {:>17} {:>17}",
+            r.scheme,
+            pair(p.forward_s, m.forward_s),
+            pair(p.backward_s, m.backward_s),
+            pair(p.sparsify_s, m.sparsify_s),
+            pair(p.comm_s, m.comm_s)
         );
     }
     for r in rows.iter().filter(|r| r.param_bcast_s > 0.0) {
