@@ -27,6 +27,51 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::timeline::Span;
 use crate::{Error, Result};
 
+/// Algorithm 1's predicted iteration: `predicted` (whose forward is the profile's, compute
+/// alone) with the forward waiting stage by stage for the weights' LP broadcast on `link`
+/// among `ranks` ([`crate::check::LpReduceCosts::overlapped_forward_s`], the forward split
+/// over stages in proportion to their weights). Everything after the forward starts from its
+/// end, so the rest shifts by the difference.
+pub fn predict_with_broadcast(
+    predicted: &crate::Timeline,
+    stage_sizes: &[usize],
+    link: cost_model::Link,
+    ranks: usize,
+) -> crate::Timeline {
+    let lp = crate::check::LpReduceCosts {
+        base: crate::check::RuntimeCosts {
+            link,
+            ranks,
+            density: None,
+            algorithm: None,
+            sparsify_a: 0.0,
+            sparsify_b: 0.0,
+            host_a: 0.0,
+            host_b: 0.0,
+        },
+    };
+    let fwd = predicted.forward.len();
+    let waited = lp.overlapped_forward_s(
+        &crate::check::stage_forward_s(fwd, stage_sizes),
+        stage_sizes,
+    );
+    let d = waited - fwd;
+    let mut t = predicted.clone();
+    let shift = |s: &mut Span| {
+        s.start += d;
+        s.end += d;
+    };
+    t.forward.end += d;
+    t.backward.iter_mut().for_each(shift);
+    for g in &mut t.groups {
+        shift(&mut g.sparsify);
+        shift(&mut g.comm);
+    }
+    t.iteration_s += d;
+    t.compute_end_s += d;
+    t
+}
+
 /// Algorithm 3's weight synchronisation period, iterations ("if iter % 5 = 0").
 pub const BSP3_SYNC_EVERY: usize = 5;
 
@@ -206,6 +251,31 @@ impl Drop for ParamBroadcast {
 mod tests {
     use super::*;
     use collectives::ThreadComm;
+
+    #[test]
+    fn algorithm_1_prediction_waits_for_the_broadcast_then_shifts_the_rest() {
+        let link = cost_model::Link::new(1e-3, 1e-8);
+        let profile = crate::LayerProfile::from_sizes("m", &[1000, 1_000_000])
+            .unwrap()
+            .with_backward_times(0.01, &[0.002, 0.003])
+            .unwrap();
+        let plan = crate::plan::MergePlan::layerwise(2);
+        let costs = crate::timeline::SimpleCosts {
+            gamma: 0.0,
+            alpha: 1e-4,
+            beta: 1e-9,
+        };
+        let base = crate::predict(&profile, &plan, &costs).unwrap();
+        let stages = [1000, 1_000_000];
+        let t = predict_with_broadcast(&base, &stages, link, 4);
+        let d = t.forward.len() - base.forward.len();
+        // The second stage's 4 MB take far longer than its forward: the forward waits.
+        assert!(d > 0.01, "{d}");
+        assert!((t.iteration_s - base.iteration_s - d).abs() < 1e-12);
+        assert!((t.backward[1].start - base.backward[1].start - d).abs() < 1e-12);
+        // One rank: nothing to broadcast, nothing changes.
+        assert_eq!(predict_with_broadcast(&base, &stages, link, 1), base);
+    }
 
     #[test]
     fn every_rank_receives_the_roots_stages_in_order() {

@@ -429,7 +429,7 @@ fn stage_sizes(model: &Stages) -> Vec<usize> {
 
 /// The forward time `total` split over stages in proportion to their weights (the MLP's
 /// FLOPs).
-fn stage_forward_s(total: f64, sizes: &[usize]) -> Vec<f64> {
+pub(crate) fn stage_forward_s(total: f64, sizes: &[usize]) -> Vec<f64> {
     let all = sizes.iter().sum::<usize>().max(1) as f64;
     sizes.iter().map(|&n| total * n as f64 / all).collect()
 }
@@ -860,11 +860,9 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     };
     let model = mlp(cfg.hidden)?;
     let st = stage_sizes(&model);
-    let fwd = lp.overlapped_forward_s(&stage_forward_s(measured.forward_s(), &st), &st);
-    let bw: Vec<f64> = measured.layers().iter().map(|l| l.backward_s).collect();
-    let bsp_profile = measured.with_backward_times(fwd, &bw)?;
-    let plan = Planner::Lags.plan(&bsp_profile, &lp)?;
-    let predicted = predict(&bsp_profile, &plan, &lp)?;
+    let plan = Planner::Lags.plan(&measured, &lp)?;
+    let predicted =
+        crate::bsp::predict_with_broadcast(&predict(&measured, &plan, &lp)?, &st, link, cfg.ranks);
     let tl = run(cfg, topo, &emu, &plan, &*bsp_scheme, true)?;
     rows.push(row(BSP1, &plan, &predicted, &tl));
     Ok(rows)

@@ -1000,7 +1000,18 @@ pub fn run_rank<C: Communicator + 'static>(
         epochs,
         time_s: train_time,
         bytes_per_rank: all.iter().sum::<f64>() / p as f64,
-        breakdown: accum.mean(&predicted),
+        breakdown: accum.mean(&match (cfg.scheme, topology) {
+            // Algorithm 1's forward waits for the weights' broadcast, which the profile
+            // (taken before the root updates) does not contain.
+            (SchemeKind::Bsp1, Some(topo)) => {
+                let stage_sizes: Vec<usize> = stage_layers
+                    .iter()
+                    .map(|r| sizes[r.clone()].iter().sum())
+                    .collect();
+                crate::bsp::predict_with_broadcast(&predicted, &stage_sizes, topo.inter, p)
+            }
+            _ => predicted,
+        }),
         params_checked_steps: checked,
         final_param_hash: hash_params(&weights),
         final_params: weights,
