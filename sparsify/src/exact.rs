@@ -8,8 +8,8 @@
 //! over the accumulated vector with a safer threshold. The cost model of top-k selection
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
-use crate::kernel::{self, Cand, INF_BITS};
-use crate::{Result, SelectInfo, Selection, Selector, SparseGrad};
+use crate::kernel::{self, abs_bits, Cand, INF_BITS};
+use crate::{split, Result, SelectInfo, Selection, Selector, SparseGrad};
 
 /// Margin of the sampled threshold, in standard deviations of the sample's hit count:
 /// the pass misses the k-th magnitude (and falls back to a second pass) about once in a
@@ -22,6 +22,7 @@ pub struct ExactTopK {
     cand: Cand,
     sample: Vec<i32>,
     scratch: Vec<i32>,
+    work: split::Work,
 }
 
 impl ExactTopK {
@@ -33,10 +34,24 @@ impl ExactTopK {
 
 /// Builds the result and its info from selected (index, value) lists.
 pub(crate) fn finish(idx: Vec<u32>, val: Vec<f32>, d: usize) -> (SparseGrad<f32>, SelectInfo) {
-    let threshold = val.iter().map(|v| v.abs()).fold(f32::INFINITY, f32::min);
+    let min = val.iter().map(|v| abs_bits(*v)).min().unwrap_or(0);
+    finish_bits(idx, val, d, min)
+}
+
+/// [`finish`] when the smallest selected magnitude (`min_bits`, as bits) is already known.
+pub(crate) fn finish_bits(
+    idx: Vec<u32>,
+    val: Vec<f32>,
+    d: usize,
+    min_bits: i32,
+) -> (SparseGrad<f32>, SelectInfo) {
     let selected = idx.len();
     let info = SelectInfo {
-        threshold: if selected == 0 { 0.0 } else { threshold },
+        threshold: if selected == 0 {
+            0.0
+        } else {
+            f32::from_bits(min_bits as u32)
+        },
         selected,
     };
     (SparseGrad::from_parts_unchecked(idx, val, d), info)
@@ -59,12 +74,7 @@ pub(crate) fn zero_selected(residual: &mut [f32], idx: &[u32]) {
 impl ExactTopK {
     /// The fused error-feedback selection (see the module docs); `residual` ends up holding
     /// `residual + grad` with the selected entries zeroed.
-    fn fused(
-        &mut self,
-        residual: &mut [f32],
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>)> {
+    fn fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         let d = residual.len();
         let k = k.min(d);
         let (t, cap) = if k == 0 {
@@ -79,22 +89,24 @@ impl ExactTopK {
         } else {
             (0, usize::MAX)
         };
-        self.cand.clear();
-        let out = kernel::fused_pass::<false, false>(residual, grad, 0, t, cap, &mut self.cand);
+        let out = kernel::fused_split::<false>(residual, grad, t, cap, &mut self.cand);
         out.check()?;
-        let (idx, val) = if out.overflow || self.cand.len() < k {
-            kernel::exact_readonly(
+        if k == 0 {
+            return Ok(finish(Vec::new(), Vec::new(), d));
+        }
+        if out.overflow || self.cand.len() < k {
+            let (idx, val) = kernel::exact_readonly(
                 residual,
                 k,
                 &mut self.cand,
                 &mut self.sample,
                 &mut self.scratch,
-            )?
-        } else {
-            kernel::select_k_of(&self.cand, k, &mut self.scratch)
-        };
-        zero_selected(residual, &idx);
-        Ok((idx, val))
+            )?;
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
+        let (idx, val, kth) = split::select_k(&self.cand, t, k, Some(residual), &mut self.work);
+        Ok(finish_bits(idx, val, d, kth))
     }
 }
 
@@ -116,8 +128,7 @@ impl Selector for ExactTopK {
 
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         crate::check_fused(residual, grad)?;
-        let (idx, val) = self.fused(residual, grad, k)?;
-        Ok(finish(idx, val, residual.len()))
+        self.fused(residual, grad, k)
     }
 }
 

@@ -32,15 +32,35 @@ pub(crate) struct Cand {
     parts: Vec<Cand>,
     /// Per-[`CHUNK`] sums of `|x|` of a statistics pass.
     sums: Vec<f64>,
+    /// After a [`fused_split`] pass over several pieces: how many of `parts` hold its
+    /// candidates (0: they are in `idx`/`val`), and the input length each piece covers.
+    split: usize,
+    piece: usize,
 }
 
 impl Cand {
     pub fn clear(&mut self) {
         self.idx.clear();
         self.val.clear();
+        self.split = 0;
     }
+    /// Number of candidates, in `idx` or in the pieces of a split pass.
     pub fn len(&self) -> usize {
-        self.idx.len()
+        if self.split > 0 {
+            self.parts[..self.split].iter().map(|p| p.idx.len()).sum()
+        } else {
+            self.idx.len()
+        }
+    }
+    /// The candidate lists in index order, and the input length each covers (the `i`-th
+    /// list holds indices of `i·piece .. (i+1)·piece`): the pieces of a split pass, or
+    /// this one list covering everything.
+    pub fn lists(&self) -> (&[Cand], usize) {
+        if self.split > 0 {
+            (&self.parts[..self.split], self.piece)
+        } else {
+            (std::slice::from_ref(self), usize::MAX)
+        }
     }
     /// Moves the lists out (the piece buffers stay for the next call).
     pub fn take(&mut self) -> (Vec<u32>, Vec<f32>) {
@@ -864,13 +884,7 @@ fn serial_chunks<const STATS: bool>(
 /// still flagged): a zeroing pass zeroed all of them in the residual, and the caller
 /// restores them from the list.
 fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> PassOut {
-    let mut out = PassOut::new();
-    let mut total = 0usize;
-    for (o, part) in outs.iter().zip(&cand.parts) {
-        out.merge(o);
-        total += part.len();
-    }
-    out.overflow |= total > room;
+    let (out, total) = merge_pieces(cand, &outs, room);
     let mut left = if keep_all { usize::MAX } else { room };
     cand.idx.reserve_exact(total.min(left));
     cand.val.reserve_exact(total.min(left));
@@ -882,8 +896,22 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> P
         left -= m;
     }
     cand.parts = parts;
-    out.abs_sum = cand.sums.iter().fold(0.0, |a, b| a + b);
     out
+}
+
+/// The flags of the pieces' passes merged in order, the overflow of their candidates
+/// (more than `room` in all) and the `|x|` sum refolded from the per-chunk sums in index
+/// order; also returns the number of candidates.
+fn merge_pieces(cand: &Cand, outs: &[PassOut], room: usize) -> (PassOut, usize) {
+    let mut out = PassOut::new();
+    let mut total = 0usize;
+    for (o, part) in outs.iter().zip(&cand.parts) {
+        out.merge(o);
+        total += part.len();
+    }
+    out.overflow |= total > room;
+    out.abs_sum = cand.sums.iter().fold(0.0, |a, b| a + b);
+    (out, total)
 }
 
 /// The fused error-feedback pass (see [`fused_body`]) over `r` and `g`, appending to
@@ -902,6 +930,33 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     t: i32,
     cap: usize,
     cand: &mut Cand,
+) -> PassOut {
+    fused_impl::<STATS, ZERO>(r, g, base, t, cap, cand, false)
+}
+
+/// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
+/// leaves each piece's candidates in its own list ([`Cand::lists`]) instead of gathering
+/// them into one: the selection among them then runs per piece too ([`crate::split`]).
+/// Each piece keeps at most `cap` candidates; the overflow flag is that of the whole.
+pub(crate) fn fused_split<const STATS: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+) -> PassOut {
+    cand.clear();
+    fused_impl::<STATS, false>(r, g, 0, t, cap, cand, true)
+}
+
+fn fused_impl<const STATS: bool, const ZERO: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    base: usize,
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+    split: bool,
 ) -> PassOut {
     let t = t.min(INF_BITS);
     let n = r.len().min(g.len());
@@ -942,6 +997,10 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
         })
         .collect();
     cand.sums = sums;
+    if split {
+        (cand.split, cand.piece) = (count, len);
+        return merge_pieces(cand, &outs, room).0;
+    }
     gather(cand, outs, room, ZERO)
 }
 

@@ -27,6 +27,7 @@ pub mod kind;
 pub mod mstopk;
 pub mod selector;
 pub mod sparse;
+mod split;
 pub mod threshold;
 mod value;
 
