@@ -279,14 +279,30 @@ mod avx512_emit {
             for b in &bits {
                 st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
             }
-            let mut len = w.len;
-            while mm != 0 {
-                let j = mm.trailing_zeros() as usize;
-                w.pi.add(len).write((off + j) as u32);
-                w.pv.add(len).write(src.add(j).read());
-                len += 1;
-                mm &= mm - 1;
+            if crate::VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1 {
+                let mut len = w.len;
+                while mm != 0 {
+                    let j = mm.trailing_zeros() as usize;
+                    w.pi.add(len).write((off + j) as u32);
+                    w.pv.add(len).write(src.add(j).read());
+                    len += 1;
+                    mm &= mm - 1;
+                }
+                w.len = len;
+                return;
             }
+            // Every block written out branch-free (compressed to its hits), so the number
+            // of hits costs no mispredicted loop exit.
+            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let mut len = w.len;
+            for (j, v) in a.iter().enumerate() {
+                let m = (mm >> (16 * j)) as u16;
+                let idx = _mm512_add_epi32(_mm512_set1_epi32((off + 16 * j) as u32 as i32), lanes);
+                _mm512_storeu_si512(w.pi.add(len).cast(), _mm512_maskz_compress_epi32(m, idx));
+                _mm512_storeu_ps(w.pv.add(len), _mm512_maskz_compress_ps(m, *v));
+                len += m.count_ones() as usize;
+            }
+            let _ = src;
             w.len = len;
         }
     }
@@ -847,6 +863,19 @@ pub(crate) fn pieces(n: usize) -> usize {
     }
 }
 
+/// Runs `f`, a selection over `n` elements, on a thread of the rayon pool when its passes
+/// will be split over the pool and the caller is not on one: the caller then waits for the
+/// pool once per call, not once per parallel pass (each such hand-off puts the calling
+/// thread to sleep and wakes it again, which costs tens of microseconds on a busy or
+/// virtualised machine, as much as a whole pass over a mid-sized tensor).
+pub(crate) fn on_pool<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
+    if pieces(n) > 1 && rayon::current_thread_index().is_none() {
+        rayon::scope(|_| f())
+    } else {
+        f()
+    }
+}
+
 /// Length of each of `np` pieces over `n` elements: a multiple of [`CHUNK`].
 fn piece_len(n: usize, np: usize) -> usize {
     n.div_ceil(np).div_ceil(CHUNK).max(1) * CHUNK
@@ -931,32 +960,39 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
-    fused_impl::<STATS, ZERO>(r, g, base, t, cap, cand, false)
+    fused_impl::<STATS, ZERO, ()>(r, g, base, t, cap, cand, None::<(_, fn(&Cand, &mut ()))>)
 }
 
 /// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
 /// leaves each piece's candidates in its own list ([`Cand::lists`]) instead of gathering
-/// them into one: the selection among them then runs per piece too ([`crate::split`]).
-/// Each piece keeps at most `cap` candidates; the overflow flag is that of the whole.
-pub(crate) fn fused_split<const STATS: bool>(
+/// them into one, and runs `post` on each list with its scratch (`post[i]` for the `i`-th
+/// list) in the piece's own task, while its candidates are still in cache: the selection
+/// among them then runs per piece too ([`crate::split`]). Each piece keeps at most `cap`
+/// candidates (all of them with `ZERO`); the overflow flag is that of the whole.
+pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default>(
     r: &mut [f32],
     g: &[f32],
     t: i32,
     cap: usize,
     cand: &mut Cand,
+    post: (&mut Vec<P>, impl Fn(&Cand, &mut P) + Sync + Send),
 ) -> PassOut {
     cand.clear();
-    fused_impl::<STATS, false>(r, g, 0, t, cap, cand, true)
+    fused_impl::<STATS, ZERO, P>(r, g, 0, t, cap, cand, Some(post))
 }
 
-fn fused_impl<const STATS: bool, const ZERO: bool>(
+/// What a split pass runs on each piece's list after the pass: its scratch per piece and
+/// the function.
+type Post<'a, P, F> = Option<(&'a mut Vec<P>, F)>;
+
+fn fused_impl<const STATS: bool, const ZERO: bool, P: Send + Default>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
     t: i32,
     cap: usize,
     cand: &mut Cand,
-    split: bool,
+    post: Post<'_, P, impl Fn(&Cand, &mut P) + Sync + Send>,
 ) -> PassOut {
     let t = t.min(INF_BITS);
     let n = r.len().min(g.len());
@@ -972,6 +1008,10 @@ fn fused_impl<const STATS: bool, const ZERO: bool>(
         });
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
+        if let Some((ps, f)) = post {
+            ps.resize_with(1.max(ps.len()), P::default);
+            f(cand, &mut ps[0]);
+        }
         return out;
     }
     use rayon::prelude::*;
@@ -982,18 +1022,34 @@ fn fused_impl<const STATS: bool, const ZERO: bool>(
         cand.parts.resize_with(count, Cand::default);
     }
     let per = len / CHUNK;
+    let split = post.is_some();
+    let (ps, f) = match post {
+        Some((ps, f)) => (Some(ps), Some(f)),
+        None => (None, None),
+    };
+    // Without `post`, `P` is `()`: a list of them allocates nothing.
+    let mut none: Vec<P> = Vec::new();
+    let ps = ps.unwrap_or(&mut none);
+    if ps.len() < count {
+        ps.resize_with(count, P::default);
+    }
     let outs: Vec<PassOut> = r
         .par_chunks_mut(len)
         .zip(g.par_chunks(len))
         .zip(cand.parts.par_iter_mut())
         .zip(sums.par_chunks_mut(per))
+        .zip(ps.par_iter_mut())
         .enumerate()
-        .map(|(i, (((rp, gp), part), sp))| {
+        .map(|(i, ((((rp, gp), part), sp), p))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
+            let out = serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
                 fused_one::<STATS, ZERO>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
-            })
+            });
+            if let Some(f) = &f {
+                f(part, p);
+            }
+            out
         })
         .collect();
     cand.sums = sums;

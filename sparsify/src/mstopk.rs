@@ -112,7 +112,8 @@ impl MsTopK {
             t1: i32::MAX,
             t2: 0,
         };
-        let (buckets, kb, mut above) = split::ms_boundary(&self.cand, t_low, k, &mut self.work);
+        let buckets = split::Buckets::new(t_low, k);
+        let (kb, mut above) = split::ms_boundary(&self.cand, &buckets, k, &mut self.work);
         let mut live = self.work.members_mut();
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
         // (all magnitudes nearly equal); then every round counts all the bucket.
@@ -123,9 +124,9 @@ impl MsTopK {
             // (count ≤ k, count > 0)
             let (fits, some) = if tb < t_low {
                 (false, true)
-            } else if buckets.bucket(tb) != kb {
+            } else if buckets.of(tb) != kb {
                 // Above the boundary bucket at most k pass, below it more than k.
-                (buckets.bucket(tb) > kb, tb <= max_bits)
+                (buckets.of(tb) > kb, tb <= max_bits)
             } else if !narrows {
                 let nnz = above + live.iter().filter(|&&m| m >= tb).count();
                 (nnz <= k, nnz > 0)
@@ -168,12 +169,23 @@ impl MsTopK {
     /// selection in `x` when it is a residual), or by a serial pass over `x` when `b.t2 <
     /// t_low` (the tie band reaches below the candidates). Returns the selection and the
     /// smallest magnitude in it.
-    fn pick(&mut self, mut x: Buf<'_>, t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>, i32) {
+    fn pick(&mut self, x: Buf<'_>, t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>, i32) {
         let bands = split::MsPick { t1: b.t1, t2: b.t2 };
-        let (k1, len2) = split::ms_counts(&self.cand, &bands, &mut self.work);
+        let buckets = split::Buckets::new(t_low, k);
+        let (k1, len2) = split::ms_counts(&self.cand, &buckets, &bands, &mut self.work);
         let need = k - k1;
         let in2 = |ab: i32| ab >= b.t2 && ab < b.t1;
         let from_cand = b.t2 >= t_low;
+        let mut x = x;
+        if !from_cand {
+            // The tie band reaches below the candidates: read the accumulated vector whole.
+            if let Buf::Residual(r, zeroed) = &mut x {
+                if *zeroed {
+                    split::restore(r, &self.cand);
+                    *zeroed = false;
+                }
+            }
+        }
         let len2 = if from_cand {
             len2
         } else {
@@ -182,7 +194,12 @@ impl MsTopK {
         let start = self.rng.gen_range(0..=len2.saturating_sub(need));
         let end = start + need;
         if from_cand {
-            return split::select_ms(&self.cand, &bands, start, end, x.residual(), &mut self.work);
+            let res = match x {
+                Buf::Read(_) => split::Residual::None,
+                Buf::Residual(r, true) => split::Residual::Restore(r),
+                Buf::Residual(r, false) => split::Residual::Zero(r),
+            };
+            return split::select_ms(&self.cand, &bands, start, end, res, &mut self.work);
         }
         let mut idx = Vec::with_capacity(k);
         let mut val = Vec::with_capacity(k);
@@ -198,7 +215,7 @@ impl MsTopK {
                 min = min.min(ab);
             }
         }
-        if let Some(r) = x.residual() {
+        if let Buf::Residual(r, _) = x {
             zero_selected(r, &idx);
         }
         (idx, val, min)
@@ -214,16 +231,26 @@ impl MsTopK {
     /// selection and the smallest magnitude in it.
     fn complete(
         &mut self,
-        x: Buf<'_>,
+        mut x: Buf<'_>,
         mut t_low: i32,
         out: PassOut,
         k: usize,
+        prepared: bool,
     ) -> Result<(Vec<u32>, Vec<f32>, i32)> {
+        let misjudged = out.overflow || self.cand.len() <= k;
+        if let Buf::Residual(r, zeroed) = &mut x {
+            if *zeroed && (misjudged || out.non_finite.is_some()) {
+                // The accumulated vector whole again, for the error or the fallback.
+                split::restore(r, &self.cand);
+                *zeroed = false;
+            }
+        }
         out.check()?;
         let acc = x.get();
         let d = acc.len();
         let (mean, u) = mean_max(&out, d);
-        if out.overflow || self.cand.len() <= k {
+        let mut prepared = prepared;
+        if misjudged {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
             let mut tries = Vec::new();
@@ -246,6 +273,12 @@ impl MsTopK {
                     break;
                 }
             }
+            prepared = false;
+        }
+        if !prepared {
+            let pieces = &mut self.work.pieces;
+            pieces.resize_with(1.max(pieces.len()), Default::default);
+            split::prepare(&self.cand, &mut pieces[0], split::Buckets::new(t_low, k));
         }
         let b = self.search(t_low, mean, u, out.max_bits, k);
         Ok(self.pick(x, t_low, b, k))
@@ -253,24 +286,17 @@ impl MsTopK {
 }
 
 /// The vector MSTopK selects from: read-only, or the residual of a fused step (whose
-/// selected entries are zeroed).
+/// selected entries end up zeroed), with whether the pass zeroed all the candidates.
 enum Buf<'a> {
     Read(&'a [f32]),
-    Residual(&'a mut [f32]),
+    Residual(&'a mut [f32], bool),
 }
 
 impl Buf<'_> {
     fn get(&self) -> &[f32] {
         match self {
             Buf::Read(x) => x,
-            Buf::Residual(r) => r,
-        }
-    }
-
-    fn residual(&mut self) -> Option<&mut [f32]> {
-        match self {
-            Buf::Read(_) => None,
-            Buf::Residual(r) => Some(r),
+            Buf::Residual(r, _) => r,
         }
     }
 }
@@ -306,7 +332,7 @@ impl Selector for MsTopK {
             None => (0, usize::MAX),
         };
         let out = kernel::scan_pass::<true>(x, 0, t, cap, &mut self.cand);
-        let (idx, val, min) = self.complete(Buf::Read(x), t, out, k)?;
+        let (idx, val, min) = self.complete(Buf::Read(x), t, out, k, false)?;
         Ok(finish_bits(idx, val, d, min))
     }
 
@@ -333,8 +359,14 @@ impl Selector for MsTopK {
             }
             None => (0, usize::MAX),
         };
-        let out = kernel::fused_split::<true>(residual, grad, t, cap, &mut self.cand);
-        let (idx, val, min) = self.complete(Buf::Residual(residual), t, out, k)?;
+        // The pass zeroes every candidate while its chunk is in cache; the selection puts
+        // back the ones it does not take.
+        let b = split::Buckets::new(t, k);
+        let post = (&mut self.work.pieces, move |l: &Cand, p: &mut split::Piece| {
+            split::prepare(l, p, b)
+        });
+        let out = kernel::fused_split::<true, true, _>(residual, grad, t, cap, &mut self.cand, post);
+        let (idx, val, min) = self.complete(Buf::Residual(residual, true), t, out, k, true)?;
         Ok(finish_bits(idx, val, d, min))
     }
 }

@@ -15,37 +15,58 @@ use rayon::prelude::*;
 
 use crate::kernel::{abs_bits, Cand};
 
-/// Buckets per binade of magnitude above the pass's threshold (a power of two).
-const PER_BINADE_LOG: u32 = 11;
+/// Most buckets of a histogram (a power of two): they span one binade above the
+/// threshold.
+const MAX_BUCKETS_LOG: u32 = 11;
 
 /// Scratch of one piece, kept between calls.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Piece {
+    /// Candidates per bucket, and where each bucket starts in `sorted` (one more entry).
     hist: Vec<u32>,
-    /// Magnitudes of the piece's candidates in the boundary bucket.
-    members: Vec<i32>,
+    starts: Vec<u32>,
+    /// The piece's candidate magnitudes ordered by bucket (a counting sort).
+    sorted: Vec<i32>,
     /// Candidates the piece keeps for sure, and its range of ranks among the ranked ones.
     sure: usize,
     ranked: (usize, usize),
-    /// Candidates the piece writes and where its share of the result starts.
+    /// Candidates the piece writes.
     count: usize,
     /// Smallest magnitude the piece writes.
     min_bits: i32,
 }
 
+impl Piece {
+    /// Magnitudes of bucket `j`.
+    fn bucket(&self, j: usize) -> &[i32] {
+        &self.sorted[self.starts[j] as usize..self.starts[j + 1] as usize]
+    }
+
+    /// Number of the piece's candidates with magnitude `>= x`.
+    fn count_ge(&self, b: &Buckets, x: i32) -> usize {
+        if x <= b.t {
+            return self.sorted.len();
+        }
+        let j = b.of(x);
+        let above = self.sorted.len() - self.starts[j + 1] as usize;
+        above + self.bucket(j).iter().filter(|&&m| m >= x).count()
+    }
+}
+
 /// Scratch of a split selection: one [`Piece`] per list plus the merged histogram.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Work {
-    pieces: Vec<Piece>,
+    pub(crate) pieces: Vec<Piece>,
     hist: Vec<u32>,
     /// Magnitudes of the boundary bucket of every piece, in piece order.
     members: Vec<i32>,
 }
 
 /// The histogram layout over magnitudes `>= t`: bucket `(m - t) >> shift`, the last one
-/// open-ended. About eight candidates a bucket, at least 64 and at most 2^11 buckets, which
-/// span one binade above `t` (where the `k`-th magnitude lies unless the sample was far off;
-/// then the last bucket is large, and selecting in it is slower, never wrong).
+/// open-ended. About eight candidates a bucket for `k` of them, at least 64 and at most
+/// 2^11 buckets, which span one binade above `t` (where the `k`-th magnitude lies unless
+/// the sample was far off; then the last bucket is large, and selecting in it is slower,
+/// never wrong).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Buckets {
     t: i32,
@@ -54,9 +75,10 @@ pub(crate) struct Buckets {
 }
 
 impl Buckets {
-    fn new(t: i32, total: usize) -> Self {
-        let log = (total / 8).max(64).next_power_of_two().trailing_zeros();
-        let log = log.min(PER_BINADE_LOG);
+    /// The layout for candidates `>= t` of a selection of about `k`.
+    pub(crate) fn new(t: i32, k: usize) -> Self {
+        let log = (k / 8).max(64).next_power_of_two().trailing_zeros();
+        let log = log.min(MAX_BUCKETS_LOG);
         Buckets {
             t,
             shift: 23 - log,
@@ -64,19 +86,46 @@ impl Buckets {
         }
     }
 
+    /// Bucket of magnitude bits `m` (those below `t` count as `t`).
     #[inline(always)]
-    fn of(&self, m: i32) -> usize {
+    pub(crate) fn of(&self, m: i32) -> usize {
         ((m.wrapping_sub(self.t).max(0) as u32 >> self.shift) as usize).min(self.n - 1)
+    }
+}
+
+/// Histograms one list's magnitudes and sorts them by bucket: what a piece computes right
+/// after its pass ([`crate::kernel::fused_split`]), while its candidates are in cache.
+pub(crate) fn prepare(l: &Cand, p: &mut Piece, b: Buckets) {
+    p.hist.clear();
+    p.hist.resize(b.n, 0);
+    for v in &l.val {
+        p.hist[b.of(abs_bits(*v))] += 1;
+    }
+    p.starts.clear();
+    p.starts.push(0);
+    let mut at = 0u32;
+    for &c in &p.hist {
+        at += c;
+        p.starts.push(at);
+    }
+    // The histogram's buffer becomes the write cursors (it is rebuilt from `starts`).
+    p.hist.copy_from_slice(&p.starts[..b.n]);
+    p.sorted.clear();
+    p.sorted.resize(l.val.len(), 0);
+    for v in &l.val {
+        let m = abs_bits(*v);
+        let c = &mut p.hist[b.of(m)];
+        p.sorted[*c as usize] = m;
+        *c += 1;
+    }
+    for (j, c) in p.hist.iter_mut().enumerate() {
+        *c = p.starts[j + 1] - p.starts[j];
     }
 }
 
 /// Runs `f` on every list with its scratch: in parallel over several, inline for one (no
 /// hand-off to the pool).
-fn each<T: Send>(
-    lists: &[Cand],
-    work: &mut [T],
-    f: impl Fn(usize, &Cand, &mut T) + Sync + Send,
-) {
+fn each<T: Send>(lists: &[Cand], work: &mut [T], f: impl Fn(usize, &Cand, &mut T) + Sync + Send) {
     if lists.len() == 1 {
         f(0, &lists[0], &mut work[0]);
     } else {
@@ -88,82 +137,55 @@ fn each<T: Send>(
     }
 }
 
-/// Histograms every list's magnitudes (all `>= t`) and merges them; returns the layout.
-fn histogram(lists: &[Cand], t: i32, w: &mut Work) -> Buckets {
-    let total: usize = lists.iter().map(|l| l.idx.len()).sum();
-    let b = Buckets::new(t, total);
-    w.pieces.resize_with(lists.len(), Piece::default);
-    let pieces = &mut w.pieces[..lists.len()];
-    each(lists, pieces, |_, l, p| {
-        p.hist.clear();
-        p.hist.resize(b.n, 0);
-        for v in &l.val {
-            p.hist[b.of(abs_bits(*v))] += 1;
-        }
-    });
+/// Merges the prepared pieces' histograms; returns the bucket where the count from the
+/// top first reaches `k + strict` (`strict` 0: at least `k`, 1: more than `k`) and the
+/// count above it, and collects that bucket's magnitudes in `w.members`.
+fn boundary(np: usize, b: &Buckets, k: usize, strict: usize, w: &mut Work) -> (usize, usize) {
     w.hist.clear();
     w.hist.resize(b.n, 0);
-    for p in pieces.iter() {
+    for p in &w.pieces[..np] {
         for (a, c) in w.hist.iter_mut().zip(&p.hist) {
             *a += c;
         }
     }
-    b
-}
-
-/// Collects the magnitudes of bucket `kb` of every list (per piece and, in piece order,
-/// into `w.members`), and each piece's count of candidates in buckets above `kb`.
-fn boundary(lists: &[Cand], b: Buckets, kb: usize, w: &mut Work) {
-    let pieces = &mut w.pieces[..lists.len()];
-    each(lists, pieces, |_, l, p| {
-        p.members.clear();
-        p.members.extend(
-            l.val
-                .iter()
-                .map(|v| abs_bits(*v))
-                .filter(|&m| b.of(m) == kb),
-        );
-        p.sure = p.hist[kb + 1..].iter().map(|&c| c as usize).sum();
-    });
-    w.members.clear();
-    for p in pieces.iter() {
-        w.members.extend_from_slice(&p.members);
-    }
-}
-
-/// Exact top-`k` (largest magnitude, the lower index on ties) among the candidates of
-/// `cand`, all of magnitude `>= t`, for `0 < k <= cand.len()`: the selected (indices,
-/// values) in index order and the `k`-th magnitude's bits. With a residual, zeroes the
-/// selected entries of it.
-pub(crate) fn select_k(
-    cand: &Cand,
-    t: i32,
-    k: usize,
-    residual: Option<&mut [f32]>,
-    w: &mut Work,
-) -> (Vec<u32>, Vec<f32>, i32) {
-    let (lists, piece) = cand.lists();
-    if k == cand.len() {
-        // Everything: no selection to make.
-        w.pieces.resize_with(lists.len(), Piece::default);
-        for (p, l) in w.pieces.iter_mut().zip(lists) {
-            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
-        }
-        let (idx, val) = write(lists, piece, residual, w, |_| (true, false));
-        let min = w.pieces[..lists.len()].iter().map(|p| p.min_bits).min();
-        return (idx, val, min.unwrap_or(0));
-    }
-    let b = histogram(lists, t, w);
-    // The boundary bucket `kb`: fewer than `k` candidates above it, at least `k` from it.
     let (mut kb, mut above) = (0, 0usize);
     for (j, &c) in w.hist.iter().enumerate().rev() {
-        if above + c as usize >= k {
+        if above + c as usize >= k + strict {
             kb = j;
             break;
         }
         above += c as usize;
     }
-    boundary(lists, b, kb, w);
+    w.members.clear();
+    for p in &w.pieces[..np] {
+        w.members.extend_from_slice(p.bucket(kb));
+    }
+    (kb, above)
+}
+
+/// Exact top-`k` (largest magnitude, the lower index on ties) among the candidates of
+/// `cand`, all of magnitude `>= b.t` and [`prepare`]d with layout `b`, for
+/// `0 < k <= cand.len()`: the selected (indices, values) in index order and the `k`-th
+/// magnitude's bits. See [`write`] for the residual.
+pub(crate) fn select_k(
+    cand: &Cand,
+    b: &Buckets,
+    k: usize,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>, i32) {
+    let (lists, piece) = cand.lists();
+    let np = lists.len();
+    if k == cand.len() {
+        // Everything: no selection to make.
+        for (p, l) in w.pieces.iter_mut().zip(lists) {
+            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+        }
+        let (idx, val) = write(lists, piece, residual, w, |_| (true, false));
+        let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
+        return (idx, val, min.unwrap_or(0));
+    }
+    let (kb, above) = boundary(np, b, k, 0, w);
     let need = k - above;
     let n = w.members.len();
     let (_, kth, _) = w.members.select_nth_unstable(n - need);
@@ -171,12 +193,13 @@ pub(crate) fn select_k(
     // Ties at the k-th magnitude go to the lowest indices: in piece order.
     let gt_all = w.members.iter().filter(|&&m| m > kth).count();
     let mut ties = need - gt_all;
-    for p in &mut w.pieces[..lists.len()] {
-        let gt = p.members.iter().filter(|&&m| m > kth).count();
-        let eq = p.members.iter().filter(|&&m| m == kth).count();
+    for p in &mut w.pieces[..np] {
+        let mb = p.bucket(kb);
+        let gt = mb.iter().filter(|&&m| m > kth).count();
+        let eq = mb.iter().filter(|&&m| m == kth).count();
         let take = eq.min(ties);
         ties -= take;
-        p.sure += gt;
+        p.sure = p.sorted.len() - p.starts[kb + 1] as usize + gt;
         p.ranked = (0, take);
         p.count = p.sure + take;
     }
@@ -184,14 +207,51 @@ pub(crate) fn select_k(
     (idx, val, kth)
 }
 
+/// The residual a selection finishes: none (a read-only selection), one whose selected
+/// entries are to be zeroed, or one whose candidates the pass already zeroed (the ones
+/// not selected get their values back).
+pub(crate) enum Residual<'a> {
+    None,
+    Zero(&'a mut [f32]),
+    Restore(&'a mut [f32]),
+}
+
+impl<'a> Residual<'a> {
+    /// The range of the first `len` entries, and the rest.
+    fn split(self, len: usize) -> (Residual<'a>, Residual<'a>) {
+        match self {
+            Residual::None => (Residual::None, Residual::None),
+            Residual::Zero(r) => {
+                let (a, b) = r.split_at_mut(len.min(r.len()));
+                (Residual::Zero(a), Residual::Zero(b))
+            }
+            Residual::Restore(r) => {
+                let (a, b) = r.split_at_mut(len.min(r.len()));
+                (Residual::Restore(a), Residual::Restore(b))
+            }
+        }
+    }
+}
+
+/// Puts back the values of every candidate of `cand` into `residual` (undoing a zeroing
+/// pass, e.g. before a fallback re-reads the accumulated vector).
+pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
+    for l in cand.lists().0 {
+        for (&i, &v) in l.idx.iter().zip(&l.val) {
+            residual[i as usize] = v;
+        }
+    }
+}
+
 /// Builds the result: every piece writes, in index order, its candidates that `class`
 /// marks sure plus those it marks ranked whose rank among the piece's ranked ones lies in
-/// its `ranked` range, into its share of the lists (`count` entries), and zeroes them in
-/// its range of the residual. Also records each piece's smallest magnitude written.
+/// its `ranked` range, into its share of the lists (`count` entries), and finishes its
+/// range of the residual (zeroes what it wrote, or restores what it did not). Also
+/// records each piece's smallest magnitude written.
 fn write(
     lists: &[Cand],
     piece: usize,
-    residual: Option<&mut [f32]>,
+    residual: Residual<'_>,
     w: &mut Work,
     class: impl Fn(i32) -> (bool, bool) + Sync + Send,
 ) -> (Vec<u32>, Vec<f32>) {
@@ -206,22 +266,16 @@ fn write(
             &mut val.spare_capacity_mut()[..total],
         );
         let mut res = residual;
-        for (i, p) in pieces.iter_mut().enumerate() {
+        for p in pieces.iter_mut() {
             let (a, b) = std::mem::take(&mut ri).split_at_mut(p.count);
             let (c, d) = std::mem::take(&mut rv).split_at_mut(p.count);
             (ri, rv) = (b, d);
-            let r = res.take().map(|r| {
-                let len = piece.min(r.len());
-                let (mine, rest) = r.split_at_mut(len);
-                if i + 1 < lists.len() {
-                    res = Some(rest);
-                }
-                mine
-            });
+            let (mine, rest) = std::mem::replace(&mut res, Residual::None).split(piece);
+            res = rest;
             outs.push(Out {
                 idx: a,
                 val: c,
-                residual: r,
+                residual: mine,
                 piece: p,
             });
         }
@@ -239,11 +293,13 @@ fn write(
                     o.val[at].write(v);
                     at += 1;
                     min = min.min(m);
+                } else if let Residual::Restore(r) = &mut o.residual {
+                    r[j as usize - lo] = v;
                 }
             }
-            debug_assert_eq!(at, o.idx.len());
+            assert_eq!(at, o.idx.len(), "a piece wrote other than its share");
             o.piece.min_bits = min;
-            if let Some(r) = o.residual.as_deref_mut() {
+            if let Residual::Zero(r) = &mut o.residual {
                 for x in &o.idx[..at] {
                     // SAFETY: the first `at` entries were written just above.
                     r[unsafe { x.assume_init() } as usize - lo] = 0.0;
@@ -251,8 +307,8 @@ fn write(
             }
         });
     }
-    // SAFETY: each piece wrote exactly its `count` entries of its share, and the shares
-    // tile `0..total` (checked in debug builds above).
+    // SAFETY: each piece wrote exactly its `count` entries of its share (asserted above),
+    // and the shares tile `0..total`.
     unsafe {
         idx.set_len(total);
         val.set_len(total);
@@ -264,7 +320,7 @@ fn write(
 struct Out<'a> {
     idx: &'a mut [MaybeUninit<u32>],
     val: &'a mut [MaybeUninit<f32>],
-    residual: Option<&'a mut [f32]>,
+    residual: Residual<'a>,
     piece: &'a mut Piece,
 }
 
@@ -275,35 +331,38 @@ pub(crate) struct MsPick {
     pub t2: i32,
 }
 
-/// Per-piece counts of `|x| >= t1` and of `t2 <= |x| < t1` (MSTopK's `iota1`, `iota2`).
-pub(crate) fn ms_counts(cand: &Cand, p: &MsPick, w: &mut Work) -> (usize, usize) {
-    let (lists, _) = cand.lists();
-    w.pieces.resize_with(lists.len(), Piece::default);
-    let (t1, t2) = (p.t1, p.t2);
-    each(lists, &mut w.pieces[..lists.len()], |_, l, q| {
-        let (mut a, mut b) = (0usize, 0usize);
-        for v in &l.val {
-            let m = abs_bits(*v);
-            a += usize::from(m >= t1);
-            b += usize::from(m >= t2 && m < t1);
-        }
-        q.sure = a;
-        q.ranked = (0, b);
-    });
-    w.pieces[..lists.len()]
-        .iter()
-        .fold((0, 0), |(a, b), q| (a + q.sure, b + q.ranked.1))
+/// MSTopK's boundary bucket over the [`prepare`]d candidates: the one with at most `k`
+/// candidates above it and more than `k` from it on. Returns it and the count above it;
+/// [`Work::members_mut`] then holds its magnitudes.
+pub(crate) fn ms_boundary(cand: &Cand, b: &Buckets, k: usize, w: &mut Work) -> (usize, usize) {
+    boundary(cand.lists().0.len(), b, k, 1, w)
+}
+
+/// Counts of `|x| >= t1` and of `t2 <= |x| < t1` (MSTopK's `iota1`, `iota2`) over the
+/// [`prepare`]d candidates, from each piece's histogram and one bucket of it.
+pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (usize, usize) {
+    let np = cand.lists().0.len();
+    let (mut a, mut c) = (0, 0);
+    for q in &mut w.pieces[..np] {
+        let ge1 = q.count_ge(b, p.t1);
+        let ge2 = q.count_ge(b, p.t2).max(ge1);
+        q.sure = ge1;
+        q.ranked = (0, ge2 - ge1);
+        a += ge1;
+        c += ge2 - ge1;
+    }
+    (a, c)
 }
 
 /// MSTopK's output from the candidates (after [`ms_counts`]): every `|x| >= t1` plus the
-/// entries of rank `start..end` among `t2 <= |x| < t1` in index order; zeroes them in the
-/// residual when given. Returns the lists and the smallest magnitude selected.
+/// entries of rank `start..end` among `t2 <= |x| < t1` in index order. See [`write`] for
+/// the residual. Returns the lists and the smallest magnitude selected.
 pub(crate) fn select_ms(
     cand: &Cand,
     p: &MsPick,
     start: usize,
     end: usize,
-    residual: Option<&mut [f32]>,
+    residual: Residual<'_>,
     w: &mut Work,
 ) -> (Vec<u32>, Vec<f32>, i32) {
     let (lists, piece) = cand.lists();
@@ -324,31 +383,6 @@ pub(crate) fn select_ms(
         .min()
         .unwrap_or(i32::MAX);
     (idx, val, min)
-}
-
-/// Magnitudes of the boundary bucket for MSTopK's search: the bucket `kb` with at most
-/// `k` candidates above it and more than `k` from it on. Returns the layout, `kb` and the
-/// count above it; `w.members` holds the bucket's magnitudes.
-pub(crate) fn ms_boundary(cand: &Cand, t: i32, k: usize, w: &mut Work) -> (Buckets, usize, usize) {
-    let (lists, _) = cand.lists();
-    let b = histogram(lists, t, w);
-    let (mut kb, mut above) = (0, 0usize);
-    for (j, &c) in w.hist.iter().enumerate().rev() {
-        if above + c as usize > k {
-            kb = j;
-            break;
-        }
-        above += c as usize;
-    }
-    boundary(lists, b, kb, w);
-    (b, kb, above)
-}
-
-impl Buckets {
-    /// Bucket of a threshold's bits (`>= t`).
-    pub(crate) fn bucket(&self, m: i32) -> usize {
-        self.of(m)
-    }
 }
 
 impl Work {
