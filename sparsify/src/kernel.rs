@@ -32,6 +32,8 @@ pub(crate) struct Cand {
     parts: Vec<Cand>,
     /// Per-[`CHUNK`] sums of `|x|` of a statistics pass.
     sums: Vec<f64>,
+    /// Per-[`CHUNK`] [`moments_chunk`] of a [`fused_moments_split`] pass.
+    moms: Vec<Moments>,
     /// After a [`fused_split`] pass over several pieces: how many of `parts` hold its
     /// candidates (0: they are in `idx`/`val`), and the input length each piece covers.
     split: usize,
@@ -759,8 +761,9 @@ macro_rules! dispatch {
     }};
 }
 
-/// [`fused_body`] on one range, from the widest build; with `ZERO`, then zeroes in `r`
-/// the candidates this range added (while the range is still in cache).
+/// [`fused_body`] on one range, from the widest build; then, while the range is still in
+/// cache, writes [`moments_chunk`] of the accumulated range to `mom` when given, and with
+/// `ZERO` zeroes in `r` the candidates this range added.
 #[inline]
 fn fused_one<const STATS: bool, const ZERO: bool>(
     r: &mut [f32],
@@ -769,11 +772,15 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     t: i32,
     cap: usize,
     cand: &mut Cand,
+    mom: Option<&mut Moments>,
 ) -> PassOut {
     let before = cand.len();
     // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
     let cap = if ZERO { usize::MAX } else { cap };
     let out = fused_any::<STATS>(r, g, base, t, cap, cand);
+    if let Some(m) = mom {
+        *m = moments_chunk(r);
+    }
     if ZERO {
         for &i in &cand.idx[before..] {
             r[i as usize - base] = 0.0;
@@ -834,6 +841,12 @@ fn scan_one<const STATS: bool>(
 #[inline]
 pub(crate) fn add_one(r: &mut [f32], g: &[f32]) {
     dispatch!(add(r, g), add_body(r, g))
+}
+
+/// Sum and sum of squares of a short `x` (a sample), in f64.
+pub(crate) fn moments_of(x: &[f32]) -> (f64, f64) {
+    let (s, q, _) = moments_chunk(x);
+    (s, q)
 }
 
 /// [`moments_body`] from the widest build.
@@ -960,7 +973,7 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
-    fused_impl::<STATS, ZERO, ()>(r, g, base, t, cap, cand, None::<(_, fn(&Cand, &mut ()))>)
+    fused_impl::<STATS, ZERO, false, ()>(r, g, base, t, cap, cand, None::<(_, fn(&Cand, &mut ()))>)
 }
 
 /// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
@@ -978,14 +991,35 @@ pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default
     post: (&mut Vec<P>, impl Fn(&Cand, &mut P) + Sync + Send),
 ) -> PassOut {
     cand.clear();
-    fused_impl::<STATS, ZERO, P>(r, g, 0, t, cap, cand, Some(post))
+    fused_impl::<STATS, ZERO, false, P>(r, g, 0, t, cap, cand, Some(post))
+}
+
+/// [`fused_split`] with `ZERO` that also returns the sum and sum of squares of the
+/// accumulated vector exactly as [`moments`] computes them (per [`CHUNK`], each chunk while
+/// it is in cache and before its candidates are zeroed): the statistics and the candidates
+/// of a Gaussian-k step in one pass.
+pub(crate) fn fused_moments_split(
+    r: &mut [f32],
+    g: &[f32],
+    t: i32,
+    cand: &mut Cand,
+) -> (PassOut, (f64, f64)) {
+    cand.clear();
+    // Nothing to run per piece: a list of `()` allocates nothing.
+    let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
+    let out = fused_impl::<false, true, true, ()>(r, g, 0, t, usize::MAX, cand, Some(post));
+    let (s, q) = cand
+        .moms
+        .iter()
+        .fold((0.0f64, 0.0f64), |(s, q), m| (s + m.0, q + m.1));
+    (out, (s, q))
 }
 
 /// What a split pass runs on each piece's list after the pass: its scratch per piece and
 /// the function.
 type Post<'a, P, F> = Option<(&'a mut Vec<P>, F)>;
 
-fn fused_impl<const STATS: bool, const ZERO: bool, P: Send + Default>(
+fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + Default>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -1000,14 +1034,18 @@ fn fused_impl<const STATS: bool, const ZERO: bool, P: Send + Default>(
     let mut sums = std::mem::take(&mut cand.sums);
     sums.clear();
     sums.resize(n.div_ceil(CHUNK), 0.0);
+    let mut moms = std::mem::take(&mut cand.moms);
+    moms.resize(n.div_ceil(CHUNK), (0.0, 0.0, 0));
     let np = pieces(n);
     if np == 1 {
         let before = cand.len();
-        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO, |lo, hi| {
-            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
+        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO || MOM, |lo, hi| {
+            let m = moms.get_mut(lo / CHUNK).filter(|_| MOM);
+            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand, m)
         });
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
+        cand.moms = moms;
         if let Some((ps, f)) = post {
             ps.resize_with(1.max(ps.len()), P::default);
             f(cand, &mut ps[0]);
@@ -1038,13 +1076,16 @@ fn fused_impl<const STATS: bool, const ZERO: bool, P: Send + Default>(
         .zip(g.par_chunks(len))
         .zip(cand.parts.par_iter_mut())
         .zip(sums.par_chunks_mut(per))
+        .zip(moms.par_chunks_mut(per))
         .zip(ps.par_iter_mut())
         .enumerate()
-        .map(|(i, ((((rp, gp), part), sp), p))| {
+        .map(|(i, (((((rp, gp), part), sp), mp), p))| {
             part.clear();
             let b = base + i * len;
-            let out = serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
-                fused_one::<STATS, ZERO>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
+            let out = serial_chunks::<STATS>(rp.len(), sp, ZERO || MOM, |lo, hi| {
+                let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
+                let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
+                fused_one::<STATS, ZERO>(rc, gc, b + lo, t, room, part, m)
             });
             if let Some(f) = &f {
                 f(part, p);
@@ -1053,6 +1094,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, P: Send + Default>(
         })
         .collect();
     cand.sums = sums;
+    cand.moms = moms;
     if split {
         (cand.split, cand.piece) = (count, len);
         return merge_pieces(cand, &outs, room).0;
@@ -1174,6 +1216,15 @@ pub(crate) fn sample_acc(r: &[f32], g: &[f32], n: usize, out: &mut Vec<i32>) {
         for (a, b) in r[s..s + RUN].iter().zip(&g[s..s + RUN]) {
             out.push(abs_bits(*a + *b));
         }
+    }
+}
+
+/// Values of `r[i] + g[i]` at the sample positions (nothing is written).
+pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, out: &mut Vec<f32>) {
+    out.clear();
+    let d = r.len().min(g.len());
+    for s in run_starts(d, n) {
+        out.extend(r[s..s + RUN].iter().zip(&g[s..s + RUN]).map(|(a, b)| *a + *b));
     }
 }
 
@@ -1342,27 +1393,38 @@ pub(crate) fn exact_readonly(
     ))
 }
 
+/// Sum and sum of squares of a chunk (f64) and its largest magnitude bits.
+type Moments = (f64, f64, i32);
+
 /// Sum, sum of squares (f64, 8 lanes combined by [`combine_lanes`]) and largest magnitude
 /// bits of one chunk.
 #[inline(always)]
 fn moments_body(x: &[f32]) -> (f64, f64, i32) {
-    let (mut s, mut q) = ([0.0f64; 8], [0.0f64; 8]);
-    let mut mx = 0i32;
-    let mut ch = x.chunks_exact(8);
+    // 32 lanes (four registers of 8), so the additions do not wait on each other (one
+    // chain of dependent f64 additions would bound a chunk in cache at 0.5 cycle an
+    // element); lane `j` takes the elements `32i + j`.
+    let (mut s, mut q) = ([0.0f64; 32], [0.0f64; 32]);
+    let mut ch = x.chunks_exact(32);
     for c in &mut ch {
-        for j in 0..8 {
+        for j in 0..32 {
             let v = f64::from(c[j]);
             s[j] += v;
             q[j] += v * v;
-            mx = mx.max(abs_bits(c[j]));
         }
     }
-    for (j, &v) in ch.remainder().iter().enumerate() {
-        s[j] += f64::from(v);
-        q[j] += f64::from(v) * f64::from(v);
-        mx = mx.max(abs_bits(v));
+    for (j, &a) in ch.remainder().iter().enumerate() {
+        s[j] += f64::from(a);
+        q[j] += f64::from(a) * f64::from(a);
     }
-    (combine_lanes(&s), combine_lanes(&q), mx)
+    let fold = |l: &[f64; 32]| {
+        let mut t = [0.0f64; 8];
+        for j in 0..8 {
+            t[j] = (l[j] + l[j + 8]) + (l[j + 16] + l[j + 24]);
+        }
+        combine_lanes(&t)
+    };
+    let mx = x.iter().map(|v| abs_bits(*v)).fold(0, i32::max);
+    (fold(&s), fold(&q), mx)
 }
 
 /// Folds per-chunk moments in index order; a non-finite value is an error naming the first.

@@ -34,6 +34,8 @@ pub(crate) struct Piece {
     count: usize,
     /// Smallest magnitude the piece writes.
     min_bits: i32,
+    /// The piece's candidates at or above each threshold of [`count_ge_each`].
+    ge: Vec<usize>,
 }
 
 impl Piece {
@@ -283,24 +285,31 @@ fn write(
             let lo = i.saturating_mul(piece);
             let (start, end) = o.piece.ranked;
             let (mut at, mut rank, mut min) = (0usize, 0usize, i32::MAX);
+            let count = o.idx.len();
             for (&j, &v) in l.idx.iter().zip(&l.val) {
                 let m = abs_bits(v);
                 let (sure, ranked) = class(m);
-                let keep = sure || (ranked && rank >= start && rank < end);
+                let keep = sure | (ranked & (rank >= start) & (rank < end));
                 rank += usize::from(ranked);
-                if keep {
+                // Branch-free: every entry is written at `at`, which advances only past a
+                // kept one (a later kept entry overwrites a dropped one; once all `count`
+                // are written, only dropped ones are left).
+                if at < count {
                     o.idx[at].write(j);
                     o.val[at].write(v);
-                    at += 1;
-                    min = min.min(m);
-                } else if let Residual::Restore(r) = &mut o.residual {
-                    r[j as usize - lo] = v;
+                }
+                at += usize::from(keep);
+                min = if keep { min.min(m) } else { min };
+                if !keep {
+                    if let Residual::Restore(r) = &mut o.residual {
+                        r[j as usize - lo] = v;
+                    }
                 }
             }
             assert_eq!(at, o.idx.len(), "a piece wrote other than its share");
             o.piece.min_bits = min;
             if let Residual::Zero(r) = &mut o.residual {
-                for x in &o.idx[..at] {
+                for x in &o.idx[..at.min(count)] {
                     // SAFETY: the first `at` entries were written just above.
                     r[unsafe { x.assume_init() } as usize - lo] = 0.0;
                 }
@@ -383,6 +392,48 @@ pub(crate) fn select_ms(
         .min()
         .unwrap_or(i32::MAX);
     (idx, val, min)
+}
+
+/// Counts the candidates at or above each of the thresholds `ts` (at most 8; each piece
+/// counts its own list, in parallel) into `totals`.
+pub(crate) fn count_ge_each(cand: &Cand, ts: &[i32], totals: &mut Vec<usize>, w: &mut Work) {
+    let lists = cand.lists().0;
+    w.pieces.resize_with(lists.len(), Piece::default);
+    // Eight thresholds a register: every magnitude is compared with all of them at once.
+    let mut tv = [i32::MAX; 8];
+    for (a, &t) in tv.iter_mut().zip(ts) {
+        *a = t;
+    }
+    each(lists, &mut w.pieces[..lists.len()], |_, l, p| {
+        let mut c = [0u32; 8];
+        for v in &l.val {
+            let m = abs_bits(*v);
+            for j in 0..8 {
+                c[j] += u32::from(m >= tv[j]);
+            }
+        }
+        p.ge.clear();
+        p.ge.extend(c[..ts.len().min(8)].iter().map(|&n| n as usize));
+    });
+    totals.clear();
+    totals.extend((0..ts.len()).map(|i| w.pieces[..lists.len()].iter().map(|p| p.ge[i]).sum::<usize>()));
+}
+
+/// Every candidate of magnitude `>= x`, in index order, where `x` is the `i`-th threshold
+/// [`count_ge_each`] counted; see [`write`] for the residual.
+pub(crate) fn select_ge(
+    cand: &Cand,
+    i: usize,
+    x: i32,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>) {
+    let (lists, piece) = cand.lists();
+    for q in &mut w.pieces[..lists.len()] {
+        q.sure = q.ge[i];
+        (q.ranked, q.count) = ((0, 0), q.sure);
+    }
+    write(lists, piece, residual, w, |m| (m >= x, false))
 }
 
 impl Work {
