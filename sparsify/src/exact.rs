@@ -57,8 +57,6 @@ pub(crate) fn finish_bits(
     (SparseGrad::from_parts_unchecked(idx, val, d), info)
 }
 
-#[allow(missing_docs)]
-pub static PH: [std::sync::atomic::AtomicU64; 4] = [const { std::sync::atomic::AtomicU64::new(u64::MAX) }; 4];
 /// Checks that `d` is addressable with `u32` indices.
 pub(crate) fn check_dense_len(d: usize) -> Result<()> {
     if d as u64 > u64::from(u32::MAX) + 1 {
@@ -79,7 +77,6 @@ impl ExactTopK {
     fn fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         let d = residual.len();
         let k = k.min(d);
-        let t0 = std::time::Instant::now();
         let (t, cap) = if k == 0 {
             (INF_BITS, usize::MAX)
         } else if k == d {
@@ -98,9 +95,7 @@ impl ExactTopK {
         let post = (&mut self.work.pieces, move |l: &Cand, p: &mut split::Piece| {
             split::prepare(l, p, b)
         });
-        let t1 = std::time::Instant::now();
         let out = kernel::fused_split::<false, true, _>(residual, grad, t, cap, &mut self.cand, post);
-        let t2 = std::time::Instant::now();
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
             split::restore(residual, &self.cand);
             out.check()?;
@@ -121,11 +116,6 @@ impl ExactTopK {
         }
         let res = split::Residual::Restore(residual);
         let (idx, val, kth) = split::select_k(&self.cand, &b, k, res, &mut self.work);
-        let t3 = std::time::Instant::now();
-        PH[0].fetch_min((t1 - t0).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        PH[1].fetch_min((t2 - t1).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        PH[2].fetch_min((t3 - t2).as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-        PH[3].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(finish_bits(idx, val, d, kth))
     }
 }

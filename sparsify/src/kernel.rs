@@ -281,30 +281,14 @@ mod avx512_emit {
             for b in &bits {
                 st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
             }
-            if crate::VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1 {
-                let mut len = w.len;
-                while mm != 0 {
-                    let j = mm.trailing_zeros() as usize;
-                    w.pi.add(len).write((off + j) as u32);
-                    w.pv.add(len).write(src.add(j).read());
-                    len += 1;
-                    mm &= mm - 1;
-                }
-                w.len = len;
-                return;
-            }
-            // Every block written out branch-free (compressed to its hits), so the number
-            // of hits costs no mispredicted loop exit.
-            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             let mut len = w.len;
-            for (j, v) in a.iter().enumerate() {
-                let m = (mm >> (16 * j)) as u16;
-                let idx = _mm512_add_epi32(_mm512_set1_epi32((off + 16 * j) as u32 as i32), lanes);
-                _mm512_storeu_si512(w.pi.add(len).cast(), _mm512_maskz_compress_epi32(m, idx));
-                _mm512_storeu_ps(w.pv.add(len), _mm512_maskz_compress_ps(m, *v));
-                len += m.count_ones() as usize;
+            while mm != 0 {
+                let j = mm.trailing_zeros() as usize;
+                w.pi.add(len).write((off + j) as u32);
+                w.pv.add(len).write(src.add(j).read());
+                len += 1;
+                mm &= mm - 1;
             }
-            let _ = src;
             w.len = len;
         }
     }
@@ -979,7 +963,8 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
 /// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
 /// leaves each piece's candidates in its own list ([`Cand::lists`]) instead of gathering
 /// them into one, and runs `post` on each list with its scratch (`post[i]` for the `i`-th
-/// list) in the piece's own task, while its candidates are still in cache: the selection
+/// list) in the piece's own task, while its candidates are still in cache (`post` runs
+/// only on the pieces of a split pass, never on the one list of a serial one): the selection
 /// among them then runs per piece too ([`crate::split`]). Each piece keeps at most `cap`
 /// candidates (all of them with `ZERO`); the overflow flag is that of the whole.
 pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default>(
@@ -1046,10 +1031,6 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
         cand.moms = moms;
-        if let Some((ps, f)) = post {
-            ps.resize_with(1.max(ps.len()), P::default);
-            f(cand, &mut ps[0]);
-        }
         return out;
     }
     use rayon::prelude::*;

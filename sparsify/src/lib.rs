@@ -41,9 +41,6 @@ pub use sparse::SparseGrad;
 pub use threshold::{DgcSampling, ExDyna, GaussianK, HardThreshold};
 pub use value::Value;
 
-#[doc(hidden)]
-pub static VARIANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
 /// Threads the CPU selectors split a large pass over: those of the current rayon pool
 /// (the global one unless the caller installed another).
 pub fn threads() -> usize {

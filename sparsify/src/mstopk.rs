@@ -113,7 +113,8 @@ impl MsTopK {
             t2: 0,
         };
         let buckets = split::Buckets::new(t_low, k);
-        let (kb, mut above) = split::ms_boundary(&self.cand, &buckets, k, &mut self.work);
+        let bound = split::ms_boundary(&self.cand, &buckets, k, &mut self.work);
+        let (kb, mut above) = bound.unwrap_or((usize::MAX, 0));
         let mut live = self.work.members_mut();
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
         // (all magnitudes nearly equal); then every round counts all the bucket.
@@ -124,7 +125,7 @@ impl MsTopK {
             // (count ≤ k, count > 0)
             let (fits, some) = if tb < t_low {
                 (false, true)
-            } else if buckets.of(tb) != kb {
+            } else if bound.is_some() && buckets.of(tb) != kb {
                 // Above the boundary bucket at most k pass, below it more than k.
                 (buckets.of(tb) > kb, tb <= max_bits)
             } else if !narrows {
@@ -235,7 +236,6 @@ impl MsTopK {
         mut t_low: i32,
         out: PassOut,
         k: usize,
-        prepared: bool,
     ) -> Result<(Vec<u32>, Vec<f32>, i32)> {
         let misjudged = out.overflow || self.cand.len() <= k;
         if let Buf::Residual(r, zeroed) = &mut x {
@@ -249,7 +249,6 @@ impl MsTopK {
         let acc = x.get();
         let d = acc.len();
         let (mean, u) = mean_max(&out, d);
-        let mut prepared = prepared;
         if misjudged {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
@@ -273,12 +272,6 @@ impl MsTopK {
                     break;
                 }
             }
-            prepared = false;
-        }
-        if !prepared {
-            let pieces = &mut self.work.pieces;
-            pieces.resize_with(1.max(pieces.len()), Default::default);
-            split::prepare(&self.cand, &mut pieces[0], split::Buckets::new(t_low, k));
         }
         let b = self.search(t_low, mean, u, out.max_bits, k);
         Ok(self.pick(x, t_low, b, k))
@@ -332,7 +325,7 @@ impl Selector for MsTopK {
             None => (0, usize::MAX),
         };
         let out = kernel::scan_pass::<true>(x, 0, t, cap, &mut self.cand);
-        let (idx, val, min) = self.complete(Buf::Read(x), t, out, k, false)?;
+        let (idx, val, min) = self.complete(Buf::Read(x), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
     }
 
@@ -366,7 +359,7 @@ impl Selector for MsTopK {
             split::prepare(l, p, b)
         });
         let out = kernel::fused_split::<true, true, _>(residual, grad, t, cap, &mut self.cand, post);
-        let (idx, val, min) = self.complete(Buf::Residual(residual, true), t, out, k, true)?;
+        let (idx, val, min) = self.complete(Buf::Residual(residual, true), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
     }
 }

@@ -178,6 +178,19 @@ pub(crate) fn select_k(
 ) -> (Vec<u32>, Vec<f32>, i32) {
     let (lists, piece) = cand.lists();
     let np = lists.len();
+    w.pieces.resize_with(np, Piece::default);
+    if np == 1 && k < cand.len() {
+        // One list (a serial pass, not prepared): select among all its magnitudes.
+        w.members.clear();
+        w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
+        let n = w.members.len();
+        let kth = *w.members.select_nth_unstable(n - k).1;
+        let gt = w.members.iter().map(|&m| usize::from(m > kth)).sum::<usize>();
+        let p = &mut w.pieces[0];
+        (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
+        let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
+        return (idx, val, kth);
+    }
     if k == cand.len() {
         // Everything: no selection to make.
         for (p, l) in w.pieces.iter_mut().zip(lists) {
@@ -340,21 +353,42 @@ pub(crate) struct MsPick {
     pub t2: i32,
 }
 
-/// MSTopK's boundary bucket over the [`prepare`]d candidates: the one with at most `k`
-/// candidates above it and more than `k` from it on. Returns it and the count above it;
-/// [`Work::members_mut`] then holds its magnitudes.
-pub(crate) fn ms_boundary(cand: &Cand, b: &Buckets, k: usize, w: &mut Work) -> (usize, usize) {
-    boundary(cand.lists().0.len(), b, k, 1, w)
+/// MSTopK's boundary bucket over the [`prepare`]d candidates of a split pass: the one
+/// with at most `k` candidates above it and more than `k` from it on. Returns it and the
+/// count above it, and [`Work::members_mut`] holds its magnitudes; for the one list of a
+/// serial pass, `None`, and the members are all its magnitudes.
+pub(crate) fn ms_boundary(
+    cand: &Cand,
+    b: &Buckets,
+    k: usize,
+    w: &mut Work,
+) -> Option<(usize, usize)> {
+    let np = cand.lists().0.len();
+    if np == 1 {
+        // One list (a serial pass, not prepared): the search partitions all of it.
+        w.members.clear();
+        w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
+        return None;
+    }
+    Some(boundary(np, b, k, 1, w))
 }
 
 /// Counts of `|x| >= t1` and of `t2 <= |x| < t1` (MSTopK's `iota1`, `iota2`) over the
 /// [`prepare`]d candidates, from each piece's histogram and one bucket of it.
 pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (usize, usize) {
     let np = cand.lists().0.len();
+    w.pieces.resize_with(np, Piece::default);
     let (mut a, mut c) = (0, 0);
     for q in &mut w.pieces[..np] {
-        let ge1 = q.count_ge(b, p.t1);
-        let ge2 = q.count_ge(b, p.t2).max(ge1);
+        let (ge1, ge2) = if np == 1 {
+            // Not prepared: count the one list.
+            let mags = cand.val.iter().map(|v| abs_bits(*v));
+            let ge = |t: i32| mags.clone().map(|m| usize::from(m >= t)).sum::<usize>();
+            (ge(p.t1), ge(p.t2))
+        } else {
+            (q.count_ge(b, p.t1), q.count_ge(b, p.t2))
+        };
+        let ge2 = ge2.max(ge1);
         q.sure = ge1;
         q.ranked = (0, ge2 - ge1);
         a += ge1;

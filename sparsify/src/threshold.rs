@@ -607,8 +607,7 @@ impl GaussianK {
                 let (idx, val) = split::select_ge(&self.cand, i, last, res, &mut self.work);
                 Ok(OnePass::Done((idx, val, right, true)))
             }
-            o => {
-                if std::env::var("GDEBUG").is_ok() { eprintln!("gk fallback {o:?} tl {tl} c {c} path {path:?} tree {tree:?} totals {totals:?}"); }
+            _ => {
                 split::restore(x, &self.cand);
                 Ok(OnePass::Accumulated)
             }
