@@ -605,6 +605,8 @@ impl GaussianK {
                 let i = tree.iter().position(|&x| x == last).unwrap_or(0);
                 let res = split::Residual::Restore(x);
                 let (idx, val) = split::select_ge(&self.cand, i, last, res, &mut self.work);
+                #[cfg(test)]
+                tests::ONE_PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(OnePass::Done((idx, val, right, true)))
             }
             _ => {
@@ -682,9 +684,48 @@ pub fn norm_ppf(p: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::exact::tests::gen_vec;
+    use crate::ErrorFeedback;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Gaussian-k steps that finished in one pass (the tests check that it is taken).
+    pub(crate) static ONE_PASS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The one-pass Gaussian-k step equals the general path (a read-only selection of the
+    /// accumulated vector, which counts each correction in a pass of its own), and is
+    /// taken: serial and split over a pool, on several distributions and densities.
+    #[test]
+    fn gaussiank_one_pass_equals_the_general_path() {
+        let before = ONE_PASS.load(Ordering::Relaxed);
+        for (threads, d) in [(1, 50_000), (4, 3 * kernel::PAR_MIN + 77)] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for kind in 0..4 {
+                    let g = gen_vec(31 + u64::from(kind), d, kind);
+                    let r0 = gen_vec(7, d, 0);
+                    let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+                    for k in [1, d / 1000, d / 100, d / 10] {
+                        let (want, wi) = GaussianK::new().select(&acc, k).unwrap();
+                        let mut ef = ErrorFeedback::from_residual(r0.clone());
+                        let (got, gi) = ef.step(&mut GaussianK::new(), &g, k).unwrap();
+                        assert_eq!(got, want, "kind {kind} k {k} threads {threads}");
+                        assert_eq!(gi, wi);
+                        let mut back = ef.residual().to_vec();
+                        got.scatter_add_into(&mut back).unwrap();
+                        let same = back.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "kind {kind} k {k}: mass not conserved");
+                    }
+                }
+            });
+        }
+        // Not vacuous: most of those steps took the one-pass path.
+        assert!(ONE_PASS.load(Ordering::Relaxed) - before >= 16);
+    }
 
     #[test]
     fn hard_threshold_selects_exactly_the_set_above() {
