@@ -21,6 +21,8 @@ pub(crate) const SAMPLE_Z: f64 = 3.0;
 pub struct ExactTopK {
     cand: Cand,
     sample: Vec<i32>,
+    /// The second half of a sample gathered in parallel.
+    sample2: Vec<i32>,
     scratch: Vec<i32>,
     work: split::Work,
 }
@@ -82,10 +84,9 @@ impl ExactTopK {
         } else if k == d {
             (0, usize::MAX)
         } else if let Some(n) = kernel::sample_size(d, k) {
-            kernel::sample_acc(residual, grad, n, &mut self.sample);
-            let cap = kernel::candidate_cap(d, k, self.sample.len(), SAMPLE_Z);
-            let t = kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z);
-            (t, cap)
+            let bufs = (&mut self.sample, &mut self.sample2);
+            let (t, len) = kernel::sampled_threshold(residual, grad, n, k, SAMPLE_Z, bufs);
+            (t, kernel::candidate_cap(d, k, len, SAMPLE_Z))
         } else {
             (0, usize::MAX)
         };

@@ -1217,18 +1217,71 @@ pub(crate) fn sample_x(x: &[f32], n: usize, out: &mut Vec<i32>) {
     }
 }
 
+/// Samples of at least this many elements are gathered and selected in two halves in
+/// parallel (on a pool of several threads).
+const PAR_SAMPLE: usize = 1 << 15;
+
+/// [`sample_acc`] with `n` and [`threshold_from_sample`] on it: (threshold, sample
+/// length). A large sample is gathered in two halves in parallel, each keeping its `m`
+/// largest, and the threshold is the `m`-th largest of those: the same value as from the
+/// whole sample.
+pub(crate) fn sampled_threshold(
+    r: &[f32],
+    g: &[f32],
+    n: usize,
+    k: usize,
+    z: f64,
+    bufs: (&mut Vec<i32>, &mut Vec<i32>),
+) -> (i32, usize) {
+    let d = r.len().min(g.len());
+    let (a, b) = bufs;
+    if n < PAR_SAMPLE || pieces(d) == 1 {
+        sample_acc(r, g, n, a);
+        let len = a.len();
+        return (threshold_from_sample(a, d, k, z), len);
+    }
+    let runs = run_starts(d, n).count();
+    let len = runs * RUN;
+    let Some(m) = sample_rank(len, d, k, z) else {
+        return (0, len);
+    };
+    let half = |skip: usize, take: usize, out: &mut Vec<i32>| {
+        out.clear();
+        for s in run_starts(d, n).skip(skip).take(take) {
+            out.extend(r[s..s + RUN].iter().zip(&g[s..s + RUN]).map(|(x, y)| abs_bits(*x + *y)));
+        }
+        if out.len() > m {
+            let at = out.len() - m;
+            out.select_nth_unstable(at);
+            out.drain(..at);
+        }
+    };
+    let h = runs / 2;
+    rayon::join(|| half(0, h, a), || half(h, runs - h, b));
+    a.extend_from_slice(b);
+    let at = a.len() - m;
+    let v = *a.select_nth_unstable(at).1;
+    (v.min(INF_BITS), len)
+}
+
+/// The rank from the top, `k·n/d + z·sqrt(k·n/d) + 1`, of the threshold
+/// [`threshold_from_sample`] takes from a sample of `n`; `None` when it is not below `n`.
+fn sample_rank(n: usize, d: usize, k: usize, z: f64) -> Option<usize> {
+    if n == 0 || d == 0 {
+        return None;
+    }
+    let hits = k as f64 * n as f64 / d as f64;
+    let m = (hits + z * hits.sqrt() + 1.0).ceil() as usize;
+    (m < n).then_some(m)
+}
+
 /// A threshold that, with high probability, keeps at least `k` of `d` elements while
 /// keeping few more: the sample's order statistic `k·n/d + z·sqrt(k·n/d) + 1` from the top.
 pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f64) -> i32 {
     let n = sample.len();
-    if n == 0 || d == 0 {
+    let Some(m) = sample_rank(n, d, k, z) else {
         return 0;
-    }
-    let hits = k as f64 * n as f64 / d as f64;
-    let m = (hits + z * hits.sqrt() + 1.0).ceil() as usize;
-    if m >= n {
-        return 0;
-    }
+    };
     if m <= SMALL_M {
         return mth_largest_small(sample, m).min(INF_BITS);
     }

@@ -39,6 +39,8 @@ pub struct MsTopK {
     rng: ChaCha8Rng,
     cand: Cand,
     sample: Vec<i32>,
+    /// The second half of a sample gathered in parallel.
+    sample2: Vec<i32>,
     /// Scratch of the selection among the candidates, per parallel piece.
     work: split::Work,
 }
@@ -79,6 +81,7 @@ impl MsTopK {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Cand::default(),
             sample: Vec::new(),
+            sample2: Vec::new(),
             work: split::Work::default(),
         }
     }
@@ -342,13 +345,11 @@ impl Selector for MsTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
-        let (t, cap) = match Self::plan(d, k) {
-            Some((n, cap)) => {
-                kernel::sample_acc(residual, grad, n, &mut self.sample);
-                (
-                    kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
-                    cap,
-                )
+        let (t, cap) = match kernel::sample_size(d, k) {
+            Some(n) => {
+                let bufs = (&mut self.sample, &mut self.sample2);
+                let (t, len) = kernel::sampled_threshold(residual, grad, n, k, SAMPLE_Z, bufs);
+                (t, kernel::candidate_cap(d, k, len, SAMPLE_Z))
             }
             None => (0, usize::MAX),
         };
