@@ -470,6 +470,20 @@ pub(crate) fn select_ge(
     write(lists, piece, residual, w, |m| (m >= x, false))
 }
 
+/// All the candidates, in index order: the one list of a serial pass as it is, the
+/// pieces of a split pass copied into one result in parallel.
+pub(crate) fn take_all(cand: &mut Cand, w: &mut Work) -> (Vec<u32>, Vec<f32>) {
+    if cand.lists().0.len() == 1 {
+        return cand.take();
+    }
+    let (lists, piece) = cand.lists();
+    w.pieces.resize_with(lists.len(), Piece::default);
+    for (p, l) in w.pieces.iter_mut().zip(lists) {
+        (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+    }
+    write(lists, piece, Residual::None, w, |_| (true, false))
+}
+
 impl Work {
     /// The boundary bucket's magnitudes (see [`ms_boundary`]), for the search to partition.
     pub(crate) fn members_mut(&mut self) -> &mut [i32] {

@@ -16,7 +16,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::{check_dense_len, finish, zero_selected};
+use crate::exact::{check_dense_len, finish_bits, zero_selected};
 use crate::kernel::{self, abs_bits, Cand, INF_BITS};
 use crate::{split, Error, Result, Selection, Selector};
 
@@ -118,7 +118,8 @@ macro_rules! selector_impl {
                 // writes when `grad` is None; the read-only path hands it a copy.
                 let mut buf = x.to_vec();
                 let (idx, val, t, _) = self.run_edges(&mut buf, None, k)?;
-                let (sg, mut info) = finish(idx, val, x.len());
+                // The info's threshold is the selector's own, not the smallest selected.
+                let (sg, mut info) = finish_bits(idx, val, x.len(), 0);
                 info.threshold = t;
                 Ok((sg, info))
             }
@@ -129,7 +130,7 @@ macro_rules! selector_impl {
                 if !zeroed {
                     zero_selected(residual, &idx);
                 }
-                let (sg, mut info) = finish(idx, val, residual.len());
+                let (sg, mut info) = finish_bits(idx, val, residual.len(), 0);
                 info.threshold = t;
                 Ok((sg, info))
             }
@@ -157,6 +158,7 @@ fn calibrate(x: &[f32], grad: Option<&[f32]>, k: usize) -> f32 {
 pub struct HardThreshold {
     threshold: Option<f32>,
     cand: Cand,
+    work: split::Work,
 }
 
 impl HardThreshold {
@@ -169,7 +171,7 @@ impl HardThreshold {
         }
         Ok(HardThreshold {
             threshold: Some(threshold),
-            cand: Cand::default(),
+            ..Self::default()
         })
     }
 
@@ -186,9 +188,22 @@ impl HardThreshold {
 
     fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
-        pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
-        let (idx, val) = self.cand.take();
-        Ok((idx, val, t, grad.is_some()))
+        let Some(g) = grad else {
+            pass(x, None, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
+            let (idx, val) = self.cand.take();
+            return Ok((idx, val, t, false));
+        };
+        // Fused: the pass zeroes its candidates (the selection) and keeps them per piece;
+        // the pieces then copy their lists into the result in parallel.
+        let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
+        let (tb, all) = (ge_bits(t), usize::MAX);
+        let out = kernel::fused_split::<false, true, ()>(x, g, tb, all, &mut self.cand, post);
+        if out.non_finite.is_some() {
+            split::restore(x, &self.cand);
+            out.check()?;
+        }
+        let (idx, val) = split::take_all(&mut self.cand, &mut self.work);
+        Ok((idx, val, t, true))
     }
 }
 selector_impl!(HardThreshold, "threshold");
