@@ -93,10 +93,12 @@ impl ExactTopK {
         // The pass zeroes every candidate while its chunk is in cache; the selection puts
         // back the few it does not take.
         let b = split::Buckets::new(t, k);
-        let post = (&mut self.work.pieces, move |l: &Cand, p: &mut split::Piece| {
-            split::prepare(l, p, b)
-        });
-        let out = kernel::fused_split::<false, true, _>(residual, grad, t, cap, &mut self.cand, post);
+        let post = (
+            &mut self.work.pieces,
+            move |l: &Cand, p: &mut split::Piece| split::prepare(l, p, b),
+        );
+        let out =
+            kernel::fused_split::<false, true, _>(residual, grad, t, cap, &mut self.cand, post);
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
             split::restore(residual, &self.cand);
             out.check()?;

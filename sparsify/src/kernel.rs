@@ -1205,7 +1205,12 @@ pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, out: &mut Vec<f32>) {
     out.clear();
     let d = r.len().min(g.len());
     for s in run_starts(d, n) {
-        out.extend(r[s..s + RUN].iter().zip(&g[s..s + RUN]).map(|(a, b)| *a + *b));
+        out.extend(
+            r[s..s + RUN]
+                .iter()
+                .zip(&g[s..s + RUN])
+                .map(|(a, b)| *a + *b),
+        );
     }
 }
 
@@ -1248,7 +1253,12 @@ pub(crate) fn sampled_threshold(
     let half = |skip: usize, take: usize, out: &mut Vec<i32>| {
         out.clear();
         for s in run_starts(d, n).skip(skip).take(take) {
-            out.extend(r[s..s + RUN].iter().zip(&g[s..s + RUN]).map(|(x, y)| abs_bits(*x + *y)));
+            out.extend(
+                r[s..s + RUN]
+                    .iter()
+                    .zip(&g[s..s + RUN])
+                    .map(|(x, y)| abs_bits(*x + *y)),
+            );
         }
         if out.len() > m {
             let at = out.len() - m;

@@ -356,10 +356,12 @@ impl Selector for MsTopK {
         // The pass zeroes every candidate while its chunk is in cache; the selection puts
         // back the ones it does not take.
         let b = split::Buckets::new(t, k);
-        let post = (&mut self.work.pieces, move |l: &Cand, p: &mut split::Piece| {
-            split::prepare(l, p, b)
-        });
-        let out = kernel::fused_split::<true, true, _>(residual, grad, t, cap, &mut self.cand, post);
+        let post = (
+            &mut self.work.pieces,
+            move |l: &Cand, p: &mut split::Piece| split::prepare(l, p, b),
+        );
+        let out =
+            kernel::fused_split::<true, true, _>(residual, grad, t, cap, &mut self.cand, post);
         let (idx, val, min) = self.complete(Buf::Residual(residual, true), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
     }

@@ -185,7 +185,11 @@ pub(crate) fn select_k(
         w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
         let n = w.members.len();
         let kth = *w.members.select_nth_unstable(n - k).1;
-        let gt = w.members.iter().map(|&m| usize::from(m > kth)).sum::<usize>();
+        let gt = w
+            .members
+            .iter()
+            .map(|&m| usize::from(m > kth))
+            .sum::<usize>();
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
         let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
@@ -450,7 +454,12 @@ pub(crate) fn count_ge_each(cand: &Cand, ts: &[i32], totals: &mut Vec<usize>, w:
         p.ge.extend(c[..ts.len().min(8)].iter().map(|&n| n as usize));
     });
     totals.clear();
-    totals.extend((0..ts.len()).map(|i| w.pieces[..lists.len()].iter().map(|p| p.ge[i]).sum::<usize>()));
+    totals.extend((0..ts.len()).map(|i| {
+        w.pieces[..lists.len()]
+            .iter()
+            .map(|p| p.ge[i])
+            .sum::<usize>()
+    }));
 }
 
 /// Every candidate of magnitude `>= x`, in index order, where `x` is the `i`-th threshold

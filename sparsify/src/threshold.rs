@@ -584,7 +584,9 @@ impl GaussianK {
         let many = 4.0 * k as f64 / 3.0;
         let below = |t: i32| abs_bits(f32::from_bits(t as u32) * 0.96);
         let clear = est(below(last)) > 1.5 * many;
-        let clear = path.iter().all(|&(t, c)| t >= last || (c > 1.5 * many && clear));
+        let clear = path
+            .iter()
+            .all(|&(t, c)| t >= last || (c > 1.5 * many && clear));
         let tl = if clear {
             below(last)
         } else {
@@ -732,7 +734,10 @@ pub(crate) mod tests {
                         assert_eq!(gi, wi);
                         let mut back = ef.residual().to_vec();
                         got.scatter_add_into(&mut back).unwrap();
-                        let same = back.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits());
+                        let same = back
+                            .iter()
+                            .zip(&acc)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(same, "kind {kind} k {k}: mass not conserved");
                     }
                 }
