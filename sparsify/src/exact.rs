@@ -3,8 +3,10 @@
 //!
 //! Algorithm: estimate a threshold from a strided sample (computed on the fly from
 //! `residual + grad` when fused), make one pass that accumulates, compares and emits the
-//! few candidates above it, then select exactly among the candidates. When the sample
-//! misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
+//! few candidates above it (zeroing them in the residual while their chunk is in cache),
+//! then select exactly among the candidates and put back the few not selected; on a pool,
+//! the candidates stay per piece and the selection runs per piece too (see the `split`
+//! module). When the sample misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
 //! over the accumulated vector with a safer threshold. The cost model of top-k selection
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
@@ -90,17 +92,30 @@ impl ExactTopK {
         } else {
             (0, usize::MAX)
         };
-        // The pass zeroes every candidate while its chunk is in cache; the selection puts
-        // back the few it does not take.
+        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
+        // the selection puts back the few it does not take (fewer scattered writes into a
+        // residual that has left the cache); in one serial pass over a short vector the
+        // selection zeroes what it takes.
+        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
         let b = split::Buckets::new(t, k);
         let post = (
             &mut self.work.pieces,
-            move |l: &Cand, p: &mut split::Piece| split::prepare(l, p, b),
+            move |l: &Cand, p: &mut split::Piece| {
+                if zero {
+                    split::prepare(l, p, b)
+                }
+            },
         );
-        let out =
-            kernel::fused_split::<false, true, _>(residual, grad, t, cap, &mut self.cand, post);
+        let cand = &mut self.cand;
+        let out = if zero {
+            kernel::fused_split::<false, true, _>(residual, grad, t, cap, cand, post)
+        } else {
+            kernel::fused_split::<false, false, _>(residual, grad, t, cap, cand, post)
+        };
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
-            split::restore(residual, &self.cand);
+            if zero {
+                split::restore(residual, &self.cand);
+            }
             out.check()?;
         }
         if k == 0 {
@@ -114,6 +129,18 @@ impl ExactTopK {
                 &mut self.sample,
                 &mut self.scratch,
             )?;
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
+        self.cand
+            .join_if_fewer(if zero { split::PAR_CAND } else { usize::MAX });
+        if self.cand.lists().0.len() == 1 {
+            // One list: select in serial, then zero what was taken (or, after a zeroing
+            // pass, put back what was not).
+            let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
+            if zero {
+                split::restore(residual, &self.cand);
+            }
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }

@@ -78,8 +78,7 @@ impl ErrorFeedback {
                 expected: self.residual.len(),
             });
         }
-        let residual = &mut self.residual;
-        crate::kernel::on_pool(grad.len(), || selector.select_fused(residual, grad, k))
+        selector.select_fused(&mut self.residual, grad, k)
     }
 
     /// Like [`step`](Self::step) but the values go out as `V` (f32, f16, bf16): each is

@@ -54,6 +54,24 @@ impl Cand {
             self.idx.len()
         }
     }
+    /// Joins the pieces of a split pass into the one list when they hold fewer than `max`
+    /// candidates in all: selecting among a few thousand costs less in serial than a
+    /// second hand-off to the pool.
+    pub fn join_if_fewer(&mut self, max: usize) {
+        if self.split == 0 || self.len() >= max {
+            return;
+        }
+        let parts = std::mem::take(&mut self.parts);
+        self.idx.clear();
+        self.val.clear();
+        for p in &parts[..self.split] {
+            self.idx.extend_from_slice(&p.idx);
+            self.val.extend_from_slice(&p.val);
+        }
+        self.parts = parts;
+        self.split = 0;
+    }
+
     /// The candidate lists in index order, and the input length each covers (the `i`-th
     /// list holds indices of `i·piece .. (i+1)·piece`): the pieces of a split pass, or
     /// this one list covering everything.
@@ -857,19 +875,6 @@ pub(crate) fn pieces(n: usize) -> usize {
         1
     } else {
         (2 * threads).min(n / (PAR_MIN / 2)).max(1)
-    }
-}
-
-/// Runs `f`, a selection over `n` elements, on a thread of the rayon pool when its passes
-/// will be split over the pool and the caller is not on one: the caller then waits for the
-/// pool once per call, not once per parallel pass (each such hand-off puts the calling
-/// thread to sleep and wakes it again, which costs tens of microseconds on a busy or
-/// virtualised machine, as much as a whole pass over a mid-sized tensor).
-pub(crate) fn on_pool<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
-    if pieces(n) > 1 && rayon::current_thread_index().is_none() {
-        rayon::scope(|_| f())
-    } else {
-        f()
     }
 }
 

@@ -15,7 +15,10 @@
 //! exactly among the candidates; every round below `t_low` has more than `k` elements
 //! above it (all the candidates), so its decision is known without counting. The final
 //! selection comes from the candidates too, unless `thres2 < t_low` (then a read-only
-//! pass over the accumulated vector counts and emits).
+//! pass over the accumulated vector counts and emits). On a pool the candidates stay per
+//! piece: a histogram of their magnitudes answers every round whose threshold falls
+//! outside the one bucket where the count crosses `k`, and each piece writes its share of
+//! the result.
 //!
 //! Two details Algorithm 1 leaves open are fixed here: when no round ever counted
 //! `1 ≤ nnz ≤ k`, `thres1` stays "unset" and selects nothing (the literal `thres1 = 0`
@@ -241,6 +244,9 @@ impl MsTopK {
         k: usize,
     ) -> Result<(Vec<u32>, Vec<f32>, i32)> {
         let misjudged = out.overflow || self.cand.len() <= k;
+        // Only the pieces of a pass that zeroed its candidates were prepared for a split
+        // selection.
+        let prepared = matches!(&x, Buf::Residual(_, true));
         if let Buf::Residual(r, zeroed) = &mut x {
             if *zeroed && (misjudged || out.non_finite.is_some()) {
                 // The accumulated vector whole again, for the error or the fallback.
@@ -276,6 +282,11 @@ impl MsTopK {
                 }
             }
         }
+        self.cand.join_if_fewer(if prepared {
+            split::PAR_CAND
+        } else {
+            usize::MAX
+        });
         let b = self.search(t_low, mean, u, out.max_bits, k);
         Ok(self.pick(x, t_low, b, k))
     }
@@ -353,16 +364,26 @@ impl Selector for MsTopK {
             }
             None => (0, usize::MAX),
         };
-        // The pass zeroes every candidate while its chunk is in cache; the selection puts
-        // back the ones it does not take.
+        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
+        // the selection puts back the ones it does not take; in one serial pass over a short
+        // vector the selection zeroes what it takes.
+        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
         let b = split::Buckets::new(t, k);
         let post = (
             &mut self.work.pieces,
-            move |l: &Cand, p: &mut split::Piece| split::prepare(l, p, b),
+            move |l: &Cand, p: &mut split::Piece| {
+                if zero {
+                    split::prepare(l, p, b)
+                }
+            },
         );
-        let out =
-            kernel::fused_split::<true, true, _>(residual, grad, t, cap, &mut self.cand, post);
-        let (idx, val, min) = self.complete(Buf::Residual(residual, true), t, out, k)?;
+        let cand = &mut self.cand;
+        let out = if zero {
+            kernel::fused_split::<true, true, _>(residual, grad, t, cap, cand, post)
+        } else {
+            kernel::fused_split::<true, false, _>(residual, grad, t, cap, cand, post)
+        };
+        let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
     }
 }

@@ -1,19 +1,25 @@
 //! Selection among the candidates of a pass that are still split by parallel piece
-//! ([`Cand::lists`]), run per piece on the rayon pool: the exact `k`-th magnitude by a
-//! histogram of the candidates' magnitudes (only the one bucket that holds it is selected
-//! in serial), and the final list built by every piece writing its share straight into the
-//! result, zeroing the selected entries of its own range of the residual as it goes.
+//! ([`Cand::lists`]), run per piece on the rayon pool: the exact `k`-th magnitude from a
+//! histogram of the candidates' magnitudes that each piece builds right after its pass
+//! (only the one bucket that holds it is selected in serial), and the result built by every
+//! piece writing its share straight into it and finishing its own range of the residual
+//! (zeroing what it selected, or putting back what the pass zeroed and it did not select).
 //!
 //! The serial parts are the histogram merge and the few candidates of one bucket, so the
 //! steps after the pass shrink with the threads instead of staying serial (gathering the
 //! pieces' lists, selecting among all candidates, zeroing, building the result). Every
-//! result equals the serial selection's bit for bit: the same set in the same order.
+//! result equals the serial selection's bit for bit: the same set in the same order. The
+//! one list of a serial pass is selected among directly (no histogram).
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
 use crate::kernel::{abs_bits, Cand};
+
+/// Below this many candidates in all, a split pass's lists are joined and selected
+/// among in serial ([`Cand::join_if_fewer`]).
+pub(crate) const PAR_CAND: usize = 1 << 15;
 
 /// Most buckets of a histogram (a power of two): they span one binade above the
 /// threshold.
