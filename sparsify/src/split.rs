@@ -486,8 +486,10 @@ pub(crate) fn select_ge(
 }
 
 /// All the candidates, in index order: the one list of a serial pass as it is, the
-/// pieces of a split pass copied into one result in parallel.
+/// pieces of a split pass joined in serial when few, else copied into one result in
+/// parallel.
 pub(crate) fn take_all(cand: &mut Cand, w: &mut Work) -> (Vec<u32>, Vec<f32>) {
+    cand.join_if_fewer(PAR_CAND);
     if cand.lists().0.len() == 1 {
         return cand.take();
     }
