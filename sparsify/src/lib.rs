@@ -223,6 +223,45 @@ mod tests {
         }
     }
 
+    /// Large `k` on a pool takes the per-piece selection (histogram, boundary bucket,
+    /// per-piece writes and restores): exact and MSTopK still equal their references,
+    /// ties included (kind 1), and conserve the accumulated vector bit for bit.
+    #[test]
+    fn split_selection_matches_the_references() {
+        let d = 3 * kernel::PAR_MIN + 4_099;
+        for kind in 0..4u8 {
+            let g = gen_vec(60 + u64::from(kind), d, kind);
+            let r0 = gen_vec(61, d, 0);
+            let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+            for k in [split::PAR_CAND, d / 5] {
+                let (ex, ms, res) = on_pool(4, || {
+                    assert!(kernel::pieces(d) > 1 && k >= split::PAR_CAND, "split path");
+                    let mut e1 = ErrorFeedback::from_residual(r0.clone());
+                    let (ex, _) = e1.step(&mut ExactTopK::new(), &g, k).unwrap();
+                    let mut e2 = ErrorFeedback::from_residual(r0.clone());
+                    let (ms, _) = e2.step(&mut MsTopK::with_seed(9), &g, k).unwrap();
+                    (ex, ms, [e1.into_residual(), e2.into_residual()])
+                });
+                assert_eq!(
+                    ex.indices(),
+                    &exact::reference_topk(&acc, k)[..],
+                    "{kind} {k}"
+                );
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+                let want = mstopk::reference_mstopk(&acc, k, mstopk::DEFAULT_ROUNDS, &mut rng);
+                assert_eq!(ms.indices(), &want[..], "{kind} {k}");
+                for (sg, r) in [(&ex, &res[0]), (&ms, &res[1])] {
+                    let mut back = r.clone();
+                    sg.scatter_add_into(&mut back).unwrap();
+                    assert!(back
+                        .iter()
+                        .zip(&acc)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
+        }
+    }
+
     #[test]
     fn parallel_exact_matches_the_sort_reference() {
         let d = 3 * kernel::PAR_MIN + 123;
