@@ -3,13 +3,15 @@
 //!
 //! Algorithm: estimate a threshold from a strided sample (computed on the fly from
 //! `residual + grad` when fused), make one pass that accumulates, compares and emits the
-//! few candidates above it, then select exactly among the candidates. When the sample
-//! misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
+//! few candidates above it (zeroing them in the residual while their chunk is in cache),
+//! then select exactly among the candidates and put back the few not selected; on a pool,
+//! the candidates stay per piece and the selection runs per piece too (see the `split`
+//! module). When the sample misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
 //! over the accumulated vector with a safer threshold. The cost model of top-k selection
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
-use crate::kernel::{self, Cand, INF_BITS};
-use crate::{Result, SelectInfo, Selection, Selector, SparseGrad};
+use crate::kernel::{self, abs_bits, Cand, INF_BITS};
+use crate::{split, Result, SelectInfo, Selection, Selector, SparseGrad};
 
 /// Margin of the sampled threshold, in standard deviations of the sample's hit count:
 /// the pass misses the k-th magnitude (and falls back to a second pass) about once in a
@@ -21,7 +23,10 @@ pub(crate) const SAMPLE_Z: f64 = 3.0;
 pub struct ExactTopK {
     cand: Cand,
     sample: Vec<i32>,
+    /// The second half of a sample gathered in parallel.
+    sample2: Vec<i32>,
     scratch: Vec<i32>,
+    work: split::Work,
 }
 
 impl ExactTopK {
@@ -33,10 +38,24 @@ impl ExactTopK {
 
 /// Builds the result and its info from selected (index, value) lists.
 pub(crate) fn finish(idx: Vec<u32>, val: Vec<f32>, d: usize) -> (SparseGrad<f32>, SelectInfo) {
-    let threshold = val.iter().map(|v| v.abs()).fold(f32::INFINITY, f32::min);
+    let min = val.iter().map(|v| abs_bits(*v)).min().unwrap_or(0);
+    finish_bits(idx, val, d, min)
+}
+
+/// [`finish`] when the smallest selected magnitude (`min_bits`, as bits) is already known.
+pub(crate) fn finish_bits(
+    idx: Vec<u32>,
+    val: Vec<f32>,
+    d: usize,
+    min_bits: i32,
+) -> (SparseGrad<f32>, SelectInfo) {
     let selected = idx.len();
     let info = SelectInfo {
-        threshold: if selected == 0 { 0.0 } else { threshold },
+        threshold: if selected == 0 {
+            0.0
+        } else {
+            f32::from_bits(min_bits as u32)
+        },
         selected,
     };
     (SparseGrad::from_parts_unchecked(idx, val, d), info)
@@ -59,12 +78,7 @@ pub(crate) fn zero_selected(residual: &mut [f32], idx: &[u32]) {
 impl ExactTopK {
     /// The fused error-feedback selection (see the module docs); `residual` ends up holding
     /// `residual + grad` with the selected entries zeroed.
-    fn fused(
-        &mut self,
-        residual: &mut [f32],
-        grad: &[f32],
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>)> {
+    fn fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         let d = residual.len();
         let k = k.min(d);
         let (t, cap) = if k == 0 {
@@ -72,29 +86,67 @@ impl ExactTopK {
         } else if k == d {
             (0, usize::MAX)
         } else if let Some(n) = kernel::sample_size(d, k) {
-            kernel::sample_acc(residual, grad, n, &mut self.sample);
-            let cap = kernel::candidate_cap(d, k, self.sample.len(), SAMPLE_Z);
-            let t = kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z);
-            (t, cap)
+            let bufs = (&mut self.sample, &mut self.sample2);
+            let (t, len) = kernel::sampled_threshold(residual, grad, n, k, SAMPLE_Z, bufs);
+            (t, kernel::candidate_cap(d, k, len, SAMPLE_Z))
         } else {
             (0, usize::MAX)
         };
-        self.cand.clear();
-        let out = kernel::fused_pass::<false, false>(residual, grad, 0, t, cap, &mut self.cand);
-        out.check()?;
-        let (idx, val) = if out.overflow || self.cand.len() < k {
-            kernel::exact_readonly(
+        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
+        // the selection puts back the few it does not take (fewer scattered writes into a
+        // residual that has left the cache); in one serial pass over a short vector the
+        // selection zeroes what it takes.
+        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
+        let b = split::Buckets::new(t, k);
+        let post = (
+            &mut self.work.pieces,
+            move |l: &Cand, p: &mut split::Piece| {
+                if zero {
+                    split::prepare(l, p, b)
+                }
+            },
+        );
+        let cand = &mut self.cand;
+        let out = if zero {
+            kernel::fused_split::<false, true, _>(residual, grad, t, cap, cand, post)
+        } else {
+            kernel::fused_split::<false, false, _>(residual, grad, t, cap, cand, post)
+        };
+        if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
+            if zero {
+                split::restore(residual, &self.cand);
+            }
+            out.check()?;
+        }
+        if k == 0 {
+            return Ok(finish(Vec::new(), Vec::new(), d));
+        }
+        if out.overflow || self.cand.len() < k {
+            let (idx, val) = kernel::exact_readonly(
                 residual,
                 k,
                 &mut self.cand,
                 &mut self.sample,
                 &mut self.scratch,
-            )?
-        } else {
-            kernel::select_k_of(&self.cand, k, &mut self.scratch)
-        };
-        zero_selected(residual, &idx);
-        Ok((idx, val))
+            )?;
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
+        self.cand
+            .join_if_fewer(if zero { split::PAR_CAND } else { usize::MAX });
+        if self.cand.lists().0.len() == 1 {
+            // One list: select in serial, then zero what was taken (or, after a zeroing
+            // pass, put back what was not).
+            let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
+            if zero {
+                split::restore(residual, &self.cand);
+            }
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
+        let res = split::Residual::Restore(residual);
+        let (idx, val, kth) = split::select_k(&self.cand, &b, k, res, &mut self.work);
+        Ok(finish_bits(idx, val, d, kth))
     }
 }
 
@@ -116,8 +168,7 @@ impl Selector for ExactTopK {
 
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         crate::check_fused(residual, grad)?;
-        let (idx, val) = self.fused(residual, grad, k)?;
-        Ok(finish(idx, val, residual.len()))
+        self.fused(residual, grad, k)
     }
 }
 

@@ -32,15 +32,55 @@ pub(crate) struct Cand {
     parts: Vec<Cand>,
     /// Per-[`CHUNK`] sums of `|x|` of a statistics pass.
     sums: Vec<f64>,
+    /// Per-[`CHUNK`] [`moments_chunk`] of a [`fused_moments_split`] pass.
+    moms: Vec<Moments>,
+    /// After a [`fused_split`] pass over several pieces: how many of `parts` hold its
+    /// candidates (0: they are in `idx`/`val`), and the input length each piece covers.
+    split: usize,
+    piece: usize,
 }
 
 impl Cand {
     pub fn clear(&mut self) {
         self.idx.clear();
         self.val.clear();
+        self.split = 0;
     }
+    /// Number of candidates, in `idx` or in the pieces of a split pass.
     pub fn len(&self) -> usize {
-        self.idx.len()
+        if self.split > 0 {
+            self.parts[..self.split].iter().map(|p| p.idx.len()).sum()
+        } else {
+            self.idx.len()
+        }
+    }
+    /// Joins the pieces of a split pass into the one list when they hold fewer than `max`
+    /// candidates in all: selecting among a few thousand costs less in serial than a
+    /// second hand-off to the pool.
+    pub fn join_if_fewer(&mut self, max: usize) {
+        if self.split == 0 || self.len() >= max {
+            return;
+        }
+        let parts = std::mem::take(&mut self.parts);
+        self.idx.clear();
+        self.val.clear();
+        for p in &parts[..self.split] {
+            self.idx.extend_from_slice(&p.idx);
+            self.val.extend_from_slice(&p.val);
+        }
+        self.parts = parts;
+        self.split = 0;
+    }
+
+    /// The candidate lists in index order, and the input length each covers (the `i`-th
+    /// list holds indices of `i·piece .. (i+1)·piece`): the pieces of a split pass, or
+    /// this one list covering everything.
+    pub fn lists(&self) -> (&[Cand], usize) {
+        if self.split > 0 {
+            (&self.parts[..self.split], self.piece)
+        } else {
+            (std::slice::from_ref(self), usize::MAX)
+        }
     }
     /// Moves the lists out (the piece buffers stay for the next call).
     pub fn take(&mut self) -> (Vec<u32>, Vec<f32>) {
@@ -723,8 +763,9 @@ macro_rules! dispatch {
     }};
 }
 
-/// [`fused_body`] on one range, from the widest build; with `ZERO`, then zeroes in `r`
-/// the candidates this range added (while the range is still in cache).
+/// [`fused_body`] on one range, from the widest build; then, while the range is still in
+/// cache, writes [`moments_chunk`] of the accumulated range to `mom` when given, and with
+/// `ZERO` zeroes in `r` the candidates this range added.
 #[inline]
 fn fused_one<const STATS: bool, const ZERO: bool>(
     r: &mut [f32],
@@ -733,11 +774,15 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     t: i32,
     cap: usize,
     cand: &mut Cand,
+    mom: Option<&mut Moments>,
 ) -> PassOut {
     let before = cand.len();
     // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
     let cap = if ZERO { usize::MAX } else { cap };
     let out = fused_any::<STATS>(r, g, base, t, cap, cand);
+    if let Some(m) = mom {
+        *m = moments_chunk(r);
+    }
     if ZERO {
         for &i in &cand.idx[before..] {
             r[i as usize - base] = 0.0;
@@ -798,6 +843,12 @@ fn scan_one<const STATS: bool>(
 #[inline]
 pub(crate) fn add_one(r: &mut [f32], g: &[f32]) {
     dispatch!(add(r, g), add_body(r, g))
+}
+
+/// Sum and sum of squares of a short `x` (a sample), in f64.
+pub(crate) fn moments_of(x: &[f32]) -> (f64, f64) {
+    let (s, q, _) = moments_chunk(x);
+    (s, q)
 }
 
 /// [`moments_body`] from the widest build.
@@ -864,13 +915,7 @@ fn serial_chunks<const STATS: bool>(
 /// still flagged): a zeroing pass zeroed all of them in the residual, and the caller
 /// restores them from the list.
 fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> PassOut {
-    let mut out = PassOut::new();
-    let mut total = 0usize;
-    for (o, part) in outs.iter().zip(&cand.parts) {
-        out.merge(o);
-        total += part.len();
-    }
-    out.overflow |= total > room;
+    let (out, total) = merge_pieces(cand, &outs, room);
     let mut left = if keep_all { usize::MAX } else { room };
     cand.idx.reserve_exact(total.min(left));
     cand.val.reserve_exact(total.min(left));
@@ -882,8 +927,22 @@ fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> P
         left -= m;
     }
     cand.parts = parts;
-    out.abs_sum = cand.sums.iter().fold(0.0, |a, b| a + b);
     out
+}
+
+/// The flags of the pieces' passes merged in order, the overflow of their candidates
+/// (more than `room` in all) and the `|x|` sum refolded from the per-chunk sums in index
+/// order; also returns the number of candidates.
+fn merge_pieces(cand: &Cand, outs: &[PassOut], room: usize) -> (PassOut, usize) {
+    let mut out = PassOut::new();
+    let mut total = 0usize;
+    for (o, part) in outs.iter().zip(&cand.parts) {
+        out.merge(o);
+        total += part.len();
+    }
+    out.overflow |= total > room;
+    out.abs_sum = cand.sums.iter().fold(0.0, |a, b| a + b);
+    (out, total)
 }
 
 /// The fused error-feedback pass (see [`fused_body`]) over `r` and `g`, appending to
@@ -903,20 +962,80 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
+    fused_impl::<STATS, ZERO, false, ()>(r, g, base, t, cap, cand, None::<(_, fn(&Cand, &mut ()))>)
+}
+
+/// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
+/// leaves each piece's candidates in its own list ([`Cand::lists`]) instead of gathering
+/// them into one, and runs `post` on each list with its scratch (`post[i]` for the `i`-th
+/// list) in the piece's own task, while its candidates are still in cache (`post` runs
+/// only on the pieces of a split pass, never on the one list of a serial one): the selection
+/// among them then runs per piece too ([`crate::split`]). Each piece keeps at most `cap`
+/// candidates (all of them with `ZERO`); the overflow flag is that of the whole.
+pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default>(
+    r: &mut [f32],
+    g: &[f32],
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+    post: (&mut Vec<P>, impl Fn(&Cand, &mut P) + Sync + Send),
+) -> PassOut {
+    cand.clear();
+    fused_impl::<STATS, ZERO, false, P>(r, g, 0, t, cap, cand, Some(post))
+}
+
+/// [`fused_split`] with `ZERO` that also returns the sum and sum of squares of the
+/// accumulated vector exactly as [`moments`] computes them (per [`CHUNK`], each chunk while
+/// it is in cache and before its candidates are zeroed): the statistics and the candidates
+/// of a Gaussian-k step in one pass.
+pub(crate) fn fused_moments_split(
+    r: &mut [f32],
+    g: &[f32],
+    t: i32,
+    cand: &mut Cand,
+) -> (PassOut, (f64, f64)) {
+    cand.clear();
+    // Nothing to run per piece: a list of `()` allocates nothing.
+    let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
+    let out = fused_impl::<false, true, true, ()>(r, g, 0, t, usize::MAX, cand, Some(post));
+    let (s, q) = cand
+        .moms
+        .iter()
+        .fold((0.0f64, 0.0f64), |(s, q), m| (s + m.0, q + m.1));
+    (out, (s, q))
+}
+
+/// What a split pass runs on each piece's list after the pass: its scratch per piece and
+/// the function.
+type Post<'a, P, F> = Option<(&'a mut Vec<P>, F)>;
+
+fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + Default>(
+    r: &mut [f32],
+    g: &[f32],
+    base: usize,
+    t: i32,
+    cap: usize,
+    cand: &mut Cand,
+    post: Post<'_, P, impl Fn(&Cand, &mut P) + Sync + Send>,
+) -> PassOut {
     let t = t.min(INF_BITS);
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let mut sums = std::mem::take(&mut cand.sums);
     sums.clear();
     sums.resize(n.div_ceil(CHUNK), 0.0);
+    let mut moms = std::mem::take(&mut cand.moms);
+    moms.resize(n.div_ceil(CHUNK), (0.0, 0.0, 0));
     let np = pieces(n);
     if np == 1 {
         let before = cand.len();
-        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO, |lo, hi| {
-            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand)
+        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO || MOM, |lo, hi| {
+            let m = moms.get_mut(lo / CHUNK).filter(|_| MOM);
+            fused_one::<STATS, ZERO>(&mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand, m)
         });
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
+        cand.moms = moms;
         return out;
     }
     use rayon::prelude::*;
@@ -927,21 +1046,45 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
         cand.parts.resize_with(count, Cand::default);
     }
     let per = len / CHUNK;
+    let split = post.is_some();
+    let (ps, f) = match post {
+        Some((ps, f)) => (Some(ps), Some(f)),
+        None => (None, None),
+    };
+    // Without `post`, `P` is `()`: a list of them allocates nothing.
+    let mut none: Vec<P> = Vec::new();
+    let ps = ps.unwrap_or(&mut none);
+    if ps.len() < count {
+        ps.resize_with(count, P::default);
+    }
     let outs: Vec<PassOut> = r
         .par_chunks_mut(len)
         .zip(g.par_chunks(len))
         .zip(cand.parts.par_iter_mut())
         .zip(sums.par_chunks_mut(per))
+        .zip(moms.par_chunks_mut(per))
+        .zip(ps.par_iter_mut())
         .enumerate()
-        .map(|(i, (((rp, gp), part), sp))| {
+        .map(|(i, (((((rp, gp), part), sp), mp), p))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(rp.len(), sp, ZERO, |lo, hi| {
-                fused_one::<STATS, ZERO>(&mut rp[lo..hi], &gp[lo..hi], b + lo, t, room, part)
-            })
+            let out = serial_chunks::<STATS>(rp.len(), sp, ZERO || MOM, |lo, hi| {
+                let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
+                let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
+                fused_one::<STATS, ZERO>(rc, gc, b + lo, t, room, part, m)
+            });
+            if let Some(f) = &f {
+                f(part, p);
+            }
+            out
         })
         .collect();
     cand.sums = sums;
+    cand.moms = moms;
+    if split {
+        (cand.split, cand.piece) = (count, len);
+        return merge_pieces(cand, &outs, room).0;
+    }
     gather(cand, outs, room, ZERO)
 }
 
@@ -1062,6 +1205,20 @@ pub(crate) fn sample_acc(r: &[f32], g: &[f32], n: usize, out: &mut Vec<i32>) {
     }
 }
 
+/// Values of `r[i] + g[i]` at the sample positions (nothing is written).
+pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, out: &mut Vec<f32>) {
+    out.clear();
+    let d = r.len().min(g.len());
+    for s in run_starts(d, n) {
+        out.extend(
+            r[s..s + RUN]
+                .iter()
+                .zip(&g[s..s + RUN])
+                .map(|(a, b)| *a + *b),
+        );
+    }
+}
+
 /// Magnitude bits of `x[i]` at the sample positions.
 pub(crate) fn sample_x(x: &[f32], n: usize, out: &mut Vec<i32>) {
     out.clear();
@@ -1070,18 +1227,76 @@ pub(crate) fn sample_x(x: &[f32], n: usize, out: &mut Vec<i32>) {
     }
 }
 
+/// Samples of at least this many elements are gathered and selected in two halves in
+/// parallel (on a pool of several threads).
+const PAR_SAMPLE: usize = 1 << 15;
+
+/// [`sample_acc`] with `n` and [`threshold_from_sample`] on it: (threshold, sample
+/// length). A large sample is gathered in two halves in parallel, each keeping its `m`
+/// largest, and the threshold is the `m`-th largest of those: the same value as from the
+/// whole sample.
+pub(crate) fn sampled_threshold(
+    r: &[f32],
+    g: &[f32],
+    n: usize,
+    k: usize,
+    z: f64,
+    bufs: (&mut Vec<i32>, &mut Vec<i32>),
+) -> (i32, usize) {
+    let d = r.len().min(g.len());
+    let (a, b) = bufs;
+    if n < PAR_SAMPLE || pieces(d) == 1 {
+        sample_acc(r, g, n, a);
+        let len = a.len();
+        return (threshold_from_sample(a, d, k, z), len);
+    }
+    let runs = run_starts(d, n).count();
+    let len = runs * RUN;
+    let Some(m) = sample_rank(len, d, k, z) else {
+        return (0, len);
+    };
+    let half = |skip: usize, take: usize, out: &mut Vec<i32>| {
+        out.clear();
+        for s in run_starts(d, n).skip(skip).take(take) {
+            out.extend(
+                r[s..s + RUN]
+                    .iter()
+                    .zip(&g[s..s + RUN])
+                    .map(|(x, y)| abs_bits(*x + *y)),
+            );
+        }
+        if out.len() > m {
+            let at = out.len() - m;
+            out.select_nth_unstable(at);
+            out.drain(..at);
+        }
+    };
+    let h = runs / 2;
+    rayon::join(|| half(0, h, a), || half(h, runs - h, b));
+    a.extend_from_slice(b);
+    let at = a.len() - m;
+    let v = *a.select_nth_unstable(at).1;
+    (v.min(INF_BITS), len)
+}
+
+/// The rank from the top, `k·n/d + z·sqrt(k·n/d) + 1`, of the threshold
+/// [`threshold_from_sample`] takes from a sample of `n`; `None` when it is not below `n`.
+fn sample_rank(n: usize, d: usize, k: usize, z: f64) -> Option<usize> {
+    if n == 0 || d == 0 {
+        return None;
+    }
+    let hits = k as f64 * n as f64 / d as f64;
+    let m = (hits + z * hits.sqrt() + 1.0).ceil() as usize;
+    (m < n).then_some(m)
+}
+
 /// A threshold that, with high probability, keeps at least `k` of `d` elements while
 /// keeping few more: the sample's order statistic `k·n/d + z·sqrt(k·n/d) + 1` from the top.
 pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f64) -> i32 {
     let n = sample.len();
-    if n == 0 || d == 0 {
+    let Some(m) = sample_rank(n, d, k, z) else {
         return 0;
-    }
-    let hits = k as f64 * n as f64 / d as f64;
-    let m = (hits + z * hits.sqrt() + 1.0).ceil() as usize;
-    if m >= n {
-        return 0;
-    }
+    };
     if m <= SMALL_M {
         return mth_largest_small(sample, m).min(INF_BITS);
     }
@@ -1227,27 +1442,38 @@ pub(crate) fn exact_readonly(
     ))
 }
 
+/// Sum and sum of squares of a chunk (f64) and its largest magnitude bits.
+type Moments = (f64, f64, i32);
+
 /// Sum, sum of squares (f64, 8 lanes combined by [`combine_lanes`]) and largest magnitude
 /// bits of one chunk.
 #[inline(always)]
 fn moments_body(x: &[f32]) -> (f64, f64, i32) {
-    let (mut s, mut q) = ([0.0f64; 8], [0.0f64; 8]);
-    let mut mx = 0i32;
-    let mut ch = x.chunks_exact(8);
+    // 32 lanes (four registers of 8), so the additions do not wait on each other (one
+    // chain of dependent f64 additions would bound a chunk in cache at 0.5 cycle an
+    // element); lane `j` takes the elements `32i + j`.
+    let (mut s, mut q) = ([0.0f64; 32], [0.0f64; 32]);
+    let mut ch = x.chunks_exact(32);
     for c in &mut ch {
-        for j in 0..8 {
+        for j in 0..32 {
             let v = f64::from(c[j]);
             s[j] += v;
             q[j] += v * v;
-            mx = mx.max(abs_bits(c[j]));
         }
     }
-    for (j, &v) in ch.remainder().iter().enumerate() {
-        s[j] += f64::from(v);
-        q[j] += f64::from(v) * f64::from(v);
-        mx = mx.max(abs_bits(v));
+    for (j, &a) in ch.remainder().iter().enumerate() {
+        s[j] += f64::from(a);
+        q[j] += f64::from(a) * f64::from(a);
     }
-    (combine_lanes(&s), combine_lanes(&q), mx)
+    let fold = |l: &[f64; 32]| {
+        let mut t = [0.0f64; 8];
+        for j in 0..8 {
+            t[j] = (l[j] + l[j + 8]) + (l[j + 16] + l[j + 24]);
+        }
+        combine_lanes(&t)
+    };
+    let mx = x.iter().map(|v| abs_bits(*v)).fold(0, i32::max);
+    (fold(&s), fold(&q), mx)
 }
 
 /// Folds per-chunk moments in index order; a non-finite value is an error naming the first.

@@ -27,6 +27,7 @@ pub mod kind;
 pub mod mstopk;
 pub mod selector;
 pub mod sparse;
+mod split;
 pub mod threshold;
 mod value;
 
@@ -76,6 +77,7 @@ mod tests {
     use super::*;
     use crate::exact::tests::{gen_vec, vec_strategy};
     use proptest::prelude::*;
+    use rand::SeedableRng;
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
@@ -176,6 +178,87 @@ mod tests {
                 prop_assert_eq!(run.1.len(), k, "{}", run.0);
             }
             prop_assert_eq!(serial, parallel);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(8))]
+
+        /// The fused steps split over a pool (per-piece candidate lists, the selection
+        /// made per piece) equal the references on the accumulated vector: the sort for
+        /// exact top-k, the literal Algorithm 1 for MSTopK; and the selected values plus
+        /// the new residual give back the accumulated vector bit for bit.
+        #[test]
+        fn parallel_fused_matches_the_references(
+            seed in any::<u64>(),
+            len in kernel::PAR_MIN..4 * kernel::PAR_MIN,
+            kind in 0u8..4,
+            density in prop_oneof![Just(0.001), Just(0.01), Just(0.2)],
+        ) {
+            let g = gen_vec(seed, len, kind);
+            let r0 = gen_vec(seed ^ 0xacc, len, 0);
+            let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+            let k = ((len as f64 * density) as usize).max(1);
+            let (ex, ms, res) = on_pool(4, || {
+                assert!(kernel::pieces(len) > 1, "parallel path not taken");
+                let mut ef = ErrorFeedback::from_residual(r0.clone());
+                let (ex, _) = ef.step(&mut ExactTopK::new(), &g, k).unwrap();
+                let mut ef2 = ErrorFeedback::from_residual(r0.clone());
+                let (ms, _) = ef2.step(&mut MsTopK::with_seed(seed), &g, k).unwrap();
+                (ex, ms, [ef.into_residual(), ef2.into_residual()])
+            });
+            prop_assert_eq!(ex.nnz(), k);
+            prop_assert_eq!(ex.indices(), &exact::reference_topk(&acc, k)[..]);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let want = mstopk::reference_mstopk(&acc, k, mstopk::DEFAULT_ROUNDS, &mut rng);
+            prop_assert_eq!(ms.nnz(), k);
+            prop_assert_eq!(ms.indices(), &want[..]);
+            for (sg, r) in [(&ex, &res[0]), (&ms, &res[1])] {
+                let mut back = r.clone();
+                sg.scatter_add_into(&mut back).unwrap();
+                for (a, b) in back.iter().zip(&acc) {
+                    prop_assert_eq!(a.to_bits(), b.to_bits());
+                }
+            }
+        }
+    }
+
+    /// Large `k` on a pool takes the per-piece selection (histogram, boundary bucket,
+    /// per-piece writes and restores): exact and MSTopK still equal their references,
+    /// ties included (kind 1), and conserve the accumulated vector bit for bit.
+    #[test]
+    fn split_selection_matches_the_references() {
+        let d = 3 * kernel::PAR_MIN + 4_099;
+        for kind in 0..4u8 {
+            let g = gen_vec(60 + u64::from(kind), d, kind);
+            let r0 = gen_vec(61, d, 0);
+            let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+            for k in [split::PAR_CAND, d / 5] {
+                let (ex, ms, res) = on_pool(4, || {
+                    assert!(kernel::pieces(d) > 1 && k >= split::PAR_CAND, "split path");
+                    let mut e1 = ErrorFeedback::from_residual(r0.clone());
+                    let (ex, _) = e1.step(&mut ExactTopK::new(), &g, k).unwrap();
+                    let mut e2 = ErrorFeedback::from_residual(r0.clone());
+                    let (ms, _) = e2.step(&mut MsTopK::with_seed(9), &g, k).unwrap();
+                    (ex, ms, [e1.into_residual(), e2.into_residual()])
+                });
+                assert_eq!(
+                    ex.indices(),
+                    &exact::reference_topk(&acc, k)[..],
+                    "{kind} {k}"
+                );
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+                let want = mstopk::reference_mstopk(&acc, k, mstopk::DEFAULT_ROUNDS, &mut rng);
+                assert_eq!(ms.indices(), &want[..], "{kind} {k}");
+                for (sg, r) in [(&ex, &res[0]), (&ms, &res[1])] {
+                    let mut back = r.clone();
+                    sg.scatter_add_into(&mut back).unwrap();
+                    assert!(back
+                        .iter()
+                        .zip(&acc)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
         }
     }
 

@@ -15,7 +15,10 @@
 //! exactly among the candidates; every round below `t_low` has more than `k` elements
 //! above it (all the candidates), so its decision is known without counting. The final
 //! selection comes from the candidates too, unless `thres2 < t_low` (then a read-only
-//! pass over the accumulated vector counts and emits).
+//! pass over the accumulated vector counts and emits). On a pool the candidates stay per
+//! piece: a histogram of their magnitudes answers every round whose threshold falls
+//! outside the one bucket where the count crosses `k`, and each piece writes its share of
+//! the result.
 //!
 //! Two details Algorithm 1 leaves open are fixed here: when no round ever counted
 //! `1 ≤ nnz ≤ k`, `thres1` stays "unset" and selects nothing (the literal `thres1 = 0`
@@ -25,9 +28,9 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::{check_dense_len, finish, zero_selected, SAMPLE_Z};
+use crate::exact::{check_dense_len, finish, finish_bits, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
-use crate::{Result, Selection, Selector};
+use crate::{split, Result, Selection, Selector};
 
 /// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
@@ -39,8 +42,10 @@ pub struct MsTopK {
     rng: ChaCha8Rng,
     cand: Cand,
     sample: Vec<i32>,
-    /// Candidate magnitudes the binary search partitions.
-    work: Vec<i32>,
+    /// The second half of a sample gathered in parallel.
+    sample2: Vec<i32>,
+    /// Scratch of the selection among the candidates, per parallel piece.
+    work: split::Work,
 }
 
 impl Default for MsTopK {
@@ -79,7 +84,8 @@ impl MsTopK {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Cand::default(),
             sample: Vec::new(),
-            work: Vec::new(),
+            sample2: Vec::new(),
+            work: split::Work::default(),
         }
     }
 
@@ -99,33 +105,38 @@ impl MsTopK {
     }
 
     /// Runs the N rounds answering each count from the candidates (`|x| ≥ t_low`, more
-    /// than `k` of them). The round thresholds only narrow (they are monotone in `ratio`),
-    /// so each round partitions just the candidates still between the bounds: those above
-    /// the upper bound are counted once and dropped, those below the lower one never count
-    /// again. The N rounds cost about two passes over the candidates instead of N, with
-    /// exactly the counts of Algorithm 1.
-    fn search(&mut self, t_low: i32, mean: f64, u: f64, k: usize) -> Bounds {
+    /// than `k` of them, with the largest magnitude `max_bits`). A histogram of the
+    /// candidates' magnitudes ([`split::ms_boundary`]) decides every round whose threshold
+    /// falls outside the one bucket where the count crosses `k`; only rounds inside it count
+    /// that bucket's few magnitudes. The round thresholds only narrow (they are monotone in
+    /// `ratio`), so each such round partitions just the magnitudes still between the
+    /// bounds: those above the upper bound are counted once and dropped, those below the
+    /// lower one never count again. The decisions are exactly those of Algorithm 1's counts.
+    fn search(&mut self, t_low: i32, mean: f64, u: f64, max_bits: i32, k: usize) -> Bounds {
         let (mut l, mut r) = (0.0f64, 1.0f64);
         let mut b = Bounds {
             t1: i32::MAX,
             t2: 0,
         };
-        let work = &mut self.work;
-        work.clear();
-        work.extend(self.cand.val.iter().map(|v| abs_bits(*v)));
-        // Candidates at or above every threshold still to come.
-        let mut above = 0usize;
-        let mut live = &mut work[..];
+        let buckets = split::Buckets::new(t_low, k);
+        let bound = split::ms_boundary(&self.cand, &buckets, k, &mut self.work);
+        let (kb, mut above) = bound.unwrap_or((usize::MAX, 0));
+        let mut live = self.work.members_mut();
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
-        // (all magnitudes nearly equal); then every round counts all the candidates.
+        // (all magnitudes nearly equal); then every round counts all the bucket.
         let narrows = u >= mean;
         for _ in 0..self.rounds {
             let ratio = l + (r - l) / 2.0;
             let tb = abs_bits(round_threshold(mean, u, ratio));
-            let nnz = if tb < t_low {
-                usize::MAX
+            // (count ≤ k, count > 0)
+            let (fits, some) = if tb < t_low {
+                (false, true)
+            } else if bound.is_some() && buckets.of(tb) != kb {
+                // Above the boundary bucket at most k pass, below it more than k.
+                (buckets.of(tb) > kb, tb <= max_bits)
             } else if !narrows {
-                live.iter().filter(|&&m| m >= tb).count()
+                let nnz = above + live.iter().filter(|&&m| m >= tb).count();
+                (nnz <= k, nnz > 0)
             } else {
                 // Move the live magnitudes `>= tb` to the front, branch-free: every
                 // element is swapped to the boundary, which advances only past a hit.
@@ -145,11 +156,11 @@ impl MsTopK {
                     // Later thresholds are at least `tb`: the back never counts again.
                     &mut rest[..hi]
                 };
-                nnz
+                (nnz <= k, nnz > 0)
             };
-            if nnz <= k {
+            if fits {
                 r = ratio;
-                if nnz > 0 {
+                if some {
                     b.t1 = tb;
                 }
             } else {
@@ -160,67 +171,61 @@ impl MsTopK {
         b
     }
 
-    /// Finishes Algorithm 1 (lines 25-28) given the candidates above `t_low` of the
-    /// accumulated vector `acc`, its mean and max magnitude.
-    fn finish_from(
-        &mut self,
-        acc: &[f32],
-        t_low: i32,
-        mean: f64,
-        u: f64,
-        k: usize,
-    ) -> (Vec<u32>, Vec<f32>) {
-        let b = self.search(t_low, mean, u, k);
-        self.pick(acc, t_low, b, k)
-    }
-
-    /// Lines 25-28 of Algorithm 1 once the search ended at `b`: reads `acc` only when
-    /// `b.t2 < t_low` (the tie band reaches below the candidates).
-    fn pick(&mut self, acc: &[f32], t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>) {
-        let k1 = self
-            .cand
-            .val
-            .iter()
-            .filter(|v| abs_bits(**v) >= b.t1)
-            .count();
+    /// Lines 25-28 of Algorithm 1 once the search ended at `b`, given the candidates above
+    /// `t_low` of the accumulated vector `x`: from the candidates per piece (zeroing the
+    /// selection in `x` when it is a residual), or by a serial pass over `x` when `b.t2 <
+    /// t_low` (the tie band reaches below the candidates). Returns the selection and the
+    /// smallest magnitude in it.
+    fn pick(&mut self, x: Buf<'_>, t_low: i32, b: Bounds, k: usize) -> (Vec<u32>, Vec<f32>, i32) {
+        let bands = split::MsPick { t1: b.t1, t2: b.t2 };
+        let buckets = split::Buckets::new(t_low, k);
+        let (k1, len2) = split::ms_counts(&self.cand, &buckets, &bands, &mut self.work);
         let need = k - k1;
         let in2 = |ab: i32| ab >= b.t2 && ab < b.t1;
         let from_cand = b.t2 >= t_low;
+        let mut x = x;
+        if !from_cand {
+            // The tie band reaches below the candidates: read the accumulated vector whole.
+            if let Buf::Residual(r, zeroed) = &mut x {
+                if *zeroed {
+                    split::restore(r, &self.cand);
+                    *zeroed = false;
+                }
+            }
+        }
         let len2 = if from_cand {
-            self.cand.val.iter().filter(|v| in2(abs_bits(**v))).count()
+            len2
         } else {
-            acc.iter().filter(|v| in2(abs_bits(**v))).count()
+            x.get().iter().filter(|v| in2(abs_bits(**v))).count()
         };
         let start = self.rng.gen_range(0..=len2.saturating_sub(need));
         let end = start + need;
         if from_cand {
-            // Branch-free over the candidates: every one is written at the end of the lists
-            // and the length advances only for the picked ones.
-            let picks = self.cand.idx.iter().zip(&self.cand.val).map(|(&i, &v)| {
-                let ab = abs_bits(v);
-                let in1 = ab >= b.t1;
-                let in2 = !in1 & (ab >= b.t2);
-                (i, v, in1, in2)
-            });
-            return kernel::compact(k, picks, start, end);
+            let res = match x {
+                Buf::Read(_) => split::Residual::None,
+                Buf::Residual(r, true) => split::Residual::Restore(r),
+                Buf::Residual(r, false) => split::Residual::Zero(r),
+            };
+            return split::select_ms(&self.cand, &bands, start, end, res, &mut self.work);
         }
         let mut idx = Vec::with_capacity(k);
         let mut val = Vec::with_capacity(k);
         let mut rank = 0usize;
-        for (i, &v) in acc.iter().enumerate() {
+        let mut min = i32::MAX;
+        for (i, &v) in x.get().iter().enumerate() {
             let ab = abs_bits(v);
-            if ab >= b.t1 {
+            let keep = ab >= b.t1 || (in2(ab) && rank >= start && rank < end);
+            rank += usize::from(in2(ab));
+            if keep {
                 idx.push(i as u32);
                 val.push(v);
-            } else if ab >= b.t2 {
-                if rank >= start && rank < end {
-                    idx.push(i as u32);
-                    val.push(v);
-                }
-                rank += 1;
+                min = min.min(ab);
             }
         }
-        (idx, val)
+        if let Buf::Residual(r, _) = x {
+            zero_selected(r, &idx);
+        }
+        (idx, val, min)
     }
 
     /// Sample size and the cap on candidates, for `0 < k < d`.
@@ -228,19 +233,32 @@ impl MsTopK {
         kernel::sample_size(d, k).map(|n| (n, kernel::candidate_cap(d, k, n, SAMPLE_Z)))
     }
 
-    /// Selection from an accumulated `acc` whose stats are known and whose candidates in
-    /// `self.cand` (above `t_low`, maybe truncated) came from one pass.
+    /// Selection from an accumulated `x` whose stats are known and whose candidates in
+    /// `self.cand` (above `t_low`, maybe truncated) came from one pass. Returns the
+    /// selection and the smallest magnitude in it.
     fn complete(
         &mut self,
-        acc: &[f32],
+        mut x: Buf<'_>,
         mut t_low: i32,
         out: PassOut,
         k: usize,
-    ) -> Result<(Vec<u32>, Vec<f32>)> {
+    ) -> Result<(Vec<u32>, Vec<f32>, i32)> {
+        let misjudged = out.overflow || self.cand.len() <= k;
+        // Only the pieces of a pass that zeroed its candidates were prepared for a split
+        // selection.
+        let prepared = matches!(&x, Buf::Residual(_, true));
+        if let Buf::Residual(r, zeroed) = &mut x {
+            if *zeroed && (misjudged || out.non_finite.is_some()) {
+                // The accumulated vector whole again, for the error or the fallback.
+                split::restore(r, &self.cand);
+                *zeroed = false;
+            }
+        }
         out.check()?;
+        let acc = x.get();
         let d = acc.len();
         let (mean, u) = mean_max(&out, d);
-        if out.overflow || self.cand.len() <= k {
+        if misjudged {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
             let mut tries = Vec::new();
@@ -264,7 +282,29 @@ impl MsTopK {
                 }
             }
         }
-        Ok(self.finish_from(acc, t_low, mean, u, k))
+        self.cand.join_if_fewer(if prepared {
+            split::PAR_CAND
+        } else {
+            usize::MAX
+        });
+        let b = self.search(t_low, mean, u, out.max_bits, k);
+        Ok(self.pick(x, t_low, b, k))
+    }
+}
+
+/// The vector MSTopK selects from: read-only, or the residual of a fused step (whose
+/// selected entries end up zeroed), with whether the pass zeroed all the candidates.
+enum Buf<'a> {
+    Read(&'a [f32]),
+    Residual(&'a mut [f32], bool),
+}
+
+impl Buf<'_> {
+    fn get(&self) -> &[f32] {
+        match self {
+            Buf::Read(x) => x,
+            Buf::Residual(r, _) => r,
+        }
     }
 }
 
@@ -299,8 +339,8 @@ impl Selector for MsTopK {
             None => (0, usize::MAX),
         };
         let out = kernel::scan_pass::<true>(x, 0, t, cap, &mut self.cand);
-        let (idx, val) = self.complete(x, t, out, k)?;
-        Ok(finish(idx, val, d))
+        let (idx, val, min) = self.complete(Buf::Read(x), t, out, k)?;
+        Ok(finish_bits(idx, val, d, min))
     }
 
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
@@ -308,27 +348,43 @@ impl Selector for MsTopK {
         let d = residual.len();
         let k = k.min(d);
         self.cand.clear();
-        let (idx, val) = if k == 0 || k == d {
+        if k == 0 || k == d {
             let t = if k == 0 { INF_BITS } else { 0 };
             kernel::fused_pass::<false, false>(residual, grad, 0, t, usize::MAX, &mut self.cand)
                 .check()?;
-            self.cand.take()
-        } else {
-            let (t, cap) = match Self::plan(d, k) {
-                Some((n, cap)) => {
-                    kernel::sample_acc(residual, grad, n, &mut self.sample);
-                    (
-                        kernel::threshold_from_sample(&mut self.sample, d, k, SAMPLE_Z),
-                        cap,
-                    )
-                }
-                None => (0, usize::MAX),
-            };
-            let out = kernel::fused_pass::<true, false>(residual, grad, 0, t, cap, &mut self.cand);
-            self.complete(residual, t, out, k)?
+            let (idx, val) = self.cand.take();
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
+        let (t, cap) = match kernel::sample_size(d, k) {
+            Some(n) => {
+                let bufs = (&mut self.sample, &mut self.sample2);
+                let (t, len) = kernel::sampled_threshold(residual, grad, n, k, SAMPLE_Z, bufs);
+                (t, kernel::candidate_cap(d, k, len, SAMPLE_Z))
+            }
+            None => (0, usize::MAX),
         };
-        zero_selected(residual, &idx);
-        Ok(finish(idx, val, d))
+        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
+        // the selection puts back the ones it does not take; in one serial pass over a short
+        // vector the selection zeroes what it takes.
+        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
+        let b = split::Buckets::new(t, k);
+        let post = (
+            &mut self.work.pieces,
+            move |l: &Cand, p: &mut split::Piece| {
+                if zero {
+                    split::prepare(l, p, b)
+                }
+            },
+        );
+        let cand = &mut self.cand;
+        let out = if zero {
+            kernel::fused_split::<true, true, _>(residual, grad, t, cap, cand, post)
+        } else {
+            kernel::fused_split::<true, false, _>(residual, grad, t, cap, cand, post)
+        };
+        let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k)?;
+        Ok(finish_bits(idx, val, d, min))
     }
 }
 

@@ -16,9 +16,9 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::{check_dense_len, finish, zero_selected};
+use crate::exact::{check_dense_len, finish_bits, zero_selected};
 use crate::kernel::{self, abs_bits, Cand, INF_BITS};
-use crate::{Error, Result, Selection, Selector};
+use crate::{split, Error, Result, Selection, Selector};
 
 /// Threshold bits for "`|x| ≥ t`" with a finite non-negative `t` (NaN or negative: 0).
 fn ge_bits(t: f32) -> i32 {
@@ -118,7 +118,8 @@ macro_rules! selector_impl {
                 // writes when `grad` is None; the read-only path hands it a copy.
                 let mut buf = x.to_vec();
                 let (idx, val, t, _) = self.run_edges(&mut buf, None, k)?;
-                let (sg, mut info) = finish(idx, val, x.len());
+                // The info's threshold is the selector's own, not the smallest selected.
+                let (sg, mut info) = finish_bits(idx, val, x.len(), 0);
                 info.threshold = t;
                 Ok((sg, info))
             }
@@ -129,7 +130,7 @@ macro_rules! selector_impl {
                 if !zeroed {
                     zero_selected(residual, &idx);
                 }
-                let (sg, mut info) = finish(idx, val, residual.len());
+                let (sg, mut info) = finish_bits(idx, val, residual.len(), 0);
                 info.threshold = t;
                 Ok((sg, info))
             }
@@ -157,6 +158,7 @@ fn calibrate(x: &[f32], grad: Option<&[f32]>, k: usize) -> f32 {
 pub struct HardThreshold {
     threshold: Option<f32>,
     cand: Cand,
+    work: split::Work,
 }
 
 impl HardThreshold {
@@ -169,7 +171,7 @@ impl HardThreshold {
         }
         Ok(HardThreshold {
             threshold: Some(threshold),
-            cand: Cand::default(),
+            ..Self::default()
         })
     }
 
@@ -186,9 +188,22 @@ impl HardThreshold {
 
     fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
-        pass(x, grad, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
-        let (idx, val) = self.cand.take();
-        Ok((idx, val, t, grad.is_some()))
+        let Some(g) = grad else {
+            pass(x, None, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
+            let (idx, val) = self.cand.take();
+            return Ok((idx, val, t, false));
+        };
+        // Fused: the pass zeroes its candidates (the selection) and keeps them per piece;
+        // the pieces then copy their lists into the result in parallel.
+        let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
+        let (tb, all) = (ge_bits(t), usize::MAX);
+        let out = kernel::fused_split::<false, true, ()>(x, g, tb, all, &mut self.cand, post);
+        if out.non_finite.is_some() {
+            split::restore(x, &self.cand);
+            out.check()?;
+        }
+        let (idx, val) = split::take_all(&mut self.cand, &mut self.work);
+        Ok((idx, val, t, true))
     }
 }
 selector_impl!(HardThreshold, "threshold");
@@ -422,6 +437,57 @@ selector_impl!(ExDyna, "exdyna");
 #[derive(Debug, Clone, Default)]
 pub struct GaussianK {
     cand: Cand,
+    sample: Vec<f32>,
+    mags: Vec<i32>,
+    work: split::Work,
+}
+
+/// How [`GaussianK`]'s one-pass attempt ended.
+enum OnePass {
+    Done(Picked),
+    /// Not attempted: the residual is untouched.
+    NotTried,
+    /// Undecided: the residual holds the accumulated vector.
+    Accumulated,
+}
+
+/// A Gaussian-k step's corrections (Shi et al.'s rule: at most three counts; below `2k/3`
+/// halve the threshold, above `4k/3` raise it by half, else stop), with the counts of
+/// `|x| > right` from `count` (`None`: not known). Returns the threshold bits of the
+/// last count (whose entries are the selection) and the final `right`, or `None` when a
+/// count was needed and not known.
+fn corrections(
+    mut right: f32,
+    k: usize,
+    mut count: impl FnMut(i32) -> Option<f64>,
+) -> Option<(i32, f32)> {
+    let mut last = 0;
+    for _ in 0..3 {
+        // Strict `>`: the next representable magnitude up.
+        let t = if right >= 0.0 { abs_bits(right) + 1 } else { 0 };
+        last = t.min(INF_BITS);
+        let n = count(last)?;
+        if n < 2.0 * k as f64 / 3.0 {
+            right *= 0.5;
+        } else if n > 4.0 * k as f64 / 3.0 {
+            right *= 1.5;
+        } else {
+            break;
+        }
+    }
+    Some((last, right))
+}
+
+/// The Gaussian threshold `mean + z·std` with `z = Φ⁻¹(1 − ρ/2)`, `ρ = k/d`.
+fn gaussian_threshold(sum: f64, sumsq: f64, n: usize, k: usize, d: usize) -> f32 {
+    let (mean, std) = mean_std(sum, sumsq, n);
+    let rho = k as f64 / d as f64;
+    let z = if rho >= 1.0 {
+        0.0
+    } else {
+        norm_ppf(1.0 - rho / 2.0)
+    };
+    (mean + z * std) as f32
 }
 
 impl GaussianK {
@@ -433,7 +499,17 @@ impl GaussianK {
     fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
         let d = x.len();
         let k = k.min(d);
-        // One pass accumulates and sums (the statistics of the accumulated vector).
+        let mut grad = grad;
+        if let Some(g) = grad {
+            match self.one_pass(x, g, k)? {
+                OnePass::Done(picked) => return Ok(picked),
+                // `x` holds the accumulated vector now.
+                OnePass::Accumulated => grad = None,
+                OnePass::NotTried => {}
+            }
+        }
+        // The general path: one pass accumulates and sums (the statistics of the
+        // accumulated vector), then each correction counts in a pass of its own.
         let (sum, sumsq) = match grad {
             Some(g) => kernel::fused_moments(x, g)?,
             None => kernel::moments(x)?,
@@ -441,42 +517,123 @@ impl GaussianK {
         if k == 0 {
             return Ok((Vec::new(), Vec::new(), 0.0, false));
         }
-        let (mean, std) = mean_std(sum, sumsq, d);
-        let rho = k as f64 / d as f64;
-        let z = if rho >= 1.0 {
-            0.0
-        } else {
-            norm_ppf(1.0 - rho / 2.0)
-        };
-        let mut right = (mean + z * std) as f32;
+        let right = gaussian_threshold(sum, sumsq, d, k, d);
         // Each correction pass stops emitting past 4k/3 + 1 candidates: that many already
         // decides "too many", so a low threshold costs a count, not a long list. Only when
         // the last pass ran over does a final uncapped pass rebuild its list.
         let cap = 4 * k / 3 + 1;
-        let mut last = (0, false);
-        for _ in 0..3 {
-            // Strict `>`: the next representable magnitude up.
-            let t = if right >= 0.0 { abs_bits(right) + 1 } else { 0 };
+        let mut overflow = false;
+        let mut err = Ok(());
+        let (last, right) = corrections(right, k, |t| {
             self.cand.clear();
-            let out = kernel::scan_pass::<false>(x, 0, t.min(INF_BITS), cap, &mut self.cand);
-            out.check()?;
-            last = (t, out.overflow);
-            let n = self.cand.len() as f64;
-            if n < 2.0 * k as f64 / 3.0 {
-                right *= 0.5;
-            } else if out.overflow || n > 4.0 * k as f64 / 3.0 {
-                right *= 1.5;
-            } else {
-                break;
+            let out = kernel::scan_pass::<false>(x, 0, t, cap, &mut self.cand);
+            overflow = out.overflow;
+            if let Err(e) = out.check() {
+                err = Err(e);
+                return None;
             }
-        }
-        if last.1 {
-            pass(x, None, 0, usize::MAX, last.0, &mut self.cand, false)?;
+            Some(if out.overflow {
+                f64::INFINITY
+            } else {
+                self.cand.len() as f64
+            })
+        })
+        .map_or((0, 0.0), |v| v);
+        err?;
+        if overflow {
+            pass(x, None, 0, usize::MAX, last, &mut self.cand, false)?;
         }
         let (idx, val) = self.cand.take();
         Ok((idx, val, right, false))
     }
+
+    /// The common case in one pass over memory: the thresholds the corrections will visit
+    /// are estimated from a sample of `residual + grad`, and one fused pass accumulates,
+    /// computes the exact statistics and emits (and zeroes) every entry above a little
+    /// below the lowest threshold the estimate needs. The corrections then count among
+    /// those candidates exactly (all seven thresholds they can visit in one parallel count);
+    /// a count below the candidates' threshold is needed only to see "too many", which all
+    /// the candidates already show when there are more than `4k/3`. When the estimate was
+    /// off (a count is not known, or the last threshold is below the candidates), the
+    /// candidates go back and the general path runs on the accumulated vector. Same
+    /// result as the general path.
+    fn one_pass(&mut self, x: &mut [f32], g: &[f32], k: usize) -> Result<OnePass> {
+        let d = x.len();
+        if k == 0 || d < 1 << 12 {
+            return Ok(OnePass::NotTried);
+        }
+        let n = ((8.0 * (d as f64).sqrt()) as usize).max(1 << 10).min(d / 8);
+        kernel::sample_vals(x, g, n, &mut self.sample);
+        let ns = self.sample.len();
+        let (s, q) = kernel::moments_of(&self.sample);
+        self.mags.clear();
+        self.mags.extend(self.sample.iter().map(|v| abs_bits(*v)));
+        let mags = &self.mags;
+        let scale = d as f64 / ns as f64;
+        let est = |t: i32| mags.iter().map(|&m| usize::from(m >= t)).sum::<usize>() as f64 * scale;
+        // The path the estimate takes: its thresholds and estimated counts.
+        let mut path: Vec<(i32, f64)> = Vec::with_capacity(3);
+        let (last, _) = corrections(gaussian_threshold(s, q, ns, k, d), k, |t| {
+            let c = est(t);
+            path.push((t, c));
+            Some(c)
+        })
+        .unwrap_or((0, 0.0));
+        // Candidates from 4 % below the last threshold, or below the lowest one when a
+        // lower one must be counted exactly (its estimate is not clearly "too many").
+        let many = 4.0 * k as f64 / 3.0;
+        let below = |t: i32| abs_bits(f32::from_bits(t as u32) * 0.96);
+        let clear = est(below(last)) > 1.5 * many;
+        let clear = path
+            .iter()
+            .all(|&(t, c)| t >= last || (c > 1.5 * many && clear));
+        let tl = if clear {
+            below(last)
+        } else {
+            below(path.iter().map(|p| p.0).min().unwrap_or(0))
+        };
+        let (out, (sum, sumsq)) = kernel::fused_moments_split(x, g, tl, &mut self.cand);
+        if out.non_finite.is_some() {
+            split::restore(x, &self.cand);
+            out.check()?;
+        }
+        let c = self.cand.len() as f64;
+        let right = gaussian_threshold(sum, sumsq, d, k, d);
+        // The seven thresholds the corrections can count at, each from the same f32
+        // products as the corrections compute it.
+        let strict = |r: f32| (if r >= 0.0 { abs_bits(r) + 1 } else { 0 }).min(INF_BITS);
+        let (h, u) = (right * 0.5, right * 1.5);
+        let tree = [right, h, u, h * 0.5, h * 1.5, u * 0.5, u * 1.5].map(strict);
+        let mut totals = Vec::with_capacity(tree.len());
+        split::count_ge_each(&self.cand, &tree, &mut totals, &mut self.work);
+        let exact = |t: i32| {
+            if t >= tl {
+                let i = tree.iter().position(|&x| x == t)?;
+                Some(totals[i] as f64)
+            } else if c > many {
+                // Below the candidates: more than all of them, already "too many".
+                Some(f64::INFINITY)
+            } else {
+                None
+            }
+        };
+        match corrections(right, k, exact) {
+            Some((last, right)) if last >= tl => {
+                let i = tree.iter().position(|&x| x == last).unwrap_or(0);
+                let res = split::Residual::Restore(x);
+                let (idx, val) = split::select_ge(&self.cand, i, last, res, &mut self.work);
+                #[cfg(test)]
+                tests::ONE_PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(OnePass::Done((idx, val, right, true)))
+            }
+            _ => {
+                split::restore(x, &self.cand);
+                Ok(OnePass::Accumulated)
+            }
+        }
+    }
 }
+
 selector_impl!(GaussianK, "gaussiank");
 
 /// Mean and population standard deviation of `d` values from their sum and sum of squares.
@@ -544,9 +701,51 @@ pub fn norm_ppf(p: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::exact::tests::gen_vec;
+    use crate::ErrorFeedback;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Gaussian-k steps that finished in one pass (the tests check that it is taken).
+    pub(crate) static ONE_PASS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The one-pass Gaussian-k step equals the general path (a read-only selection of the
+    /// accumulated vector, which counts each correction in a pass of its own), and is
+    /// taken: serial and split over a pool, on several distributions and densities.
+    #[test]
+    fn gaussiank_one_pass_equals_the_general_path() {
+        let before = ONE_PASS.load(Ordering::Relaxed);
+        for (threads, d) in [(1, 50_000), (4, 3 * kernel::PAR_MIN + 77)] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for kind in 0..4 {
+                    let g = gen_vec(31 + u64::from(kind), d, kind);
+                    let r0 = gen_vec(7, d, 0);
+                    let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+                    for k in [1, d / 1000, d / 100, d / 10] {
+                        let (want, wi) = GaussianK::new().select(&acc, k).unwrap();
+                        let mut ef = ErrorFeedback::from_residual(r0.clone());
+                        let (got, gi) = ef.step(&mut GaussianK::new(), &g, k).unwrap();
+                        assert_eq!(got, want, "kind {kind} k {k} threads {threads}");
+                        assert_eq!(gi, wi);
+                        let mut back = ef.residual().to_vec();
+                        got.scatter_add_into(&mut back).unwrap();
+                        let same = back
+                            .iter()
+                            .zip(&acc)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "kind {kind} k {k}: mass not conserved");
+                    }
+                }
+            });
+        }
+        // Not vacuous: most of those steps took the one-pass path.
+        assert!(ONE_PASS.load(Ordering::Relaxed) - before >= 16);
+    }
 
     #[test]
     fn hard_threshold_selects_exactly_the_set_above() {

@@ -1,0 +1,509 @@
+//! Selection among the candidates of a pass that are still split by parallel piece
+//! ([`Cand::lists`]), run per piece on the rayon pool: the exact `k`-th magnitude from a
+//! histogram of the candidates' magnitudes that each piece builds right after its pass
+//! (only the one bucket that holds it is selected in serial), and the result built by every
+//! piece writing its share straight into it and finishing its own range of the residual
+//! (zeroing what it selected, or putting back what the pass zeroed and it did not select).
+//!
+//! The serial parts are the histogram merge and the few candidates of one bucket, so the
+//! steps after the pass shrink with the threads instead of staying serial (gathering the
+//! pieces' lists, selecting among all candidates, zeroing, building the result). Every
+//! result equals the serial selection's bit for bit: the same set in the same order. The
+//! one list of a serial pass is selected among directly (no histogram).
+
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
+
+use crate::kernel::{abs_bits, Cand};
+
+/// Below this many candidates in all, a split pass's lists are joined and selected
+/// among in serial ([`Cand::join_if_fewer`]).
+pub(crate) const PAR_CAND: usize = 1 << 15;
+
+/// Most buckets of a histogram (a power of two): they span one binade above the
+/// threshold.
+const MAX_BUCKETS_LOG: u32 = 11;
+
+/// Scratch of one piece, kept between calls.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Piece {
+    /// Candidates per bucket, and where each bucket starts in `sorted` (one more entry).
+    hist: Vec<u32>,
+    starts: Vec<u32>,
+    /// The piece's candidate magnitudes ordered by bucket (a counting sort).
+    sorted: Vec<i32>,
+    /// Candidates the piece keeps for sure, and its range of ranks among the ranked ones.
+    sure: usize,
+    ranked: (usize, usize),
+    /// Candidates the piece writes.
+    count: usize,
+    /// Smallest magnitude the piece writes.
+    min_bits: i32,
+    /// The piece's candidates at or above each threshold of [`count_ge_each`].
+    ge: Vec<usize>,
+}
+
+impl Piece {
+    /// Magnitudes of bucket `j`.
+    fn bucket(&self, j: usize) -> &[i32] {
+        &self.sorted[self.starts[j] as usize..self.starts[j + 1] as usize]
+    }
+
+    /// Number of the piece's candidates with magnitude `>= x`.
+    fn count_ge(&self, b: &Buckets, x: i32) -> usize {
+        if x <= b.t {
+            return self.sorted.len();
+        }
+        let j = b.of(x);
+        let above = self.sorted.len() - self.starts[j + 1] as usize;
+        above + self.bucket(j).iter().filter(|&&m| m >= x).count()
+    }
+}
+
+/// Scratch of a split selection: one [`Piece`] per list plus the merged histogram.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Work {
+    pub(crate) pieces: Vec<Piece>,
+    hist: Vec<u32>,
+    /// Magnitudes of the boundary bucket of every piece, in piece order.
+    members: Vec<i32>,
+}
+
+/// The histogram layout over magnitudes `>= t`: bucket `(m - t) >> shift`, the last one
+/// open-ended. About eight candidates a bucket for `k` of them, at least 64 and at most
+/// 2^11 buckets, which span one binade above `t` (where the `k`-th magnitude lies unless
+/// the sample was far off; then the last bucket is large, and selecting in it is slower,
+/// never wrong).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buckets {
+    t: i32,
+    shift: u32,
+    n: usize,
+}
+
+impl Buckets {
+    /// The layout for candidates `>= t` of a selection of about `k`.
+    pub(crate) fn new(t: i32, k: usize) -> Self {
+        let log = (k / 8).max(64).next_power_of_two().trailing_zeros();
+        let log = log.min(MAX_BUCKETS_LOG);
+        Buckets {
+            t,
+            shift: 23 - log,
+            n: 1 << log,
+        }
+    }
+
+    /// Bucket of magnitude bits `m` (those below `t` count as `t`).
+    #[inline(always)]
+    pub(crate) fn of(&self, m: i32) -> usize {
+        ((m.wrapping_sub(self.t).max(0) as u32 >> self.shift) as usize).min(self.n - 1)
+    }
+}
+
+/// Histograms one list's magnitudes and sorts them by bucket: what a piece computes right
+/// after its pass ([`crate::kernel::fused_split`]), while its candidates are in cache.
+pub(crate) fn prepare(l: &Cand, p: &mut Piece, b: Buckets) {
+    p.hist.clear();
+    p.hist.resize(b.n, 0);
+    for v in &l.val {
+        p.hist[b.of(abs_bits(*v))] += 1;
+    }
+    p.starts.clear();
+    p.starts.push(0);
+    let mut at = 0u32;
+    for &c in &p.hist {
+        at += c;
+        p.starts.push(at);
+    }
+    // The histogram's buffer becomes the write cursors (it is rebuilt from `starts`).
+    p.hist.copy_from_slice(&p.starts[..b.n]);
+    p.sorted.clear();
+    p.sorted.resize(l.val.len(), 0);
+    for v in &l.val {
+        let m = abs_bits(*v);
+        let c = &mut p.hist[b.of(m)];
+        p.sorted[*c as usize] = m;
+        *c += 1;
+    }
+    for (j, c) in p.hist.iter_mut().enumerate() {
+        *c = p.starts[j + 1] - p.starts[j];
+    }
+}
+
+/// Runs `f` on every list with its scratch: in parallel over several, inline for one (no
+/// hand-off to the pool).
+fn each<T: Send>(lists: &[Cand], work: &mut [T], f: impl Fn(usize, &Cand, &mut T) + Sync + Send) {
+    if lists.len() == 1 {
+        f(0, &lists[0], &mut work[0]);
+    } else {
+        lists
+            .par_iter()
+            .zip(work.par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (l, w))| f(i, l, w));
+    }
+}
+
+/// Merges the prepared pieces' histograms; returns the bucket where the count from the
+/// top first reaches `k + strict` (`strict` 0: at least `k`, 1: more than `k`) and the
+/// count above it, and collects that bucket's magnitudes in `w.members`.
+fn boundary(np: usize, b: &Buckets, k: usize, strict: usize, w: &mut Work) -> (usize, usize) {
+    w.hist.clear();
+    w.hist.resize(b.n, 0);
+    for p in &w.pieces[..np] {
+        for (a, c) in w.hist.iter_mut().zip(&p.hist) {
+            *a += c;
+        }
+    }
+    let (mut kb, mut above) = (0, 0usize);
+    for (j, &c) in w.hist.iter().enumerate().rev() {
+        if above + c as usize >= k + strict {
+            kb = j;
+            break;
+        }
+        above += c as usize;
+    }
+    w.members.clear();
+    for p in &w.pieces[..np] {
+        w.members.extend_from_slice(p.bucket(kb));
+    }
+    (kb, above)
+}
+
+/// Exact top-`k` (largest magnitude, the lower index on ties) among the candidates of
+/// `cand`, all of magnitude `>= b.t` and [`prepare`]d with layout `b`, for
+/// `0 < k <= cand.len()`: the selected (indices, values) in index order and the `k`-th
+/// magnitude's bits. See [`write`] for the residual.
+pub(crate) fn select_k(
+    cand: &Cand,
+    b: &Buckets,
+    k: usize,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>, i32) {
+    let (lists, piece) = cand.lists();
+    let np = lists.len();
+    w.pieces.resize_with(np, Piece::default);
+    if np == 1 && k < cand.len() {
+        // One list (a serial pass, not prepared): select among all its magnitudes.
+        w.members.clear();
+        w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
+        let n = w.members.len();
+        let kth = *w.members.select_nth_unstable(n - k).1;
+        let gt = w
+            .members
+            .iter()
+            .map(|&m| usize::from(m > kth))
+            .sum::<usize>();
+        let p = &mut w.pieces[0];
+        (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
+        let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
+        return (idx, val, kth);
+    }
+    if k == cand.len() {
+        // Everything: no selection to make.
+        for (p, l) in w.pieces.iter_mut().zip(lists) {
+            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+        }
+        let (idx, val) = write(lists, piece, residual, w, |_| (true, false));
+        let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
+        return (idx, val, min.unwrap_or(0));
+    }
+    let (kb, above) = boundary(np, b, k, 0, w);
+    let need = k - above;
+    let n = w.members.len();
+    let (_, kth, _) = w.members.select_nth_unstable(n - need);
+    let kth = *kth;
+    // Ties at the k-th magnitude go to the lowest indices: in piece order.
+    let gt_all = w.members.iter().filter(|&&m| m > kth).count();
+    let mut ties = need - gt_all;
+    for p in &mut w.pieces[..np] {
+        let mb = p.bucket(kb);
+        let gt = mb.iter().filter(|&&m| m > kth).count();
+        let eq = mb.iter().filter(|&&m| m == kth).count();
+        let take = eq.min(ties);
+        ties -= take;
+        p.sure = p.sorted.len() - p.starts[kb + 1] as usize + gt;
+        p.ranked = (0, take);
+        p.count = p.sure + take;
+    }
+    let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
+    (idx, val, kth)
+}
+
+/// The residual a selection finishes: none (a read-only selection), one whose selected
+/// entries are to be zeroed, or one whose candidates the pass already zeroed (the ones
+/// not selected get their values back).
+pub(crate) enum Residual<'a> {
+    None,
+    Zero(&'a mut [f32]),
+    Restore(&'a mut [f32]),
+}
+
+impl<'a> Residual<'a> {
+    /// The range of the first `len` entries, and the rest.
+    fn split(self, len: usize) -> (Residual<'a>, Residual<'a>) {
+        match self {
+            Residual::None => (Residual::None, Residual::None),
+            Residual::Zero(r) => {
+                let (a, b) = r.split_at_mut(len.min(r.len()));
+                (Residual::Zero(a), Residual::Zero(b))
+            }
+            Residual::Restore(r) => {
+                let (a, b) = r.split_at_mut(len.min(r.len()));
+                (Residual::Restore(a), Residual::Restore(b))
+            }
+        }
+    }
+}
+
+/// Puts back the values of every candidate of `cand` into `residual` (undoing a zeroing
+/// pass, e.g. before a fallback re-reads the accumulated vector).
+pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
+    for l in cand.lists().0 {
+        for (&i, &v) in l.idx.iter().zip(&l.val) {
+            residual[i as usize] = v;
+        }
+    }
+}
+
+/// Builds the result: every piece writes, in index order, its candidates that `class`
+/// marks sure plus those it marks ranked whose rank among the piece's ranked ones lies in
+/// its `ranked` range, into its share of the lists (`count` entries), and finishes its
+/// range of the residual (zeroes what it wrote, or restores what it did not). Also
+/// records each piece's smallest magnitude written.
+fn write(
+    lists: &[Cand],
+    piece: usize,
+    residual: Residual<'_>,
+    w: &mut Work,
+    class: impl Fn(i32) -> (bool, bool) + Sync + Send,
+) -> (Vec<u32>, Vec<f32>) {
+    let pieces = &mut w.pieces[..lists.len()];
+    let total: usize = pieces.iter().map(|p| p.count).sum();
+    let mut idx: Vec<u32> = Vec::with_capacity(total);
+    let mut val: Vec<f32> = Vec::with_capacity(total);
+    {
+        let mut outs: Vec<Out> = Vec::with_capacity(pieces.len());
+        let (mut ri, mut rv) = (
+            &mut idx.spare_capacity_mut()[..total],
+            &mut val.spare_capacity_mut()[..total],
+        );
+        let mut res = residual;
+        for p in pieces.iter_mut() {
+            let (a, b) = std::mem::take(&mut ri).split_at_mut(p.count);
+            let (c, d) = std::mem::take(&mut rv).split_at_mut(p.count);
+            (ri, rv) = (b, d);
+            let (mine, rest) = std::mem::replace(&mut res, Residual::None).split(piece);
+            res = rest;
+            outs.push(Out {
+                idx: a,
+                val: c,
+                residual: mine,
+                piece: p,
+            });
+        }
+        each(lists, &mut outs, |i, l, o| {
+            let lo = i.saturating_mul(piece);
+            let (start, end) = o.piece.ranked;
+            let (mut at, mut rank, mut min) = (0usize, 0usize, i32::MAX);
+            let count = o.idx.len();
+            for (&j, &v) in l.idx.iter().zip(&l.val) {
+                let m = abs_bits(v);
+                let (sure, ranked) = class(m);
+                let keep = sure | (ranked & (rank >= start) & (rank < end));
+                rank += usize::from(ranked);
+                // Branch-free: every entry is written at `at`, which advances only past a
+                // kept one (a later kept entry overwrites a dropped one; once all `count`
+                // are written, only dropped ones are left).
+                if at < count {
+                    o.idx[at].write(j);
+                    o.val[at].write(v);
+                }
+                at += usize::from(keep);
+                min = if keep { min.min(m) } else { min };
+                if !keep {
+                    if let Residual::Restore(r) = &mut o.residual {
+                        r[j as usize - lo] = v;
+                    }
+                }
+            }
+            assert_eq!(at, o.idx.len(), "a piece wrote other than its share");
+            o.piece.min_bits = min;
+            if let Residual::Zero(r) = &mut o.residual {
+                for x in &o.idx[..at.min(count)] {
+                    // SAFETY: the first `at` entries were written just above.
+                    r[unsafe { x.assume_init() } as usize - lo] = 0.0;
+                }
+            }
+        });
+    }
+    // SAFETY: each piece wrote exactly its `count` entries of its share (asserted above),
+    // and the shares tile `0..total`.
+    unsafe {
+        idx.set_len(total);
+        val.set_len(total);
+    }
+    (idx, val)
+}
+
+/// One piece's share of the result and of the residual.
+struct Out<'a> {
+    idx: &'a mut [MaybeUninit<u32>],
+    val: &'a mut [MaybeUninit<f32>],
+    residual: Residual<'a>,
+    piece: &'a mut Piece,
+}
+
+/// How MSTopK's search ended, as [`select_ms`] needs it.
+pub(crate) struct MsPick {
+    /// `thres1` and `thres2` of Algorithm 1 as magnitude bits.
+    pub t1: i32,
+    pub t2: i32,
+}
+
+/// MSTopK's boundary bucket over the [`prepare`]d candidates of a split pass: the one
+/// with at most `k` candidates above it and more than `k` from it on. Returns it and the
+/// count above it, and [`Work::members_mut`] holds its magnitudes; for the one list of a
+/// serial pass, `None`, and the members are all its magnitudes.
+pub(crate) fn ms_boundary(
+    cand: &Cand,
+    b: &Buckets,
+    k: usize,
+    w: &mut Work,
+) -> Option<(usize, usize)> {
+    let np = cand.lists().0.len();
+    if np == 1 {
+        // One list (a serial pass, not prepared): the search partitions all of it.
+        w.members.clear();
+        w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
+        return None;
+    }
+    Some(boundary(np, b, k, 1, w))
+}
+
+/// Counts of `|x| >= t1` and of `t2 <= |x| < t1` (MSTopK's `iota1`, `iota2`) over the
+/// [`prepare`]d candidates, from each piece's histogram and one bucket of it.
+pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (usize, usize) {
+    let np = cand.lists().0.len();
+    w.pieces.resize_with(np, Piece::default);
+    let (mut a, mut c) = (0, 0);
+    for q in &mut w.pieces[..np] {
+        let (ge1, ge2) = if np == 1 {
+            // Not prepared: count the one list.
+            let mags = cand.val.iter().map(|v| abs_bits(*v));
+            let ge = |t: i32| mags.clone().map(|m| usize::from(m >= t)).sum::<usize>();
+            (ge(p.t1), ge(p.t2))
+        } else {
+            (q.count_ge(b, p.t1), q.count_ge(b, p.t2))
+        };
+        let ge2 = ge2.max(ge1);
+        q.sure = ge1;
+        q.ranked = (0, ge2 - ge1);
+        a += ge1;
+        c += ge2 - ge1;
+    }
+    (a, c)
+}
+
+/// MSTopK's output from the candidates (after [`ms_counts`]): every `|x| >= t1` plus the
+/// entries of rank `start..end` among `t2 <= |x| < t1` in index order. See [`write`] for
+/// the residual. Returns the lists and the smallest magnitude selected.
+pub(crate) fn select_ms(
+    cand: &Cand,
+    p: &MsPick,
+    start: usize,
+    end: usize,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>, i32) {
+    let (lists, piece) = cand.lists();
+    let mut before = 0usize;
+    for q in &mut w.pieces[..lists.len()] {
+        let n2 = q.ranked.1;
+        let lo = start.clamp(before, before + n2) - before;
+        let hi = end.clamp(before, before + n2) - before;
+        before += n2;
+        q.ranked = (lo, hi);
+        q.count = q.sure + (hi - lo);
+    }
+    let (t1, t2) = (p.t1, p.t2);
+    let (idx, val) = write(lists, piece, residual, w, |m| (m >= t1, m >= t2 && m < t1));
+    let min = w.pieces[..lists.len()]
+        .iter()
+        .map(|q| q.min_bits)
+        .min()
+        .unwrap_or(i32::MAX);
+    (idx, val, min)
+}
+
+/// Counts the candidates at or above each of the thresholds `ts` (at most 8; each piece
+/// counts its own list, in parallel) into `totals`.
+pub(crate) fn count_ge_each(cand: &Cand, ts: &[i32], totals: &mut Vec<usize>, w: &mut Work) {
+    let lists = cand.lists().0;
+    w.pieces.resize_with(lists.len(), Piece::default);
+    // Eight thresholds a register: every magnitude is compared with all of them at once.
+    let mut tv = [i32::MAX; 8];
+    for (a, &t) in tv.iter_mut().zip(ts) {
+        *a = t;
+    }
+    each(lists, &mut w.pieces[..lists.len()], |_, l, p| {
+        let mut c = [0u32; 8];
+        for v in &l.val {
+            let m = abs_bits(*v);
+            for j in 0..8 {
+                c[j] += u32::from(m >= tv[j]);
+            }
+        }
+        p.ge.clear();
+        p.ge.extend(c[..ts.len().min(8)].iter().map(|&n| n as usize));
+    });
+    totals.clear();
+    totals.extend((0..ts.len()).map(|i| {
+        w.pieces[..lists.len()]
+            .iter()
+            .map(|p| p.ge[i])
+            .sum::<usize>()
+    }));
+}
+
+/// Every candidate of magnitude `>= x`, in index order, where `x` is the `i`-th threshold
+/// [`count_ge_each`] counted; see [`write`] for the residual.
+pub(crate) fn select_ge(
+    cand: &Cand,
+    i: usize,
+    x: i32,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>) {
+    let (lists, piece) = cand.lists();
+    for q in &mut w.pieces[..lists.len()] {
+        q.sure = q.ge[i];
+        (q.ranked, q.count) = ((0, 0), q.sure);
+    }
+    write(lists, piece, residual, w, |m| (m >= x, false))
+}
+
+/// All the candidates, in index order: the one list of a serial pass as it is, the
+/// pieces of a split pass joined in serial when few, else copied into one result in
+/// parallel.
+pub(crate) fn take_all(cand: &mut Cand, w: &mut Work) -> (Vec<u32>, Vec<f32>) {
+    cand.join_if_fewer(PAR_CAND);
+    if cand.lists().0.len() == 1 {
+        return cand.take();
+    }
+    let (lists, piece) = cand.lists();
+    w.pieces.resize_with(lists.len(), Piece::default);
+    for (p, l) in w.pieces.iter_mut().zip(lists) {
+        (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+    }
+    write(lists, piece, Residual::None, w, |_| (true, false))
+}
+
+impl Work {
+    /// The boundary bucket's magnitudes (see [`ms_boundary`]), for the search to partition.
+    pub(crate) fn members_mut(&mut self) -> &mut [i32] {
+        &mut self.members
+    }
+}
