@@ -740,7 +740,11 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
         host_a: 0.0,
         host_b: 0.0,
     };
-    let (host_a, host_b) = host_cost_fit(|g| unfitted.comm_s(g.numel), prof.iter().copied());
+    // Rank 0's spans, as every row measures rank 0 (a span includes waiting for the peers).
+    let (host_a, host_b) = host_cost_fit(
+        |g| unfitted.comm_s(g.numel),
+        per_rank.first().into_iter().flatten().map(|x| &x.0),
+    );
     let sparse_costs = RuntimeCosts {
         host_a,
         host_b,
