@@ -573,18 +573,10 @@ fn run_all(
     crate::error::all_ranks(outs)
 }
 
-/// [`run_all`]'s rank 0 timelines: the rows compare rank 0's measurement, as a user timing
-/// their job would.
-fn run(
-    cfg: &CheckConfig,
-    topo: Topology,
-    emu: &LayerProfile,
-    plan: &MergePlan,
-    scheme: &dyn Scheme,
-    bsp1: bool,
-) -> Result<Vec<(Timeline, f64, f64)>> {
-    run_all(cfg, topo, emu, plan, scheme, bsp1)?
-        .into_iter()
+/// Rank 0's timelines of a [`run_all`]: the rows compare rank 0's measurement, as a user
+/// timing their job would.
+fn rank0_of(all: Vec<Vec<(Timeline, f64, f64)>>) -> Result<Vec<(Timeline, f64, f64)>> {
+    all.into_iter()
         .next()
         .ok_or_else(|| Error::InvalidArgument("no ranks".into()))
 }
@@ -753,7 +745,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     // Every other exchange's host time, from a layer-wise profiling run of its own.
     let layerwise = MergePlan::layerwise(l_count);
     let fitted = |costs: RuntimeCosts, scheme: &dyn Scheme| -> Result<RuntimeCosts> {
-        let tl = run(cfg, topo, &emu, &layerwise, scheme, false)?;
+        let tl = rank0_of(run_all(cfg, topo, &emu, &layerwise, scheme, false)?)?;
         let (host_a, host_b) = host_cost_fit(
             |g| costs.observed_comm_s(g.numel, g.traffic),
             tl.iter().map(|t| &t.0),
@@ -823,7 +815,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     for (name, planner, scheme, costs) in rows_spec {
         let plan = planner.plan(&measured, costs)?;
-        let tl = run(cfg, topo, &emu, &plan, scheme, false)?;
+        let tl = rank0_of(run_all(cfg, topo, &emu, &plan, scheme, false)?)?;
         // A data-dependent exchange is predicted from the traffic it chose (its steps'
         // counts), everything else from the sizes alone, before the run.
         let predicted = match ObservedCosts::from_run(costs, &tl) {
@@ -851,7 +843,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     };
     let lp_host = host_cost_fit(
         |g| lp.comm_s(g.numel),
-        run(cfg, topo, &emu, &layerwise, &*bsp_scheme, false)?
+        rank0_of(run_all(cfg, topo, &emu, &layerwise, &*bsp_scheme, false)?)?
             .iter()
             .map(|t| &t.0),
     );
@@ -867,7 +859,7 @@ pub fn runtime_vs_timeline(cfg: &CheckConfig) -> Result<Vec<CheckRow>> {
     let plan = Planner::Lags.plan(&measured, &lp)?;
     let predicted =
         crate::bsp::predict_with_broadcast(&predict(&measured, &plan, &lp)?, &st, link, cfg.ranks);
-    let tl = run(cfg, topo, &emu, &plan, &*bsp_scheme, true)?;
+    let tl = rank0_of(run_all(cfg, topo, &emu, &plan, &*bsp_scheme, true)?)?;
     rows.push(row(BSP1, &plan, &predicted, &tl));
     Ok(rows)
 }
