@@ -583,11 +583,12 @@ fn abort_world(rank: Option<(usize, usize)>, error: &dyn std::fmt::Display, code
         Some((r, p)) => format!("rank {r}/{p}"),
         None => format!("process {}", std::process::id()),
     };
+    // One write of the whole line: stderr is unbuffered, so `writeln!` would issue one
+    // write per piece, and the lines of ranks failing at the same moment would interleave
+    // mid-line in the launcher's output.
+    let line = format!("{who}: fatal: {error}; ending the MPI job (MPI_Abort {code})\n");
     let mut err = std::io::stderr().lock();
-    let _ = writeln!(
-        err,
-        "{who}: fatal: {error}; ending the MPI job (MPI_Abort {code})"
-    );
+    let _ = err.write_all(line.as_bytes());
     let _ = err.flush();
     let _ = std::io::stdout().flush();
     // SAFETY: MPI is initialised and not finalised (every caller holds a communicator or
