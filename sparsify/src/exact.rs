@@ -92,26 +92,13 @@ impl ExactTopK {
         } else {
             (0, usize::MAX)
         };
-        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
-        // the selection puts back the few it does not take (fewer scattered writes into a
-        // residual that has left the cache); in one serial pass over a short vector the
-        // selection zeroes what it takes.
-        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
-        let b = split::Buckets::new(t, k);
-        let post = (
+        let (out, zero) = split::fused_pass::<false>(
+            residual,
+            grad,
+            (t, cap, k),
+            &mut self.cand,
             &mut self.work.pieces,
-            move |l: &Cand, p: &mut split::Piece| {
-                if zero {
-                    split::prepare(l, p, b)
-                }
-            },
         );
-        let cand = &mut self.cand;
-        let out = if zero {
-            kernel::fused_split::<false, true, _>(residual, grad, t, cap, cand, post)
-        } else {
-            kernel::fused_split::<false, false, _>(residual, grad, t, cap, cand, post)
-        };
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
             if zero {
                 split::restore(residual, &self.cand);
@@ -145,7 +132,13 @@ impl ExactTopK {
             return Ok(finish(idx, val, d));
         }
         let res = split::Residual::Restore(residual);
-        let (idx, val, kth) = split::select_k(&self.cand, &b, k, res, &mut self.work);
+        let (idx, val, kth) = split::select_k(
+            &self.cand,
+            &split::Buckets::new(t, k),
+            k,
+            res,
+            &mut self.work,
+        );
         Ok(finish_bits(idx, val, d, kth))
     }
 }

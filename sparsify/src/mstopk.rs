@@ -364,25 +364,13 @@ impl Selector for MsTopK {
             }
             None => (0, usize::MAX),
         };
-        // Split over a pool, the pass zeroes every candidate while its chunk is in cache and
-        // the selection puts back the ones it does not take; in one serial pass over a short
-        // vector the selection zeroes what it takes.
-        let zero = kernel::pieces(d) > 1 && k >= split::PAR_CAND;
-        let b = split::Buckets::new(t, k);
-        let post = (
+        let (out, zero) = split::fused_pass::<true>(
+            residual,
+            grad,
+            (t, cap, k),
+            &mut self.cand,
             &mut self.work.pieces,
-            move |l: &Cand, p: &mut split::Piece| {
-                if zero {
-                    split::prepare(l, p, b)
-                }
-            },
         );
-        let cand = &mut self.cand;
-        let out = if zero {
-            kernel::fused_split::<true, true, _>(residual, grad, t, cap, cand, post)
-        } else {
-            kernel::fused_split::<true, false, _>(residual, grad, t, cap, cand, post)
-        };
         let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
     }

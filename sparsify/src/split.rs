@@ -25,6 +25,34 @@ pub(crate) const PAR_CAND: usize = 1 << 15;
 /// threshold.
 const MAX_BUCKETS_LOG: u32 = 11;
 
+/// The fused pass of exact top-k and MSTopK (`STATS`: MSTopK's statistics) from threshold
+/// `t` with candidate cap `cap`, for `k` entries. Split over a pool for large `k`
+/// ([`PAR_CAND`]), the pass zeroes every candidate while its chunk is in cache and each piece
+/// builds its histogram right after, and the selection puts back the few it does not take
+/// (fewer scattered writes into a residual that has left the cache); in one serial pass, or
+/// for small `k`, the selection zeroes what it takes. Returns the pass and whether it zeroed.
+pub(crate) fn fused_pass<const STATS: bool>(
+    residual: &mut [f32],
+    grad: &[f32],
+    (t, cap, k): (i32, usize, usize),
+    cand: &mut Cand,
+    pieces: &mut Vec<Piece>,
+) -> (crate::kernel::PassOut, bool) {
+    let zero = crate::kernel::pieces(residual.len()) > 1 && k >= PAR_CAND;
+    let b = Buckets::new(t, k);
+    let post = (pieces, move |l: &Cand, p: &mut Piece| {
+        if zero {
+            prepare(l, p, b)
+        }
+    });
+    let out = if zero {
+        crate::kernel::fused_split::<STATS, true, _>(residual, grad, t, cap, cand, post)
+    } else {
+        crate::kernel::fused_split::<STATS, false, _>(residual, grad, t, cap, cand, post)
+    };
+    (out, zero)
+}
+
 /// Scratch of one piece, kept between calls.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Piece {
