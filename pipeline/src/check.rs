@@ -598,17 +598,27 @@ fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
 
 /// The host time of `costs`'s exchanges: a line `a + b·numel` through the measured
 /// communication spans minus their modelled times, over the groups of `timelines`
-/// (a layer-wise profiling run spans the model's tensor sizes).
+/// (a layer-wise profiling run spans the model's tensor sizes). The line goes through the
+/// median of each group size, so that a few exchanges delayed by another process on the
+/// host do not tilt it.
 fn host_cost_fit<'a>(
     modelled_s: impl Fn(&crate::timeline::GroupTiming) -> f64,
     timelines: impl IntoIterator<Item = &'a Timeline>,
 ) -> (f64, f64) {
-    let points: Vec<(f64, f64)> = timelines
+    let mut points: Vec<(usize, f64)> = timelines
         .into_iter()
         .flat_map(|t| t.groups.iter())
-        .map(|g| (g.numel as f64, g.comm.len() - modelled_s(g)))
+        .map(|g| (g.numel, g.comm.len() - modelled_s(g)))
         .collect();
-    fit_line(&points)
+    points.sort_by_key(|p| p.0);
+    let medians: Vec<(f64, f64)> = points
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|same| {
+            let v: Vec<f64> = same.iter().map(|p| p.1).collect();
+            (same[0].0 as f64, cost_model::median(&v))
+        })
+        .collect();
+    fit_line(&medians)
 }
 
 /// [`RuntimeCosts`] with the traffic a data-dependent exchange was measured to send, per
@@ -985,5 +995,15 @@ mod tests {
         // Measured below the model everywhere: no negative host time.
         let (a, b) = host_cost_fit(|g| c.comm_s(g.numel) + 1.0, [&t]);
         assert_eq!((a, b), (0.0, 0.0));
+        // One iteration's largest exchange delayed tenfold (another process took the
+        // core): the medians per size keep the line; a least-squares line through every
+        // point would have tilted by the outlier.
+        let mut slow = t.clone();
+        slow.groups[2].comm.end *= 10.0;
+        let (a, b) = host_cost_fit(|_| 1e-3, [&t, &t, &slow]);
+        assert!(
+            (a - 1e-3).abs() < 1e-9 && (b - 3e-9).abs() < 1e-15,
+            "{a} {b}"
+        );
     }
 }

@@ -12,6 +12,10 @@ use crate::dense::util::{check_call, gather_words};
 use crate::dense::{tags, DenseOptions, Op};
 use crate::{Communicator, Error, Result, Tag};
 
+/// Per-rank sizes or offsets of one call: on the stack up to 16 ranks, so that a small
+/// all-gather allocates no bookkeeping.
+type Sizes = smallvec::SmallVec<[usize; 17]>;
+
 /// All-gather algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum AllgatherAlgo {
@@ -91,7 +95,7 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
         )));
     }
     let bytes = std::mem::size_of_val(mine);
-    let counts = vec![bytes; p];
+    let counts: Sizes = smallvec::smallvec![bytes; p];
     gather_core(
         comm,
         bytemuck::cast_slice(mine),
@@ -229,7 +233,7 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
 ) -> Result<()> {
     let p = comm.size();
     let r = comm.rank();
-    let mut displs = Vec::with_capacity(p + 1);
+    let mut displs = Sizes::with_capacity(p + 1);
     let mut acc = 0;
     for &c in counts {
         displs.push(acc);
