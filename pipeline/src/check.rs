@@ -33,11 +33,13 @@
 //! BSP-SGD Algorithm 1 of Linear Pipelining (Wang et al.) is checked too: per-layer LP
 //! reduces to the root during backward, and the weights' per-stage LP broadcast during the
 //! next forward, each stage's forward waiting for its own parameters ([`crate::bsp`]). Its
-//! prediction replays that pipeline: stage `s`'s weights are everywhere at
-//! `ready(s) = Σ_{j ≤ s} T_bcast(j)` (the LP broadcast schedule of
-//! `cost_model::predict_dense`, stages one after another on the broadcast thread), its
-//! forward ends at `f(s) = max(f(s − 1), ready(s)) + fwd(s)`, and the timeline of the
-//! backward and the reduces starts from `f(S − 1)`.
+//! prediction replays that pipeline: the stages' LP broadcast schedules (those of
+//! `cost_model::dense`) run one after another on every rank's broadcast thread and are
+//! replayed rank by rank, giving `ready_r(s)`, when rank `r` holds stage `s` (the root
+//! moves on to the next stage while the chain still forwards the last one, so the stages
+//! overlap); rank `r`'s forward ends at `f_r(s) = max(f_r(s − 1), ready_r(s)) + fwd(s)`,
+//! and the timeline of the backward and the reduces starts from the latest rank's
+//! `f_r(S − 1)`.
 
 use collectives::{ClockMode, Communicator, SimComm, ThreadComm, ThreadConfig};
 use cost_model::plan::ceil_log2;
@@ -269,14 +271,56 @@ impl LpReduceCosts {
 
     /// The end of a forward whose stage `s` (forward time `fwd[s]`, `sizes[s]` weights)
     /// waits for its weights' LP broadcast, stages broadcast one after another from the
-    /// forward's start.
+    /// forward's start on each rank's broadcast thread: the latest rank's end, since the
+    /// collectives of backward wait for it.
     pub fn overlapped_forward_s(&self, fwd: &[f64], sizes: &[usize]) -> f64 {
-        let (mut ready, mut end) = (0.0, 0.0f64);
-        for (f, &n) in fwd.iter().zip(sizes) {
-            ready += self.lp_s(cost_model::Collective::Broadcast, n);
-            end = end.max(ready) + f;
+        self.broadcast_ready_s(sizes)
+            .iter()
+            .map(|ready| {
+                fwd.iter()
+                    .zip(ready)
+                    .fold(0.0f64, |end, (f, &r)| end.max(r) + f)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// `ready[r][s]`: when rank `r` holds stage `s`'s weights, the stages' LP broadcasts
+    /// from rank 0 replayed one after another on every rank (each stage's message schedule
+    /// of `cost_model::dense`, appended per rank to one [`cost_model::Schedule`]). A rank
+    /// starts a stage as soon as it has passed on the previous one, so the root runs ahead
+    /// while the chain still forwards: consecutive stages overlap, and a stage costs the
+    /// chain's `P − 2` fill steps once, not once per stage.
+    pub fn broadcast_ready_s(&self, sizes: &[usize]) -> Vec<Vec<f64>> {
+        let p = self.base.ranks;
+        let mut ready = vec![vec![0.0; sizes.len()]; p.max(1)];
+        if p <= 1 {
+            return ready;
         }
-        end
+        let replayed = (|| -> cost_model::Result<()> {
+            let topo = Topology::flat(p, self.base.link)?;
+            let mut all = cost_model::Schedule::new(p);
+            for (s, &n) in sizes.iter().enumerate() {
+                if n > 0 {
+                    let op = cost_model::Collective::Broadcast;
+                    let block = crate::reduction::lp_block(op, n, p, Some(self.base.link));
+                    let case = cost_model::DenseCase::new(op, cost_model::Algorithm::Lp, n)
+                        .with_block_bytes(block);
+                    let stage = cost_model::dense::dense_schedule(&case, p, topo.ranks_per_node)?;
+                    for (mine, theirs) in all.ops.iter_mut().zip(stage.ops) {
+                        mine.extend(theirs);
+                    }
+                }
+                let done = all.evaluate(&topo)?;
+                for (r, c) in done.per_rank.iter().enumerate() {
+                    ready[r][s] = c.time_s;
+                }
+            }
+            Ok(())
+        })();
+        if replayed.is_err() {
+            ready.iter_mut().for_each(|r| r.fill(f64::INFINITY));
+        }
+        ready
     }
 }
 
@@ -934,6 +978,40 @@ mod tests {
             host_a: 1e-3,
             host_b: 1e-9,
         }
+    }
+
+    #[test]
+    fn consecutive_lp_broadcasts_overlap_along_the_chain() {
+        use cost_model::Collective::Broadcast;
+        let lp = LpReduceCosts {
+            base: exdyna_costs(4),
+        };
+        let (a, b) = (1 << 20, 1 << 18);
+        // One stage: the last rank of the chain holds it when the collective ends.
+        let one = lp.broadcast_ready_s(&[a]);
+        assert!((one[3][0] - lp.lp_s(Broadcast, a)).abs() < 1e-12 * one[3][0]);
+        assert!(one[0][0] < one[3][0], "the root is done first: {one:?}");
+        // Two stages: the root starts the second as soon as it has sent the first, so the
+        // last rank holds both before two whole broadcasts one after another would end.
+        let two = lp.broadcast_ready_s(&[a, b]);
+        let serial = lp.lp_s(Broadcast, a) + lp.lp_s(Broadcast, b);
+        assert!(
+            two[3][1] < serial && two[3][1] > lp.lp_s(Broadcast, a),
+            "{two:?}"
+        );
+        assert!(two.iter().all(|r| r[0] <= r[1]), "{two:?}");
+        // The forward of the slowest rank waits for its own stages.
+        let fwd = [1e-3, 1e-3];
+        let end = lp.overlapped_forward_s(&fwd, &[a, b]);
+        assert!((end - (two[3][1].max(two[3][0] + 1e-3) + 1e-3)).abs() < 1e-12);
+        // One rank: nothing to wait for.
+        let solo = LpReduceCosts {
+            base: RuntimeCosts {
+                ranks: 1,
+                ..exdyna_costs(2)
+            },
+        };
+        assert_eq!(solo.broadcast_ready_s(&[a, b]), vec![vec![0.0, 0.0]]);
     }
 
     #[test]
