@@ -262,9 +262,11 @@ pub fn fit_topk_linear(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
 pub fn fit_topk_piecewise(samples: &[Sample]) -> Result<Fitted<TopkModel>> {
     let pw = fit_piecewise(samples, TOPK_MAX_REGIMES)?;
     let mut regimes = [TopkRegime::default(); TOPK_MAX_REGIMES];
-    for (r, s) in regimes.iter_mut().zip(&pw.model.segments) {
+    for (i, (r, s)) in regimes.iter_mut().zip(&pw.model.segments).enumerate() {
         *r = TopkRegime {
-            start: s.start,
+            // The first regime starts at the smallest calibrated size: below it the model
+            // predicts that size's time instead of extrapolating the line.
+            start: if i == 0 { s.fitted_min } else { s.start },
             a_s: s.model.alpha_s,
             b_s: s.model.beta_s,
         };
@@ -611,6 +613,24 @@ mod tests {
         assert!(pw.quality.max_rel_residual < 0.15, "{pw:?}");
         assert!(matches!(pw.model, TopkModel::Piecewise { count: 2.., .. }));
         assert!((pw.model.time(1 << 10) / t(1024.0) - 1.0).abs() < 0.1);
+        // Below the sweep: the smallest size's time, never the line's extrapolation.
+        assert_eq!(pw.model.time(10), pw.model.time(1 << 10));
+        // A first regime whose line crosses zero above 0 (measured at the real 16 KiB …
+        // 4 MiB exact top-k of a 2-core host): still no negative time below the sweep.
+        let steep: Vec<Sample> = (14..=22)
+            .map(|e| (1u64 << e) as f64)
+            .map(|d| Sample::new(d, -2.4e-6 + 1.6e-9 * d))
+            .collect();
+        let m = fit_topk_piecewise(&steep).unwrap().model;
+        assert!(m.time(10) > 0.0 && m.time(10) == m.time(1 << 14), "{m:?}");
+        assert_eq!(
+            TopkModel::Linear {
+                a_s: -1e-6,
+                b_s: 1e-9
+            }
+            .time(10),
+            0.0
+        );
         assert!(fit_topk_linear(&s).unwrap().quality.max_rel_residual > 0.15);
         assert!(fit_topk_omgs(&s).unwrap().quality.max_rel_residual > 0.15);
         let red = fit_reduction_piecewise(&s).unwrap();

@@ -114,12 +114,13 @@ impl TopkModel {
         let x = d as f64;
         match *self {
             TopkModel::Omgs { gamma_rho } => gamma_rho * x_log2_x(x),
-            TopkModel::Linear { a_s, b_s } => a_s + b_s * x,
+            // A fitted line can cross zero below the sizes it was fitted on.
+            TopkModel::Linear { a_s, b_s } => (a_s + b_s * x).max(0.0),
             TopkModel::Piecewise { regimes, count } => {
                 let used = &regimes[..count.clamp(1, TOPK_MAX_REGIMES)];
                 let x = x.max(used[0].start);
                 let r = used.iter().rev().find(|r| r.start <= x).unwrap_or(&used[0]);
-                r.a_s + r.b_s * x
+                (r.a_s + r.b_s * x).max(0.0)
             }
         }
     }
