@@ -16,7 +16,8 @@
 //!
 //! Training reads either through one [`Dataset`] trait: the model that fits the data, the
 //! batches of one rank's shard (resumable), and the test metrics ([`Eval`]: accuracy and
-//! mean cross entropy, plus perplexity for a language model).
+//! mean cross entropy, plus perplexity for a language model), and the validation metrics
+//! of data that has a validation split (`valid.tok` of token files).
 //!
 //! Missing or corrupt files, missing labels, labels outside the classes and a vocabulary
 //! that differs from the model's are [`Error::Data`].
@@ -82,15 +83,24 @@ pub trait Dataset: Send + Sync {
     ) -> Result<Box<dyn RankLoader>>;
     /// The model's metrics on the test set.
     fn evaluate(&self, model: &dyn Staged) -> Result<Eval>;
+    /// The model's metrics on the validation set, if the data has one (`None` by
+    /// default).
+    fn validation(&self, _model: &dyn Staged) -> Result<Option<Eval>> {
+        Ok(None)
+    }
     /// The vocabulary of token data (`None` for images).
     fn vocab(&self) -> Option<usize> {
         None
     }
 }
 
-/// Accuracy and mean loss of `model` on `(x, y)` in chunks of `chunk` rows of `x`; `y`
-/// holds the targets of each row (`[N]` for images, `[N, T]` for token windows).
+/// Accuracy and mean loss of `model` on `(x, y)` in chunks of `chunk` rows of `x`, in
+/// order; `y` holds the targets of each row (`[N]` for images, `[N, T]` for token
+/// windows). The model's evaluation state is reset first ([`Staged::reset_state`]), then
+/// carried from chunk to chunk, so row `b` of consecutive chunks must continue one stream
+/// for a model that carries state (its training state is not touched).
 pub fn evaluate_chunks(model: &dyn Staged, x: &Tensor, y: &Tensor, chunk: usize) -> Result<Eval> {
+    model.reset_state(false)?;
     let n = x.dim(0)?;
     let (mut right, mut count, mut loss) = (0usize, 0usize, 0.0f64);
     let mut i = 0;
@@ -462,18 +472,35 @@ impl Dataset for ImageData {
     }
 }
 
+/// Streams an evaluation split is read in: the PyTorch `word_language_model`'s
+/// `eval_batch_size`.
+pub const EVAL_STREAMS: usize = 10;
+
 /// Token-id files for a language model (`datacache::tokens`): `train.tok`, `valid.tok`,
 /// `test.tok` and `vocab.txt` (one token a line) in a folder, read as windows of `bptt`
 /// inputs through a memory level. Batches are Penn Treebank style
 /// ([`datacache::stream_batches`]): each rank's contiguous shard of the training stream
-/// is cut into `batch` streams read in order.
+/// is cut into `batch` streams read in order, so a model that carries its state from
+/// window to window (truncated BPTT) continues each stream.
+///
+/// The validation and test splits are read the same way, as [`EVAL_STREAMS`] contiguous
+/// streams (fewer if the split has fewer windows) evaluated from a zero state carried
+/// across their windows; the last `windows mod streams` windows are left out, as the
+/// PyTorch `batchify` trims. Every file is required: a missing or corrupt one is
+/// [`Error::Data`].
 pub struct TextData {
     train: Arc<DataCache>,
-    test: Arc<DataCache>,
+    valid: EvalSplit,
+    test: EvalSplit,
     vocab: usize,
     bptt: usize,
     name: String,
-    test_cache: OnceLock<(Tensor, Tensor)>,
+}
+
+/// An evaluation split and, once read, its windows in stream order with the stream count.
+struct EvalSplit {
+    cache: Arc<DataCache>,
+    tensors: OnceLock<(Tensor, Tensor, usize)>,
 }
 
 impl TextData {
@@ -508,13 +535,39 @@ impl TextData {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tokens".into());
+        let split = |name: &str| -> Result<EvalSplit> {
+            Ok(EvalSplit {
+                cache: open(name)?,
+                tensors: OnceLock::new(),
+            })
+        };
         Ok(TextData {
             train: open("train")?,
-            test: open("test")?,
+            valid: split("valid")?,
+            test: split("test")?,
             vocab: words,
             bptt,
             name,
-            test_cache: OnceLock::new(),
+        })
+    }
+
+    /// `model`'s metrics on `split`, its windows read as streams (see the type's docs).
+    fn evaluate_split(&self, split: &EvalSplit, model: &dyn Staged) -> Result<Eval> {
+        let (x, y, streams) = match split.tensors.get() {
+            Some(t) => t,
+            None => {
+                let windows = split.cache.len();
+                let streams = EVAL_STREAMS.min(windows);
+                let plan = ShardPlan::new(windows, 1, 0, ShardMode::Contiguous)?;
+                let order = datacache::stream_batches(&plan, streams)?.concat();
+                let (x, y) = Self::windows(&split.cache, &order, self.bptt)?;
+                split.tensors.get_or_init(|| (x, y, streams))
+            }
+        };
+        let e = evaluate_chunks(model, x, y, *streams)?;
+        Ok(Eval {
+            perplexity: Some(e.loss.exp()),
+            ..e
         })
     }
 
@@ -652,19 +705,10 @@ impl Dataset for TextData {
         }))
     }
     fn evaluate(&self, model: &dyn Staged) -> Result<Eval> {
-        let (x, y) = match self.test_cache.get() {
-            Some(t) => t,
-            None => {
-                let all: Vec<usize> = (0..self.test.len()).collect();
-                let t = Self::windows(&self.test, &all, self.bptt)?;
-                self.test_cache.get_or_init(|| t)
-            }
-        };
-        let e = evaluate_chunks(model, x, y, 32)?;
-        Ok(Eval {
-            perplexity: Some(e.loss.exp()),
-            ..e
-        })
+        self.evaluate_split(&self.test, model)
+    }
+    fn validation(&self, model: &dyn Staged) -> Result<Option<Eval>> {
+        self.evaluate_split(&self.valid, model).map(Some)
     }
 }
 
