@@ -20,7 +20,9 @@
 //! of data that has a validation split (`valid.tok` of token files).
 //!
 //! Missing or corrupt files, missing labels, labels outside the classes and a vocabulary
-//! that differs from the model's are [`Error::Data`].
+//! that differs from the model's are [`Error::Data`]. A folder with a `SHA256SUMS` file
+//! (the shipped ones: the converters write it) has every listed file checked against it
+//! on open ([`verify_sums`]), which also catches damage that still parses.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -197,6 +199,46 @@ fn build_cache(
     Ok(Arc::new(b.build()?))
 }
 
+/// Checks the files that `dir/SHA256SUMS` lists (`sha256sum` format: hex digest, space,
+/// optional `*`, name; one a line) if `dir` has one. A listed file that is missing or
+/// whose digest differs, and a malformed line, are [`Error::Data`]; a folder without
+/// `SHA256SUMS` (e.g. a user's) passes unchecked.
+pub fn verify_sums(dir: &Path) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let list = dir.join("SHA256SUMS");
+    let text = match std::fs::read_to_string(&list) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Data(format!("{}: {e}", list.display()))),
+    };
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let bad = || Error::Data(format!("{} line {}: malformed", list.display(), n + 1));
+        let (digest, name) = line.split_once(' ').ok_or_else(bad)?;
+        let name = name.trim_start_matches(' ').trim_start_matches('*');
+        if digest.len() != 64 || name.is_empty() || name.contains(['/', '\\']) {
+            return Err(bad());
+        }
+        let path = need(dir.join(name))?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        let got: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if !got.eq_ignore_ascii_case(digest) {
+            return Err(Error::Data(format!(
+                "{}: SHA-256 {got}, SHA256SUMS lists {digest} (damaged or replaced)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn need(path: PathBuf) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
@@ -219,6 +261,7 @@ impl ImageData {
 
     /// MNIST IDX files in `dir` (10 classes; samples `1 × rows × cols`).
     pub fn digits(dir: &Path, opts: &CacheOptions) -> Result<Self> {
+        verify_sums(dir)?;
         let open = |prefix: &str| -> Result<MnistSource> {
             let images = need(dir.join(format!("{prefix}-images-idx3-ubyte")))?;
             let labels = need(dir.join(format!("{prefix}-labels-idx1-ubyte")))?;
@@ -510,6 +553,7 @@ impl TextData {
         if bptt == 0 {
             return Err(Error::InvalidArgument("bptt must be at least 1".into()));
         }
+        verify_sums(dir)?;
         let vocab_path = need(dir.join("vocab.txt"))?;
         let words = std::fs::read_to_string(&vocab_path)
             .map_err(|e| Error::Data(format!("{}: {e}", vocab_path.display())))?
@@ -765,6 +809,19 @@ mod tests {
             Err(Error::Data(_))
         ));
         std::fs::write(&p, &bytes).unwrap();
+        // A pixel altered: still a valid file, but not the one SHA256SUMS lists.
+        std::fs::copy(digits_dir().join("SHA256SUMS"), tmp.join("SHA256SUMS")).unwrap();
+        assert!(ImageData::digits(&tmp, &CacheOptions::default()).is_ok());
+        let mut altered = bytes.clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        std::fs::write(&p, &altered).unwrap();
+        assert!(matches!(
+            ImageData::digits(&tmp, &CacheOptions::default()),
+            Err(Error::Data(e)) if e.contains("SHA-256")
+        ));
+        std::fs::write(&p, &bytes).unwrap();
+        std::fs::remove_file(tmp.join("SHA256SUMS")).unwrap();
         // A label outside the classes.
         let p = tmp.join("t10k-labels-idx1-ubyte");
         let mut bytes = std::fs::read(&p).unwrap();

@@ -246,3 +246,34 @@ fn the_training_loop_carries_the_state_and_resets_it_every_epoch() {
         assert_eq!(carried, expected);
     }
 }
+
+/// The shipped corpus is checked against its SHA256SUMS: a validation token changed to
+/// another id of the vocabulary still parses, but is a typed error.
+#[test]
+fn a_token_file_that_differs_from_its_sha256sums_is_a_typed_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in [
+        "train.tok",
+        "valid.tok",
+        "test.tok",
+        "vocab.txt",
+        "SHA256SUMS",
+    ] {
+        std::fs::copy(kjv_dir().join(f), tmp.path().join(f)).unwrap();
+    }
+    let open = || TextData::open(tmp.path(), 35, &CacheOptions::default());
+    assert!(open().is_ok());
+    let p = tmp.path().join("valid.tok");
+    let good = std::fs::read(&p).unwrap();
+    let mut bad = good.clone();
+    let at = datacache::tokens::TOKEN_HEADER_LEN + 2 * 100;
+    bad[at] = if bad[at] == 1 { 2 } else { 1 };
+    bad[at + 1] = 0;
+    std::fs::write(&p, &bad).unwrap();
+    assert!(
+        matches!(open(), Err(Error::Data(e)) if e.contains("SHA-256")),
+        "an altered valid.tok opened"
+    );
+    std::fs::remove_file(&p).unwrap();
+    assert!(matches!(open(), Err(Error::Data(_))));
+}

@@ -222,7 +222,7 @@ impl Staged for LstmLm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::staged::{self, forward, forward_train, get_carried, set_carried};
+    use crate::staged::{forward, forward_train, get_carried, set_carried};
     use candle_core::Device;
 
     fn model() -> LstmLm {
@@ -307,8 +307,8 @@ mod tests {
         // Two streams instead of three: no state of that shape, so zeros.
         let two = |t: &Tensor| t.narrow(0, 0, 2).unwrap();
         let fresh = model();
-        let f = staged::forward(&fresh, &two(&b.0), true).unwrap();
-        let g = staged::forward(&m, &two(&b.0), true).unwrap();
+        let f = forward(&fresh, &two(&b.0), true).unwrap();
+        let g = forward(&m, &two(&b.0), true).unwrap();
         assert_eq!(f.to_vec2::<f32>().unwrap(), g.to_vec2::<f32>().unwrap());
     }
 
