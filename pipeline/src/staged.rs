@@ -581,7 +581,7 @@ mod tests {
         let lm = LstmLm::new(shape, 5).unwrap();
         let tokens = Tensor::new(&[[1u32, 4, 9, 2], [7, 7, 3, 0]], &Device::Cpu).unwrap();
         let next = Tensor::new(&[4u32, 9, 2, 8, 7, 3, 0, 1], &Device::Cpu).unwrap();
-        let from_zero = check_equal(&lm, &tokens, &next);
+        check_equal(&lm, &tokens, &next);
         // Truncated BPTT: the next window starts from the state the first one left, and
         // the cut still gives a full backward's gradients (with respect to this window).
         let more = Tensor::new(&[[8u32, 2, 2, 5], [1, 6, 6, 4]], &Device::Cpu).unwrap();
@@ -593,7 +593,6 @@ mod tests {
         lm.reset_state(true).unwrap();
         let without = check_equal(&lm, &more, &target);
         assert_ne!(with_state, without, "the carried state changes nothing");
-        assert_eq!(from_zero.len(), without.len());
     }
 
     #[test]

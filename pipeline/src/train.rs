@@ -2,11 +2,14 @@
 //! through `datacache`, runs forward, then a stage-by-stage backward whose stages hand
 //! their gradients to the [`Reducer`] as soon as they are ready (wait-free backpropagation,
 //! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
-//! [`Optimizer`] (SGD, or LARS/LAMB with PTO). Under BSP-SGD Algorithms 1 and 2 of Linear
-//! Pipelining (Wang et al.) only the root steps and its weights reach the other ranks by
-//! LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
+//! [`Optimizer`](optimizer::Optimizer) (SGD, or LARS/LAMB with PTO). Under BSP-SGD
+//! Algorithms 1 and 2 of Linear Pipelining (Wang et al.) only the root steps and its
+//! weights reach the other ranks by LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
 //! forward, each stage waiting for its own weights, and the parameter check of a step runs
 //! once they have arrived. Data comes through a [`Dataset`] (images or token streams).
+//! A model that carries state from batch to batch (the LSTM's truncated BPTT:
+//! [`Staged::reset_state`]) starts every epoch from zeros; rank 0 reports the test and,
+//! where the data has one, the validation metrics after every epoch.
 //!
 //! **Profile, then plan** (as OMGS-SGD does): the first `profile_iters` iterations run as
 //! dense SGD with one group, so backward is not disturbed by communication; their per-layer
@@ -1043,9 +1046,9 @@ pub fn run_rank<C: Communicator + 'static>(
 }
 
 /// This rank's side of a resume: the replicated state (weights, optimizer) into the model
-/// and optimizer, this rank's batch-norm statistics and carried state into the model, and the reducer of the saved plan and epoch
-/// with this rank's residuals and sparse-algorithm state. Local; the caller agrees on the
-/// outcome.
+/// and optimizer, this rank's batch-norm statistics and carried state (its streams' LSTM
+/// state) into the model, and the reducer of the saved plan and epoch with this rank's
+/// residuals and sparse-algorithm state. Local; the caller agrees on the outcome.
 fn resume_rank<C: Communicator + 'static>(
     comm: C,
     cfg: &TrainConfig,
