@@ -4,9 +4,10 @@
 //! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
 //! [`Optimizer`](optimizer::Optimizer) (SGD, or LARS/LAMB with PTO). Under BSP-SGD
 //! Algorithms 1 and 2 of Linear Pipelining (Wang et al.) only the root steps and its
-//! weights reach the other ranks by LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
-//! forward, each stage waiting for its own weights, and the parameter check of a step runs
-//! once they have arrived. Data comes through a [`Dataset`] (images or token streams).
+//! weights reach the other ranks by LP broadcast ([`crate::bsp`]); under Algorithm 1 that
+//! broadcast overlaps the next forward, each stage waiting for its own weights, and the
+//! parameter check of a step runs once they have arrived. Data comes through a
+//! [`Dataset`] (images or token streams).
 //! A model that carries state from batch to batch (the LSTM's truncated BPTT:
 //! [`Staged::reset_state`]) starts every epoch from zeros; rank 0 reports the test and,
 //! where the data has one, the validation metrics after every epoch.
