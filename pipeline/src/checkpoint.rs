@@ -3,7 +3,7 @@
 //!
 //! **One file, written by rank 0.** Every rank sends its own part (its error-feedback
 //! residuals and the sparse algorithms' state, its loader position, its batch-norm running
-//! statistics) to rank 0, which writes them after the replicated part (weights, optimizer
+//! statistics, the state its recurrent stages carry into the next batch) to rank 0, which writes them after the replicated part (weights, optimizer
 //! state, step, plan), once. One file is one rename, so a checkpoint is atomic across all
 //! ranks: there is no step at which some ranks' files are new and others' old, and no
 //! shared file system is needed (on load rank 0 reads and sends each rank its part). The
@@ -32,6 +32,7 @@ use collectives::{Communicator, Tag};
 use datacache::LoaderState;
 use serde::{Deserialize, Serialize};
 
+use crate::staged::HostTensor;
 use crate::train::EpochStats;
 use crate::{Error, Result};
 
@@ -99,7 +100,7 @@ pub enum CheckpointError {
 /// Magic of a checkpoint file.
 pub const MAGIC: &[u8; 8] = b"SDLCKPT\0";
 /// Format version this build writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Checkpoints kept in a directory: the newest and the one before it.
 pub const KEEP: usize = 2;
 /// Tag of the rank parts sent to and from rank 0.
@@ -177,6 +178,10 @@ impl<'a> Dec<'a> {
     }
     pub fn f64(&mut self) -> Result<f64> {
         self.u64().map(f64::from_bits)
+    }
+    /// An `f64` whose NaN stands for `None`.
+    pub fn opt_f64(&mut self) -> Result<Option<f64>> {
+        Ok(Some(self.f64()?).filter(|v| !v.is_nan()))
     }
     pub fn bytes(&mut self) -> Result<&'a [u8]> {
         let n = self.count(1)?;
@@ -270,6 +275,9 @@ pub struct RankPart {
     pub reducer: Vec<u8>,
     /// Batch-norm running statistics (they differ per rank: each sees its own batches).
     pub buffers: Vec<Vec<f32>>,
+    /// Each stage's carried training state ([`crate::staged::get_carried`]: an LSTM's
+    /// final `(h, c)` of this rank's streams), so a resumed run continues its streams.
+    pub carried: Vec<Vec<HostTensor>>,
     /// Payload bytes sent so far.
     pub bytes_sent: u64,
 }
@@ -299,6 +307,8 @@ impl Replicated {
                 .f64(s.test_acc)
                 .f64(s.test_loss)
                 .f64(s.test_ppl.unwrap_or(f64::NAN))
+                .f64(s.valid_loss.unwrap_or(f64::NAN))
+                .f64(s.valid_ppl.unwrap_or(f64::NAN))
                 .f64(s.elapsed_s);
         }
         e.f64(self.train_time_s)
@@ -318,7 +328,7 @@ impl Replicated {
         let profile_bw = (0..n).map(|_| d.f64()).collect::<Result<_>>()?;
         let weights = d.f32_lists()?;
         let optimizer = d.bytes()?.to_vec();
-        let n = d.count(56)?;
+        let n = d.count(72)?;
         let mut epochs = Vec::with_capacity(n);
         for _ in 0..n {
             epochs.push(EpochStats {
@@ -327,7 +337,9 @@ impl Replicated {
                 train_acc: d.f64()?,
                 test_acc: d.f64()?,
                 test_loss: d.f64()?,
-                test_ppl: Some(d.f64()?).filter(|v| !v.is_nan()),
+                test_ppl: d.opt_f64()?,
+                valid_loss: d.opt_f64()?,
+                valid_ppl: d.opt_f64()?,
                 elapsed_s: d.f64()?,
             });
         }
@@ -359,8 +371,19 @@ impl RankPart {
             .u64(self.loader.position as u64)
             .u64(self.loader.seed)
             .bytes(&self.reducer)
-            .f32_lists(&self.buffers)
-            .u64(self.bytes_sent);
+            .f32_lists(&self.buffers);
+        e.u64(self.carried.len() as u64);
+        for stage in &self.carried {
+            e.u64(stage.len() as u64);
+            for t in stage {
+                e.u64(t.dims.len() as u64);
+                t.dims.iter().for_each(|&d| {
+                    e.u64(d as u64);
+                });
+                e.f32s(&t.values);
+            }
+        }
+        e.u64(self.bytes_sent);
         e.0
     }
 
@@ -374,6 +397,23 @@ impl RankPart {
             },
             reducer: d.bytes()?.to_vec(),
             buffers: d.f32_lists()?,
+            carried: {
+                let stages = d.count(8)?;
+                (0..stages)
+                    .map(|_| {
+                        let n = d.count(16)?;
+                        (0..n)
+                            .map(|_| {
+                                let k = d.count(8)?;
+                                Ok(HostTensor {
+                                    dims: (0..k).map(|_| d.usize()).collect::<Result<_>>()?,
+                                    values: d.f32s()?,
+                                })
+                            })
+                            .collect::<Result<_>>()
+                    })
+                    .collect::<Result<_>>()?
+            },
             bytes_sent: d.u64()?,
         };
         d.finish()?;
@@ -788,6 +828,19 @@ mod tests {
             },
             reducer: vec![1, 2, 3],
             buffers: vec![vec![0.5; 4]],
+            carried: vec![
+                vec![],
+                vec![
+                    HostTensor {
+                        dims: vec![2, 3],
+                        values: vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6],
+                    },
+                    HostTensor {
+                        dims: vec![2, 3],
+                        values: vec![1.0; 6],
+                    },
+                ],
+            ],
             bytes_sent: 99,
         };
         encode_file(header(step), &rep.encode(), &[part.encode(), part.encode()])
@@ -801,7 +854,14 @@ mod tests {
         assert_eq!(f.header, header(6));
         let rep = Replicated::decode(&f.replicated).unwrap();
         assert_eq!(rep.weights, vec![vec![1.5, -2.0], vec![0.25]]);
-        assert_eq!(RankPart::decode(&f.parts[1]).unwrap().bytes_sent, 99);
+        let part = RankPart::decode(&f.parts[1]).unwrap();
+        assert_eq!(part.bytes_sent, 99);
+        assert_eq!(
+            part.carried[1][0].values,
+            vec![0.1, -0.2, 0.3, 0.4, 0.5, -0.6]
+        );
+        assert_eq!(part.carried[1][1].dims, vec![2, 3]);
+        assert!(part.carried[0].is_empty());
         let bytes = file(6);
         let check = |b: &[u8], ranks, fp| decode_file(&path, b, ranks, fp);
         assert!(matches!(

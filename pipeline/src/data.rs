@@ -16,10 +16,13 @@
 //!
 //! Training reads either through one [`Dataset`] trait: the model that fits the data, the
 //! batches of one rank's shard (resumable), and the test metrics ([`Eval`]: accuracy and
-//! mean cross entropy, plus perplexity for a language model).
+//! mean cross entropy, plus perplexity for a language model), and the validation metrics
+//! of data that has a validation split (`valid.tok` of token files).
 //!
 //! Missing or corrupt files, missing labels, labels outside the classes and a vocabulary
-//! that differs from the model's are [`Error::Data`].
+//! that differs from the model's are [`Error::Data`]. A folder with a `SHA256SUMS` file
+//! (the shipped ones: the converters write it) has every listed file checked against it
+//! on open ([`verify_sums`]), which also catches damage that still parses.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,15 +85,24 @@ pub trait Dataset: Send + Sync {
     ) -> Result<Box<dyn RankLoader>>;
     /// The model's metrics on the test set.
     fn evaluate(&self, model: &dyn Staged) -> Result<Eval>;
+    /// The model's metrics on the validation set, if the data has one (`None` by
+    /// default).
+    fn validation(&self, _model: &dyn Staged) -> Result<Option<Eval>> {
+        Ok(None)
+    }
     /// The vocabulary of token data (`None` for images).
     fn vocab(&self) -> Option<usize> {
         None
     }
 }
 
-/// Accuracy and mean loss of `model` on `(x, y)` in chunks of `chunk` rows of `x`; `y`
-/// holds the targets of each row (`[N]` for images, `[N, T]` for token windows).
+/// Accuracy and mean loss of `model` on `(x, y)` in chunks of `chunk` rows of `x`, in
+/// order; `y` holds the targets of each row (`[N]` for images, `[N, T]` for token
+/// windows). The model's evaluation state is reset first ([`Staged::reset_state`]), then
+/// carried from chunk to chunk, so row `b` of consecutive chunks must continue one stream
+/// for a model that carries state (its training state is not touched).
 pub fn evaluate_chunks(model: &dyn Staged, x: &Tensor, y: &Tensor, chunk: usize) -> Result<Eval> {
+    model.reset_state(false)?;
     let n = x.dim(0)?;
     let (mut right, mut count, mut loss) = (0usize, 0usize, 0.0f64);
     let mut i = 0;
@@ -187,6 +199,46 @@ fn build_cache(
     Ok(Arc::new(b.build()?))
 }
 
+/// Checks the files that `dir/SHA256SUMS` lists (`sha256sum` format: hex digest, space,
+/// optional `*`, name; one a line) if `dir` has one. A listed file that is missing or
+/// whose digest differs, and a malformed line, are [`Error::Data`]; a folder without
+/// `SHA256SUMS` (e.g. a user's) passes unchecked.
+pub fn verify_sums(dir: &Path) -> Result<()> {
+    use sha2::{Digest, Sha256};
+    let list = dir.join("SHA256SUMS");
+    let text = match std::fs::read_to_string(&list) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Data(format!("{}: {e}", list.display()))),
+    };
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let bad = || Error::Data(format!("{} line {}: malformed", list.display(), n + 1));
+        let (digest, name) = line.split_once(' ').ok_or_else(bad)?;
+        let name = name.trim_start_matches(' ').trim_start_matches('*');
+        if digest.len() != 64 || name.is_empty() || name.contains(['/', '\\']) {
+            return Err(bad());
+        }
+        let path = need(dir.join(name))?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| Error::Data(format!("{}: {e}", path.display())))?;
+        let got: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if !got.eq_ignore_ascii_case(digest) {
+            return Err(Error::Data(format!(
+                "{}: SHA-256 {got}, SHA256SUMS lists {digest} (damaged or replaced)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn need(path: PathBuf) -> Result<PathBuf> {
     if path.is_file() {
         Ok(path)
@@ -209,6 +261,7 @@ impl ImageData {
 
     /// MNIST IDX files in `dir` (10 classes; samples `1 × rows × cols`).
     pub fn digits(dir: &Path, opts: &CacheOptions) -> Result<Self> {
+        verify_sums(dir)?;
         let open = |prefix: &str| -> Result<MnistSource> {
             let images = need(dir.join(format!("{prefix}-images-idx3-ubyte")))?;
             let labels = need(dir.join(format!("{prefix}-labels-idx1-ubyte")))?;
@@ -462,18 +515,35 @@ impl Dataset for ImageData {
     }
 }
 
+/// Streams an evaluation split is read in: the PyTorch `word_language_model`'s
+/// `eval_batch_size`.
+pub const EVAL_STREAMS: usize = 10;
+
 /// Token-id files for a language model (`datacache::tokens`): `train.tok`, `valid.tok`,
 /// `test.tok` and `vocab.txt` (one token a line) in a folder, read as windows of `bptt`
 /// inputs through a memory level. Batches are Penn Treebank style
 /// ([`datacache::stream_batches`]): each rank's contiguous shard of the training stream
-/// is cut into `batch` streams read in order.
+/// is cut into `batch` streams read in order, so a model that carries its state from
+/// window to window (truncated BPTT) continues each stream.
+///
+/// The validation and test splits are read the same way, as [`EVAL_STREAMS`] contiguous
+/// streams (fewer if the split has fewer windows) evaluated from a zero state carried
+/// across their windows; the last `windows mod streams` windows are left out, as the
+/// PyTorch `batchify` trims. Every file is required: a missing or corrupt one is
+/// [`Error::Data`].
 pub struct TextData {
     train: Arc<DataCache>,
-    test: Arc<DataCache>,
+    valid: EvalSplit,
+    test: EvalSplit,
     vocab: usize,
     bptt: usize,
     name: String,
-    test_cache: OnceLock<(Tensor, Tensor)>,
+}
+
+/// An evaluation split and, once read, its windows in stream order with the stream count.
+struct EvalSplit {
+    cache: Arc<DataCache>,
+    tensors: OnceLock<(Tensor, Tensor, usize)>,
 }
 
 impl TextData {
@@ -483,6 +553,7 @@ impl TextData {
         if bptt == 0 {
             return Err(Error::InvalidArgument("bptt must be at least 1".into()));
         }
+        verify_sums(dir)?;
         let vocab_path = need(dir.join("vocab.txt"))?;
         let words = std::fs::read_to_string(&vocab_path)
             .map_err(|e| Error::Data(format!("{}: {e}", vocab_path.display())))?
@@ -508,13 +579,39 @@ impl TextData {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "tokens".into());
+        let split = |name: &str| -> Result<EvalSplit> {
+            Ok(EvalSplit {
+                cache: open(name)?,
+                tensors: OnceLock::new(),
+            })
+        };
         Ok(TextData {
             train: open("train")?,
-            test: open("test")?,
+            valid: split("valid")?,
+            test: split("test")?,
             vocab: words,
             bptt,
             name,
-            test_cache: OnceLock::new(),
+        })
+    }
+
+    /// `model`'s metrics on `split`, its windows read as streams (see the type's docs).
+    fn evaluate_split(&self, split: &EvalSplit, model: &dyn Staged) -> Result<Eval> {
+        let (x, y, streams) = match split.tensors.get() {
+            Some(t) => t,
+            None => {
+                let windows = split.cache.len();
+                let streams = EVAL_STREAMS.min(windows);
+                let plan = ShardPlan::new(windows, 1, 0, ShardMode::Contiguous)?;
+                let order = datacache::stream_batches(&plan, streams)?.concat();
+                let (x, y) = Self::windows(&split.cache, &order, self.bptt)?;
+                split.tensors.get_or_init(|| (x, y, streams))
+            }
+        };
+        let e = evaluate_chunks(model, x, y, *streams)?;
+        Ok(Eval {
+            perplexity: Some(e.loss.exp()),
+            ..e
         })
     }
 
@@ -652,19 +749,10 @@ impl Dataset for TextData {
         }))
     }
     fn evaluate(&self, model: &dyn Staged) -> Result<Eval> {
-        let (x, y) = match self.test_cache.get() {
-            Some(t) => t,
-            None => {
-                let all: Vec<usize> = (0..self.test.len()).collect();
-                let t = Self::windows(&self.test, &all, self.bptt)?;
-                self.test_cache.get_or_init(|| t)
-            }
-        };
-        let e = evaluate_chunks(model, x, y, 32)?;
-        Ok(Eval {
-            perplexity: Some(e.loss.exp()),
-            ..e
-        })
+        self.evaluate_split(&self.test, model)
+    }
+    fn validation(&self, model: &dyn Staged) -> Result<Option<Eval>> {
+        self.evaluate_split(&self.valid, model).map(Some)
     }
 }
 
@@ -721,6 +809,19 @@ mod tests {
             Err(Error::Data(_))
         ));
         std::fs::write(&p, &bytes).unwrap();
+        // A pixel altered: still a valid file, but not the one SHA256SUMS lists.
+        std::fs::copy(digits_dir().join("SHA256SUMS"), tmp.join("SHA256SUMS")).unwrap();
+        assert!(ImageData::digits(&tmp, &CacheOptions::default()).is_ok());
+        let mut altered = bytes.clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        std::fs::write(&p, &altered).unwrap();
+        assert!(matches!(
+            ImageData::digits(&tmp, &CacheOptions::default()),
+            Err(Error::Data(e)) if e.contains("SHA-256")
+        ));
+        std::fs::write(&p, &bytes).unwrap();
+        std::fs::remove_file(tmp.join("SHA256SUMS")).unwrap();
         // A label outside the classes.
         let p = tmp.join("t10k-labels-idx1-ubyte");
         let mut bytes = std::fs::read(&p).unwrap();

@@ -15,6 +15,13 @@
 //! numbered in forward order (stage by stage, each stage's tensors in its own fixed order)
 //! and handed over in reverse.
 //!
+//! **Carried state.** A stage may carry state from one batch to the next (an LSTM's final
+//! `(h, c)`: truncated BPTT). It enters the next batch as a detached constant, so the cut
+//! above is unchanged: gradients stay exactly those of a full backward through the
+//! window. Every forward in training mode advances the training state, every forward in
+//! evaluation mode a separate evaluation state; [`Staged::reset_state`] forgets one,
+//! [`get_carried`] / [`set_carried`] save and restore the training state (checkpoints).
+//!
 //! [`Stages`] builds a [`Staged`] model from closures over a fresh `VarBuilder` per stage,
 //! so a user's own candle modules plug in with a few lines (see the crate's `own_model`
 //! example). Parameters are initialised deterministically from a seed, so every rank starts
@@ -43,6 +50,30 @@ pub trait Staged: Send + Sync {
     /// running statistics), in a fixed order: a checkpoint saves it. None by default.
     fn stage_buffers(&self, _i: usize) -> &[(String, Var)] {
         &[]
+    }
+    /// Forgets the state that stages carry from one batch to the next of the same mode
+    /// (`train` picks training or evaluation; e.g. an LSTM's final hidden state, truncated
+    /// BPTT), so the next batch of that mode starts from zeros. The training loop calls it
+    /// at every epoch start, [`crate::data::evaluate_chunks`] before its first chunk.
+    /// Nothing to forget by default.
+    fn reset_state(&self, _train: bool) -> candle_core::Result<()> {
+        Ok(())
+    }
+    /// Stage `i`'s state carried into the next training batch (detached: no gradient
+    /// crosses batches), in a fixed order; empty when the next batch starts from zeros.
+    /// It is each rank's own (its own streams), and a checkpoint saves it per rank. None
+    /// by default.
+    fn carried_state(&self, _i: usize) -> candle_core::Result<Vec<Tensor>> {
+        Ok(Vec::new())
+    }
+    /// Installs stage `i`'s carried training state as [`Staged::carried_state`] gave it
+    /// (empty: start from zeros). A stage without state accepts only the empty list.
+    fn set_carried_state(&self, i: usize, state: &[Tensor]) -> candle_core::Result<()> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            candle_core::bail!("stage {i} of `{}` carries no state", self.name())
+        }
     }
     /// The loss of the final output against the targets; cross entropy over the last
     /// dimension by default (logits `[N, C]`, targets `u32 [N]`).
@@ -108,6 +139,64 @@ pub fn get_buffers(model: &dyn Staged) -> Result<Vec<Vec<f32>>> {
 /// Overwrites every buffer from `values` (forward order).
 pub fn set_buffers(model: &dyn Staged, values: &[Vec<f32>]) -> Result<()> {
     set_vars(model, |m, s| m.stage_buffers(s), values)
+}
+
+/// A tensor on the host: its dims and values (row-major), as a checkpoint holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions.
+    pub dims: Vec<usize>,
+    /// Values, row-major.
+    pub values: Vec<f32>,
+}
+
+/// Every stage's carried training state ([`Staged::carried_state`]), one list per stage.
+pub fn get_carried(model: &dyn Staged) -> Result<Vec<Vec<HostTensor>>> {
+    (0..model.num_stages())
+        .map(|s| {
+            model
+                .carried_state(s)?
+                .iter()
+                .map(|t| {
+                    Ok(HostTensor {
+                        dims: t.dims().to_vec(),
+                        values: t.flatten_all()?.to_vec1::<f32>()?,
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Installs every stage's carried training state as [`get_carried`] gave it.
+pub fn set_carried(model: &dyn Staged, state: &[Vec<HostTensor>]) -> Result<()> {
+    if state.len() != model.num_stages() {
+        return Err(Error::InvalidArgument(format!(
+            "carried state of {} stages for a model of {}",
+            state.len(),
+            model.num_stages()
+        )));
+    }
+    let dev = model.device();
+    for (s, tensors) in state.iter().enumerate() {
+        let tensors = tensors
+            .iter()
+            .map(|t| {
+                if t.values.len() != t.dims.iter().product::<usize>() {
+                    return Err(Error::InvalidArgument(format!(
+                        "stage {s}: {} values for dims {:?}",
+                        t.values.len(),
+                        t.dims
+                    )));
+                }
+                Ok(Tensor::from_slice(&t.values, t.dims.as_slice(), &dev)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        model
+            .set_carried_state(s, &tensors)
+            .map_err(|e| Error::Model(format!("carried state of stage {s}: {e}")))?;
+    }
+    Ok(())
 }
 
 fn get_vars(model: &dyn Staged, pick: Pick) -> Result<Vec<Vec<f32>>> {
@@ -420,8 +509,10 @@ mod tests {
     use super::*;
     use crate::candle_models::{resnet20, vgg16_bn, LstmLm, LstmShape};
 
-    /// Stage-wise gradients equal those of one full backward through the uncut chain.
-    fn check_equal(model: &dyn Staged, x: &Tensor, y: &Tensor) {
+    /// Stage-wise gradients equal those of one full backward through the uncut chain,
+    /// both from the carried state the model holds on entry; the staged gradients.
+    fn check_equal(model: &dyn Staged, x: &Tensor, y: &Tensor) -> Vec<Vec<f32>> {
+        let carried = get_carried(model).unwrap();
         let fwd = forward_train(model, x).unwrap();
         let loss = model.loss(fwd.logits(), y).unwrap();
         let mut staged: Vec<Vec<f32>> = vec![Vec::new(); layer_sizes(model).len()];
@@ -434,6 +525,8 @@ mod tests {
         .unwrap();
         let expect: Vec<usize> = (0..staged.len()).rev().collect();
         assert_eq!(order, expect);
+        // The full forward starts from the same carried state.
+        set_carried(model, &carried).unwrap();
         let logits = forward(model, x, true).unwrap();
         let full = model.loss(&logits, y).unwrap().backward().unwrap();
         let mut nonzero = 0;
@@ -459,6 +552,7 @@ mod tests {
             }
         }
         assert!(nonzero > 0, "vacuous: every gradient is zero");
+        staged
     }
 
     #[test]
@@ -488,6 +582,17 @@ mod tests {
         let tokens = Tensor::new(&[[1u32, 4, 9, 2], [7, 7, 3, 0]], &Device::Cpu).unwrap();
         let next = Tensor::new(&[4u32, 9, 2, 8, 7, 3, 0, 1], &Device::Cpu).unwrap();
         check_equal(&lm, &tokens, &next);
+        // Truncated BPTT: the next window starts from the state the first one left, and
+        // the cut still gives a full backward's gradients (with respect to this window).
+        let more = Tensor::new(&[[8u32, 2, 2, 5], [1, 6, 6, 4]], &Device::Cpu).unwrap();
+        let target = Tensor::new(&[2u32, 2, 5, 3, 6, 6, 4, 9], &Device::Cpu).unwrap();
+        let carried = get_carried(&lm).unwrap();
+        assert_eq!(carried[1].len(), 2, "layer 1 carries (h, c)");
+        assert!(carried[1][0].values.iter().any(|&v| v != 0.0));
+        let with_state = check_equal(&lm, &more, &target);
+        lm.reset_state(true).unwrap();
+        let without = check_equal(&lm, &more, &target);
+        assert_ne!(with_state, without, "the carried state changes nothing");
     }
 
     #[test]

@@ -2,11 +2,15 @@
 //! through `datacache`, runs forward, then a stage-by-stage backward whose stages hand
 //! their gradients to the [`Reducer`] as soon as they are ready (wait-free backpropagation,
 //! OMGS-SGD (Shi et al., INFOCOM 2020), Algorithm 2); the averaged gradients drive one
-//! [`Optimizer`] (SGD, or LARS/LAMB with PTO). Under BSP-SGD Algorithms 1 and 2 of Linear
-//! Pipelining (Wang et al.) only the root steps and its weights reach the other ranks by
-//! LP broadcast ([`crate::bsp`]); under Algorithm 1 that broadcast overlaps the next
-//! forward, each stage waiting for its own weights, and the parameter check of a step runs
-//! once they have arrived. Data comes through a [`Dataset`] (images or token streams).
+//! [`Optimizer`](optimizer::Optimizer) (SGD, or LARS/LAMB with PTO). Under BSP-SGD
+//! Algorithms 1 and 2 of Linear Pipelining (Wang et al.) only the root steps and its
+//! weights reach the other ranks by LP broadcast ([`crate::bsp`]); under Algorithm 1 that
+//! broadcast overlaps the next forward, each stage waiting for its own weights, and the
+//! parameter check of a step runs once they have arrived. Data comes through a
+//! [`Dataset`] (images or token streams).
+//! A model that carries state from batch to batch (the LSTM's truncated BPTT:
+//! [`Staged::reset_state`]) starts every epoch from zeros; rank 0 reports the test and,
+//! where the data has one, the validation metrics after every epoch.
 //!
 //! **Profile, then plan** (as OMGS-SGD does): the first `profile_iters` iterations run as
 //! dense SGD with one group, so backward is not disturbed by communication; their per-layer
@@ -200,7 +204,8 @@ impl Default for TrainConfig {
     }
 }
 
-/// One epoch's numbers (rank 0's loss and training accuracy; its test accuracy).
+/// One epoch's numbers (rank 0's loss and training accuracy; its test and validation
+/// metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EpochStats {
     /// Epoch (from 1).
@@ -217,6 +222,13 @@ pub struct EpochStats {
     /// Test perplexity (`exp(test_loss)`) of a language model; `None` for a classifier.
     #[serde(default)]
     pub test_ppl: Option<f64>,
+    /// Mean validation cross entropy, nats; `None` for data without a validation split
+    /// ([`Dataset::validation`]).
+    #[serde(default)]
+    pub valid_loss: Option<f64>,
+    /// Validation perplexity (`exp(valid_loss)`) of a language model.
+    #[serde(default)]
+    pub valid_ppl: Option<f64>,
     /// Training time so far (evaluation excluded), seconds.
     pub elapsed_s: f64,
 }
@@ -748,6 +760,11 @@ pub fn run_rank<C: Communicator + 'static>(
             )?;
             (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
         }
+        // Truncated BPTT: every epoch's streams start from a zero state (a resumed epoch
+        // continues from the checkpoint's).
+        if first_it == 0 {
+            model.reset_state(true)?;
+        }
         let t_epoch = Instant::now();
         let (mut loss_sum, mut right) = if resuming {
             (saved.loss_sum as f32, saved.right as usize)
@@ -910,6 +927,7 @@ pub fn run_rank<C: Communicator + 'static>(
                             loader: batches.state(),
                             reducer: state,
                             buffers: staged::get_buffers(&*model)?,
+                            carried: staged::get_carried(&*model)?,
                             bytes_sent: bytes_before + meter.counts().bytes_sent,
                         })
                     });
@@ -935,6 +953,7 @@ pub fn run_rank<C: Communicator + 'static>(
         }
         if rank == 0 {
             let eval = data.evaluate(&*model)?;
+            let valid = data.validation(&*model)?;
             let stats = EpochStats {
                 epoch: epoch + 1,
                 loss: loss_sum / iters as f32,
@@ -942,6 +961,8 @@ pub fn run_rank<C: Communicator + 'static>(
                 test_acc: eval.accuracy,
                 test_loss: eval.loss,
                 test_ppl: eval.perplexity,
+                valid_loss: valid.map(|v| v.loss),
+                valid_ppl: valid.and_then(|v| v.perplexity),
                 elapsed_s: train_time,
             };
             if let Some(f) = progress {
@@ -1025,10 +1046,10 @@ pub fn run_rank<C: Communicator + 'static>(
     })
 }
 
-/// This rank's side of a resume: the replicated state (weights, batch-norm statistics,
-/// optimizer) into the model and optimizer, and the reducer of the saved plan and epoch
-/// with this rank's residuals and sparse-algorithm state. Local; the caller agrees on the
-/// outcome.
+/// This rank's side of a resume: the replicated state (weights, optimizer) into the model
+/// and optimizer, this rank's batch-norm statistics and carried state (its streams' LSTM
+/// state) into the model, and the reducer of the saved plan and epoch with this rank's
+/// residuals and sparse-algorithm state. Local; the caller agrees on the outcome.
 fn resume_rank<C: Communicator + 'static>(
     comm: C,
     cfg: &TrainConfig,
@@ -1041,6 +1062,7 @@ fn resume_rank<C: Communicator + 'static>(
     let s = &r.replicated;
     staged::set_params(model, &s.weights)?;
     staged::set_buffers(model, &r.mine.buffers)?;
+    staged::set_carried(model, &r.mine.carried)?;
     opt.restore_state(&s.optimizer)?;
     let starts = s.plan_starts.iter().map(|&x| x as usize).collect();
     let plan = MergePlan::from_starts(sizes.len(), starts)?;

@@ -2,13 +2,17 @@
 //! SparDL and ExDyna): the resumed run's parameters after every later step, and its
 //! epochs' numbers, equal an uninterrupted run's bit for bit; a checkpoint of another P
 //! or configuration is a typed error on every rank; a damaged newest checkpoint falls
-//! back to the previous one, which still resumes bit-identically.
+//! back to the previous one, which still resumes bit-identically. The LSTM language model
+//! resumes bit-identically too: the state each rank's streams carry from window to window
+//! (truncated BPTT) is saved with the rank's part.
+
+mod common;
 
 use std::path::Path;
 
 use collectives::{ThreadComm, ThreadConfig};
 use pipeline::checkpoint::CheckpointError;
-use pipeline::data::{digits_dir, CacheOptions, ImageData};
+use pipeline::data::{digits_dir, CacheOptions, ImageData, TextData};
 use pipeline::train::{run_rank, CheckpointConfig, TrainConfig, TrainReport};
 use pipeline::{Error, SchemeKind};
 
@@ -42,16 +46,22 @@ fn with_checkpoints(cfg: &TrainConfig, dir: &Path, every: usize, resume: bool) -
     }
 }
 
-/// The epochs' numbers without their times.
-fn epoch_numbers(r: &TrainReport) -> Vec<(usize, u32, u64, u64)> {
+/// The epochs' numbers without their times (`None` metrics as NaN bits).
+fn epoch_numbers(r: &TrainReport) -> Vec<(usize, u32, [u64; 5])> {
+    let bits = |v: Option<f64>| v.unwrap_or(f64::NAN).to_bits();
     r.epochs
         .iter()
         .map(|e| {
             (
                 e.epoch,
                 e.loss.to_bits(),
-                e.train_acc.to_bits(),
-                e.test_acc.to_bits(),
+                [
+                    e.train_acc.to_bits(),
+                    e.test_acc.to_bits(),
+                    e.test_loss.to_bits(),
+                    bits(e.valid_loss),
+                    bits(e.test_ppl),
+                ],
             )
         })
         .collect()
@@ -114,6 +124,37 @@ fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
             assert_eq!(resumed.skipped_checkpoints.len(), 1);
         }
     }
+}
+
+/// The LSTM stopped in the middle of epoch 1 (its streams holding a carried state) and
+/// resumed continues the uninterrupted run bit for bit: parameters after every step,
+/// training loss, validation and test metrics.
+#[test]
+fn a_resumed_lstm_run_continues_its_streams_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vocab = common::kjv_slice(tmp.path(), 2401);
+    let data = TextData::open(tmp.path(), common::BPTT, &CacheOptions::default()).unwrap();
+    let cfg = TrainConfig {
+        scheme: SchemeKind::Spardl,
+        ..common::small_lstm(vocab)
+    };
+    let whole = pipeline::train(&cfg, &data, None).unwrap();
+    assert_eq!(whole.steps, 60);
+    let dir = tmp.path().join("ck");
+    let stop = 43;
+    let cut = pipeline::train(
+        &TrainConfig {
+            stop_after_steps: Some(stop),
+            ..with_checkpoints(&cfg, &dir, 0, false)
+        },
+        &data,
+        None,
+    )
+    .unwrap();
+    assert_eq!(cut.step_param_hashes, whole.step_param_hashes[..stop]);
+    let resumed = pipeline::train(&with_checkpoints(&cfg, &dir, 0, true), &data, None).unwrap();
+    assert_continues(&whole, &resumed, stop);
+    assert!(whole.epochs.iter().all(|e| e.valid_ppl.is_some()));
 }
 
 #[test]

@@ -152,7 +152,7 @@ pub struct Args {
 /// Options of the language model (`--model lstm`).
 #[derive(clap::Args, Debug)]
 pub struct LmArgs {
-    /// Token files (train.tok, test.tok, vocab.txt) for --model lstm. Default: the King
+    /// Token files (train.tok, valid.tok, test.tok, vocab.txt) for --model lstm. Default: the King
     /// James Gospels shipped in data/kjv-gospels.
     #[arg(long)]
     pub text: Option<PathBuf>,
@@ -278,8 +278,11 @@ fn headline(r: &TrainReport) -> String {
 fn epoch_line(s: &pipeline::train::EpochStats) -> String {
     match s.test_ppl {
         Some(p) => format!(
-            "epoch {} loss {:.3} test loss {:.3} ppl {p:.1}",
-            s.epoch, s.loss, s.test_loss
+            "epoch {} loss {:.3} valid ppl {} test loss {:.3} ppl {p:.1}",
+            s.epoch,
+            s.loss,
+            s.valid_ppl.map_or("-".into(), |v| format!("{v:.1}")),
+            s.test_loss
         ),
         None => format!(
             "epoch {} loss {:.3} test {:.1}%",
@@ -490,7 +493,14 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         "{:<8} {}  time {:.1} s  bytes/rank {:.3e}  groups {}  planner {}  params checked on every rank after {} steps (final hash {:016x})",
         r.scheme,
         match r.test_ppl {
-            Some(p) => format!("test perplexity {p:.2} (next-token accuracy {:.2}%)", r.test_acc),
+            Some(p) => format!(
+                "valid perplexity {}  test perplexity {p:.2} (next-token accuracy {:.2}%)",
+                r.epochs
+                    .last()
+                    .and_then(|e| e.valid_ppl)
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                r.test_acc
+            ),
             None => format!("test {:.2}%", r.test_acc),
         },
         r.time_s,

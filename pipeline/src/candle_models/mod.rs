@@ -4,7 +4,8 @@
 //!
 //! Stages are the units of layer-wise readiness: ResNet-20's stem, each residual block and
 //! the head; each of VGG's conv-BN-ReLU(-pool) blocks and the classifier; the LSTM's
-//! embedding, each LSTM layer and the decoder.
+//! embedding, each LSTM layer and the decoder. The LSTM layers carry their final state
+//! from one window to the next of the same stream (truncated BPTT; see [`LstmLm`]).
 
 mod lstm;
 mod resnet;
