@@ -3,8 +3,8 @@
 //!
 //! **One file, written by rank 0.** Every rank sends its own part (its error-feedback
 //! residuals and the sparse algorithms' state, its loader position, its batch-norm running
-//! statistics, the state its recurrent stages carry into the next batch) to rank 0, which writes them after the replicated part (weights, optimizer
-//! state, step, plan), once. One file is one rename, so a checkpoint is atomic across all
+//! statistics, the state its recurrent stages carry into the next batch) to rank 0, which
+//! writes them after the replicated part (weights, optimizer state, step, plan), once. One file is one rename, so a checkpoint is atomic across all
 //! ranks: there is no step at which some ranks' files are new and others' old, and no
 //! shared file system is needed (on load rank 0 reads and sends each rank its part). The
 //! price is that rank 0 holds every rank's residuals (`P · d` values) while it writes, which

@@ -182,7 +182,9 @@ pub fn set_carried(model: &dyn Staged, state: &[Vec<HostTensor>]) -> Result<()> 
         let tensors = tensors
             .iter()
             .map(|t| {
-                if t.values.len() != t.dims.iter().product::<usize>() {
+                // Checked: the dims come from a checkpoint file and may be corrupt.
+                let want = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+                if want != Some(t.values.len()) {
                     return Err(Error::InvalidArgument(format!(
                         "stage {s}: {} values for dims {:?}",
                         t.values.len(),

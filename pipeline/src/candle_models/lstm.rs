@@ -325,5 +325,12 @@ mod tests {
         assert!(m.set_carried_state(0, &[t(3, 8), t(3, 8)]).is_err());
         assert!(m.set_carried_state(0, &[]).is_ok());
         assert!(set_carried(&m, &[vec![], vec![]]).is_err());
+        // Dims whose product overflows (a corrupt checkpoint): an error, not a panic.
+        let huge = crate::staged::HostTensor {
+            dims: vec![usize::MAX, 2],
+            values: vec![0.0; 2],
+        };
+        let state = vec![vec![], vec![huge.clone(), huge], vec![], vec![]];
+        assert!(set_carried(&m, &state).is_err());
     }
 }
