@@ -47,6 +47,10 @@ pub struct CalibrateOptions {
     pub topk_sizes: Vec<usize>,
     /// Density of the top-k sweep.
     pub density: f64,
+    /// Also sweep the transport library's own all-reduce, all-gather and reduce-scatter
+    /// (the `Library` algorithms) when the communicator has them (MPI), so that the
+    /// automatic choice (`choose_allreduce_for`, ...) can rank the library beside ours.
+    pub library: bool,
 }
 
 impl Default for CalibrateOptions {
@@ -63,7 +67,30 @@ impl Default for CalibrateOptions {
             reduce_scatter: ReduceScatterAlgo::ALL.to_vec(),
             topk_sizes: (10..=20).map(|e| 1usize << e).collect(),
             density: 0.001,
+            library: true,
         }
+    }
+}
+
+impl CalibrateOptions {
+    /// What [`calibrate`] and [`validate`] sweep on `comm`: these options, plus the
+    /// `Library` algorithm of each swept operation when [`CalibrateOptions::library`] is
+    /// set and `comm` has library collectives. Every rank gets the same lists (the
+    /// transport is the same on every rank).
+    pub fn for_comm<C: Communicator + ?Sized>(&self, comm: &C) -> CalibrateOptions {
+        let mut o = self.clone();
+        /// Adds `a` to a sweep that is not empty (an operation left out stays out).
+        fn add<A: PartialEq>(v: &mut Vec<A>, a: A) {
+            if !v.is_empty() && !v.contains(&a) {
+                v.push(a);
+            }
+        }
+        if self.library && comm.library().is_some() {
+            add(&mut o.allreduce, AllreduceAlgo::Library);
+            add(&mut o.allgather, AllgatherAlgo::Library);
+            add(&mut o.reduce_scatter, ReduceScatterAlgo::Library);
+        }
+        o
     }
 }
 
@@ -107,7 +134,7 @@ const PINGPONG_MAX_TRIPS: usize = 32;
 /// Calls per timing of a collective that moves `bytes`: short ones run several times
 /// between the barriers (as the OSU benchmarks do), so that the barrier and the clock do
 /// not dominate an operation of a few µs. Depends on the size alone, so all ranks agree.
-fn calls_per_timing(bytes: usize) -> usize {
+pub fn calls_per_timing(bytes: usize) -> usize {
     (PINGPONG_TIMED_BYTES / bytes.max(1)).clamp(1, PINGPONG_MAX_TRIPS)
 }
 
@@ -360,6 +387,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
     opts: &CalibrateOptions,
     progress: Progress,
 ) -> Result<Calibration> {
+    let opts = &opts.for_comm(comm);
     let p = comm.size();
     let swept = opts.allreduce.len() + opts.allgather.len() + opts.reduce_scatter.len();
     let total = opts.sizes.len() * (1 + swept) + 2;
@@ -444,6 +472,7 @@ pub fn allreduce_name(a: &AllreduceAlgo) -> Algorithm {
         AllreduceAlgo::Binomial => Algorithm::Binomial,
         AllreduceAlgo::LinearPipeline { .. } => Algorithm::Lp,
         AllreduceAlgo::Torus2d { .. } => Algorithm::Torus2d,
+        AllreduceAlgo::Library => Algorithm::Library,
     }
 }
 
@@ -453,6 +482,7 @@ pub fn allgather_name(a: &AllgatherAlgo) -> Algorithm {
         AllgatherAlgo::Ring => Algorithm::Ring,
         AllgatherAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
         AllgatherAlgo::Bruck => Algorithm::Bruck,
+        AllgatherAlgo::Library => Algorithm::Library,
     }
 }
 
@@ -462,6 +492,7 @@ pub fn reduce_scatter_name(a: &ReduceScatterAlgo) -> Algorithm {
     match a {
         ReduceScatterAlgo::Ring => Algorithm::Ring,
         ReduceScatterAlgo::RecursiveHalving => Algorithm::RecursiveDoubling,
+        ReduceScatterAlgo::Library => Algorithm::Library,
     }
 }
 
@@ -574,6 +605,7 @@ pub fn validate<C: Communicator + ?Sized>(
     opts: &CalibrateOptions,
     sizes: &[usize],
 ) -> Result<Vec<Validation>> {
+    let opts = &opts.for_comm(comm);
     let p = comm.size();
     let mut out = Vec::new();
     for &n in sizes {

@@ -33,7 +33,7 @@ pub mod sparse;
 pub use comm::sim::{prediction_mismatch, ClockMode, SimComm, SimStats, Traced};
 pub use comm::tap::{Counts, Meter, Metered, Tap, Tapped};
 pub use comm::thread::{RunError, ThreadComm, ThreadConfig};
-pub use comm::{CommExt, Communicator, Tag, MAX_USER_TAG};
+pub use comm::{CommExt, Communicator, LibraryCollectives, Tag, MAX_USER_TAG};
 pub use dense::{
     allgather, allgatherv, allreduce, broadcast, reduce, reduce_scatter, AllgatherAlgo,
     AllreduceAlgo, BroadcastAlgo, DenseOptions, Gathered, ReduceAlgo, ReduceScatterAlgo, WireType,

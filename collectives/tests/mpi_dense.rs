@@ -99,7 +99,9 @@ fn main() {
             WireType::F16 => 2f64.powi(-11),
             _ => 2f64.powi(-8),
         };
-        for &algo in &algos {
+        // The library's own all-reduce sums f32 on the wire only (checked below).
+        let library = (wire == WireType::F32).then_some(AllreduceAlgo::Library);
+        for &algo in algos.iter().chain(&library) {
             for n in [0usize, 1, p + 1, 1000 + p] {
                 let seed = 42 + n as u64;
                 let mut buf = input(seed, r, n);
@@ -116,7 +118,10 @@ fn main() {
             }
         }
     }
-    for algo in AllgatherAlgo::ALL {
+    for algo in AllgatherAlgo::ALL
+        .into_iter()
+        .chain([AllgatherAlgo::Library])
+    {
         let n = 7;
         let mut out = vec![0f32; n * p];
         let res = allgather(
@@ -133,7 +138,10 @@ fn main() {
             .map(|g| (0..p).all(|q| g.part(q) == &input(2, q, cnt(q))[..]));
         c.check(format!("allgatherv {} p={p}", algo.name()), res);
     }
-    for algo in ReduceScatterAlgo::ALL {
+    for algo in ReduceScatterAlgo::ALL
+        .into_iter()
+        .chain([ReduceScatterAlgo::Library])
+    {
         let n = 3 * p + 2;
         let mut buf = input(3, r, n);
         let res = reduce_scatter(&comm, &mut buf, algo, &DenseOptions::default()).map(|range| {
@@ -194,6 +202,16 @@ fn main() {
             Ok(matches!(res, Err(Error::Mismatch { .. }))),
         );
     }
+    let res = allreduce(
+        &comm,
+        &mut [1.0; 4],
+        AllreduceAlgo::Library,
+        &DenseOptions::with_wire(WireType::F16),
+    );
+    c.check(
+        format!("library all-reduce with an f16 wire rejected p={p}"),
+        Ok(matches!(res, Err(Error::InvalidArgument(_)))),
+    );
     let res = allreduce(
         &comm,
         &mut [1.0; 4],

@@ -54,11 +54,15 @@ pub enum Algorithm {
     /// threshold-selected values and an all-gather of the global selection (SparDL (Zhao
     /// et al.) Table 1 "Ok-Topk").
     Oktopk,
+    /// Dense: the collective of the library under the transport (`MPI_Allreduce`,
+    /// `MPI_Allgather`, `MPI_Reduce_scatter`), whatever algorithm it picks inside. It has
+    /// no schedule to predict from: only a calibration that measured it prices it.
+    Library,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 19] = [
+    pub const ALL: [Algorithm; 20] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
@@ -78,6 +82,7 @@ impl Algorithm {
         Algorithm::Hitopk,
         Algorithm::Exdyna,
         Algorithm::Oktopk,
+        Algorithm::Library,
     ];
 
     /// The short lower-case name.
@@ -102,6 +107,7 @@ impl Algorithm {
             Algorithm::Hitopk => "hitopk",
             Algorithm::Exdyna => "exdyna",
             Algorithm::Oktopk => "oktopk",
+            Algorithm::Library => "library",
         }
     }
 
@@ -185,6 +191,18 @@ impl Collective {
             Collective::Broadcast => &[Binomial, ScatterAllgather, Lp],
             Collective::Reduce => &[Binomial, Lp, Be],
         }
+    }
+
+    /// Whether a calibration may hold a fit of `algo` for this operation: one of
+    /// [`Collective::algorithms`], or [`Algorithm::Library`] for the three operations a
+    /// transport's library offers (all-reduce, all-gather, reduce-scatter).
+    pub fn fits_algorithm(self, algo: Algorithm) -> bool {
+        self.algorithms().contains(&algo)
+            || (algo == Algorithm::Library
+                && matches!(
+                    self,
+                    Collective::Allreduce | Collective::Allgather | Collective::ReduceScatter
+                ))
     }
 }
 

@@ -249,7 +249,7 @@ impl Calibration {
             }
         }
         for c in &self.collectives {
-            if !c.op.algorithms().contains(&c.algo) {
+            if !c.op.fits_algorithm(c.algo) {
                 return Err(Error::InvalidArgument(format!(
                     "{} has no {} algorithm",
                     c.op.name(),
@@ -460,6 +460,27 @@ mod tests {
         let mut bad = c.clone();
         bad.schema = 99;
         assert!(Calibration::from_json(&bad.to_json(), "m").is_err());
+    }
+
+    #[test]
+    fn library_fits_load_for_the_operations_a_library_offers() {
+        let mut c = cal();
+        let mut lib = c.collectives[0].clone();
+        lib.algo = Algorithm::Library;
+        c.collectives.push(lib.clone());
+        let back = Calibration::from_json(&c.to_json(), "mem").unwrap();
+        assert_eq!(back, c);
+        assert!(c
+            .collective_fit(Collective::Allreduce, Algorithm::Library)
+            .is_some());
+        // Broadcast has no library variant here: a file claiming one is refused.
+        lib.op = Collective::Broadcast;
+        c.collectives.push(lib);
+        assert!(Calibration::from_json(&c.to_json(), "m").is_err());
+        // No schedule prices the library: only a measured fit does.
+        let t = Topology::flat(4, Link::new(1e-6, 1e-9)).unwrap();
+        let case = DenseCase::new(Collective::Allreduce, Algorithm::Library, 1024);
+        assert!(predict_dense(&case, &t).is_err());
     }
 
     #[test]

@@ -122,6 +122,34 @@ pub trait Communicator: Send {
     fn node(&self) -> Option<u64> {
         None
     }
+
+    /// The collectives of the library under this transport (MPI's own), when it has them:
+    /// what the `Library` algorithm of the dense collectives calls, so that the automatic
+    /// choice can rank the library beside our algorithms. `None` (the default) for
+    /// transports whose traffic must go through `send` and `recv`: threads, the simulator
+    /// (it times what passes through it) and the tap (it counts it).
+    fn library(&self) -> Option<&dyn LibraryCollectives> {
+        None
+    }
+}
+
+/// A transport library's own dense collectives, blocking and collective over all ranks of
+/// the communicator. The callers in [`crate::dense`] have checked the shapes (and, with
+/// [`DenseOptions::check`](crate::dense::DenseOptions::check), that the ranks agree on
+/// them); an implementation returns a typed error for what its library cannot take (MPI:
+/// counts above `i32::MAX`).
+pub trait LibraryCollectives {
+    /// Sums `buf` over all ranks in place.
+    fn allreduce_f32(&self, buf: &mut [f32]) -> Result<()>;
+
+    /// Every rank's block into `out` in rank order: rank r contributes `counts[r]` bytes
+    /// (this rank's block is `mine`), and `out` holds their sum.
+    fn allgatherv_bytes(&self, mine: &[u8], out: &mut [u8], counts: &[usize]) -> Result<()>;
+
+    /// Sums `buf` over all ranks and leaves this rank's block of the sum in its place in
+    /// `buf`: rank r's block is the `counts[r]` elements after the blocks of the ranks
+    /// before it. The rest of `buf` is left as it was.
+    fn reduce_scatter_f32(&self, buf: &mut [f32], counts: &[usize]) -> Result<()>;
 }
 
 /// `impl Communicator` for a type that only hands every call to the communicator `$inner`
@@ -208,6 +236,10 @@ macro_rules! forward_communicator {
             fn node(&self) -> Option<u64> {
                 let $s = self;
                 $inner.node()
+            }
+            fn library(&self) -> Option<&dyn $crate::comm::LibraryCollectives> {
+                let $s = self;
+                $inner.library()
             }
         }
     };

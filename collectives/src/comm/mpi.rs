@@ -33,7 +33,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
 
-use super::{check_rank, check_transport_tag, copy_into, Communicator, Tag};
+use super::{check_rank, check_transport_tag, copy_into, Communicator, LibraryCollectives, Tag};
 use crate::{Error, Result};
 
 /// Exit code of the job when a send can never complete after a failed receive.
@@ -94,6 +94,10 @@ impl PendingSend {
 pub struct MpiComm {
     comm: SimpleCommunicator,
     pending: RefCell<Vec<PendingSend>>,
+    /// The send copy of a library all-reduce (rsmpi has no `MPI_IN_PLACE`) or the block of
+    /// a library reduce-scatter, kept between calls so that a large one does not fault
+    /// fresh pages in every time.
+    library_scratch: RefCell<Vec<f32>>,
     rank: usize,
     size: usize,
     timeout: Duration,
@@ -145,6 +149,7 @@ impl MpiComm {
             size: comm.size() as usize,
             comm,
             pending: RefCell::new(Vec::new()),
+            library_scratch: RefCell::new(Vec::new()),
             timeout,
             threading,
             _universe: universe,
@@ -575,6 +580,104 @@ impl Communicator for MpiComm {
 
     fn backend(&self) -> String {
         "mpi".into()
+    }
+
+    fn library(&self) -> Option<&dyn LibraryCollectives> {
+        Some(self)
+    }
+}
+
+/// `counts` as the `int` counts and displacements MPI takes, or a typed error when one
+/// (or the total) exceeds `i32::MAX`.
+fn mpi_counts(counts: &[usize]) -> Result<(Vec<i32>, Vec<i32>)> {
+    let too_big = || {
+        Error::InvalidArgument(format!(
+            "MPI counts {counts:?} exceed the {} one call can carry",
+            i32::MAX
+        ))
+    };
+    let mut displs = Vec::with_capacity(counts.len());
+    let mut out = Vec::with_capacity(counts.len());
+    let mut total = 0i32;
+    for &c in counts {
+        let c = i32::try_from(c).map_err(|_| too_big())?;
+        displs.push(total);
+        total = total.checked_add(c).ok_or_else(too_big)?;
+        out.push(c);
+    }
+    Ok((out, displs))
+}
+
+/// The MPI library's own collectives. Blocking: like [`Communicator::barrier`], a peer
+/// that never enters one is not timed out (MPI cannot withdraw from a blocking
+/// collective); the argument check of the dense collectives, on by default, runs first
+/// over point-to-point messages with the transport's timeout.
+impl LibraryCollectives for MpiComm {
+    fn allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
+        Self::check_len(buf.len())?;
+        self.progress();
+        let mut send = self.library_scratch.borrow_mut();
+        send.clear();
+        send.extend_from_slice(buf);
+        self.comm
+            .all_reduce_into(&send[..], buf, SystemOperation::sum());
+        Ok(())
+    }
+
+    fn allgatherv_bytes(&self, mine: &[u8], out: &mut [u8], counts: &[usize]) -> Result<()> {
+        if counts.len() != self.size || counts.get(self.rank) != Some(&mine.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "library all-gather: counts {counts:?} for {} ranks, own block {} bytes",
+                self.size,
+                mine.len()
+            )));
+        }
+        // The total bounds every count and displacement.
+        Self::check_len(out.len())?;
+        self.progress();
+        if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
+            // Equal blocks (the common case): no count arrays to build.
+            self.comm.all_gather_into(mine, out);
+        } else {
+            let (c, displs) = mpi_counts(counts)?;
+            let mut parts = mpi::datatype::PartitionMut::new(out, &c[..], &displs[..]);
+            self.comm.all_gather_varcount_into(mine, &mut parts);
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter_f32(&self, buf: &mut [f32], counts: &[usize]) -> Result<()> {
+        use mpi::raw::AsRaw as _;
+        Self::check_len(buf.len())?;
+        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+        if counts.len() != self.size || total != Some(buf.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "library reduce-scatter: counts {counts:?} for {} ranks and {} elements",
+                self.size,
+                buf.len()
+            )));
+        }
+        let (c, displs) = mpi_counts(counts)?;
+        self.progress();
+        let mut block = self.library_scratch.borrow_mut();
+        block.clear();
+        block.resize(counts[self.rank], 0.0);
+        // SAFETY: `buf` holds the `c` elements of every rank's block, `block` this rank's
+        // `c[rank]`, the counts array has one `int` per rank, and the datatype, operation
+        // and communicator handles are valid while `self` lives.
+        unsafe {
+            mpi::ffi::MPI_Reduce_scatter(
+                buf.as_ptr().cast(),
+                block.as_mut_ptr().cast(),
+                c.as_ptr(),
+                mpi::ffi::RSMPI_FLOAT,
+                mpi::ffi::RSMPI_SUM,
+                self.comm.as_raw(),
+            );
+        }
+        let at = displs[self.rank] as usize;
+        buf[at..at + block.len()].copy_from_slice(&block);
+        Ok(())
     }
 }
 

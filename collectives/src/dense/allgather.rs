@@ -8,8 +8,9 @@ use bytemuck::Pod;
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_bytes;
+use crate::dense::library::library_of;
 use crate::dense::util::{check_call, gather_words};
-use crate::dense::{tags, DenseOptions, Op};
+use crate::dense::{tags, DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result, Tag};
 
 /// Per-rank sizes or offsets of one call: on the stack up to 16 ranks, so that a small
@@ -26,6 +27,11 @@ pub enum AllgatherAlgo {
     RecursiveDoubling,
     /// ⌈log2 P⌉ steps for any P (Bruck et al. 1997); one local rotation at the end.
     Bruck,
+    /// The transport library's own all-gather (`MPI_Allgather`, `MPI_Allgatherv`), for
+    /// transports that have one ([`Communicator::library`]). Not in [`AllgatherAlgo::ALL`]:
+    /// [`choose_allgather_for`](crate::dense::choose_allgather_for) ranks it beside ours
+    /// when a calibration measured it.
+    Library,
 }
 
 impl AllgatherAlgo {
@@ -36,12 +42,13 @@ impl AllgatherAlgo {
         AllgatherAlgo::Bruck,
     ];
 
-    /// Short name: `ring`, `recursive_doubling`, `bruck`.
+    /// Short name: `ring`, `recursive_doubling`, `bruck`, `library`.
     pub fn name(&self) -> &'static str {
         match self {
             AllgatherAlgo::Ring => "ring",
             AllgatherAlgo::RecursiveDoubling => "recursive_doubling",
             AllgatherAlgo::Bruck => "bruck",
+            AllgatherAlgo::Library => "library",
         }
     }
 
@@ -50,6 +57,7 @@ impl AllgatherAlgo {
             AllgatherAlgo::Ring => 1,
             AllgatherAlgo::RecursiveDoubling => 2,
             AllgatherAlgo::Bruck => 3,
+            AllgatherAlgo::Library => 4,
         }
     }
 }
@@ -233,6 +241,16 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
 ) -> Result<()> {
     let p = comm.size();
     let r = comm.rank();
+    if algo == AllgatherAlgo::Library {
+        let total = counts.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+        if total != Some(out.len()) || counts.get(r) != Some(&mine.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "allgather: output holds {} bytes, counts {counts:?}",
+                out.len()
+            )));
+        }
+        return library_of(comm, "allgather", WireType::F32)?.allgatherv_bytes(mine, out, counts);
+    }
     let mut displs = Sizes::with_capacity(p + 1);
     let mut acc = 0;
     for &c in counts {
@@ -257,6 +275,9 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
             out,
             &plan::allgather_recursive_doubling(&displs, r, tag),
         ),
+        AllgatherAlgo::Library => Err(Error::InvalidArgument(
+            "the library all-gather is dispatched before".into(),
+        )),
         AllgatherAlgo::Bruck => {
             // The plan works on a rotated copy in which this rank's block comes first.
             let (rot, steps) = plan::allgather_bruck(&displs, r, tag);

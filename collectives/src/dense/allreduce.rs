@@ -6,6 +6,7 @@ use cost_model::plan::dense as plan;
 
 use crate::dense::bcast::lp_block_elems;
 use crate::dense::exec::run_wire;
+use crate::dense::library::library_of;
 use crate::dense::util::{agree, check_call};
 use crate::dense::wire::{by_wire, WireElem};
 use crate::dense::{DenseOptions, Op, WireType};
@@ -40,6 +41,11 @@ pub enum AllreduceAlgo {
         /// Ranks per node; must divide P.
         ranks_per_node: usize,
     },
+    /// The transport library's own all-reduce (`MPI_Allreduce`), for transports that have
+    /// one ([`Communicator::library`]); `f32` on the wire only. Not in
+    /// [`AllreduceAlgo::all`]: [`choose_allreduce_for`](crate::dense::choose_allreduce_for)
+    /// ranks it beside ours when a calibration measured it.
+    Library,
 }
 
 impl AllreduceAlgo {
@@ -62,7 +68,7 @@ impl AllreduceAlgo {
     }
 
     /// Short name: `ring`, `recursive_doubling`, `rabenseifner`, `be`, `binomial`, `lp`,
-    /// `torus2d`.
+    /// `torus2d`, `library`.
     pub fn name(&self) -> &'static str {
         match self {
             AllreduceAlgo::Ring => "ring",
@@ -72,6 +78,7 @@ impl AllreduceAlgo {
             AllreduceAlgo::Binomial => "binomial",
             AllreduceAlgo::LinearPipeline { .. } => "lp",
             AllreduceAlgo::Torus2d { .. } => "torus2d",
+            AllreduceAlgo::Library => "library",
         }
     }
 
@@ -84,6 +91,7 @@ impl AllreduceAlgo {
             AllreduceAlgo::Binomial => (5, 0),
             AllreduceAlgo::LinearPipeline { block_bytes } => (6, *block_bytes as u64),
             AllreduceAlgo::Torus2d { ranks_per_node } => (7, *ranks_per_node as u64),
+            AllreduceAlgo::Library => (8, 0),
         }
     }
 
@@ -119,6 +127,9 @@ pub fn allreduce<C: Communicator + ?Sized>(
     check_call(comm, opts, Op::Allreduce, buf.len(), algo.code(), 0)?;
     let p = comm.size();
     algo.validate(p, opts.wire)?;
+    if algo == AllreduceAlgo::Library {
+        return library_of(comm, "allreduce", opts.wire)?.allreduce_f32(buf);
+    }
     if p == 1 {
         return Ok(());
     }
@@ -145,10 +156,11 @@ fn allreduce_w<C: Communicator + ?Sized, W: WireElem>(
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
             plan::allreduce_lp(n, p, r, be)
         }
-        AllreduceAlgo::Torus2d { .. } => {
-            return Err(Error::InvalidArgument(
-                "torus2d is dispatched before".into(),
-            ))
+        AllreduceAlgo::Torus2d { .. } | AllreduceAlgo::Library => {
+            return Err(Error::InvalidArgument(format!(
+                "{} is dispatched before",
+                algo.name()
+            )))
         }
     };
     run_wire::<C, W>(comm, buf, &steps)

@@ -39,6 +39,7 @@ mod allreduce;
 mod bcast;
 mod chooser;
 mod exec;
+mod library;
 mod reduce_scatter;
 pub(crate) mod util;
 mod wire;
@@ -46,7 +47,10 @@ mod wire;
 pub use allgather::{allgather, allgatherv, allgatherv_known, AllgatherAlgo, Gathered};
 pub use allreduce::{allreduce, allreduce_hier, AllreduceAlgo, HierComm};
 pub use bcast::{broadcast, reduce, BroadcastAlgo, ReduceAlgo};
-pub use chooser::{choose_allgather, choose_allreduce, choose_reduce_scatter, Predictor};
+pub use chooser::{
+    choose_allgather, choose_allgather_for, choose_allreduce, choose_allreduce_for,
+    choose_reduce_scatter, choose_reduce_scatter_for, Predictor, LIBRARY_MARGIN,
+};
 pub use reduce_scatter::{reduce_scatter, ReduceScatterAlgo};
 pub use util::{block_range, block_start};
 pub use wire::WireType;

@@ -6,10 +6,11 @@ use std::ops::Range;
 use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_wire;
+use crate::dense::library::library_of;
 use crate::dense::util::{block_range, check_call};
 use crate::dense::wire::{by_wire, WireElem};
 use crate::dense::{DenseOptions, Op};
-use crate::{Communicator, Result};
+use crate::{Communicator, Error, Result};
 
 /// Reduce-scatter algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -19,6 +20,12 @@ pub enum ReduceScatterAlgo {
     Ring,
     /// log2 P halving exchanges (partner distance P/2, P/4, …); other P fold in first.
     RecursiveHalving,
+    /// The transport library's own reduce-scatter (`MPI_Reduce_scatter` with the blocks
+    /// of [`block_range`]), for transports that have one ([`Communicator::library`]);
+    /// `f32` on the wire only. Not in [`ReduceScatterAlgo::ALL`]:
+    /// [`choose_reduce_scatter_for`](crate::dense::choose_reduce_scatter_for) ranks it
+    /// beside ours when a calibration measured it.
+    Library,
 }
 
 impl ReduceScatterAlgo {
@@ -26,11 +33,12 @@ impl ReduceScatterAlgo {
     pub const ALL: [ReduceScatterAlgo; 2] =
         [ReduceScatterAlgo::Ring, ReduceScatterAlgo::RecursiveHalving];
 
-    /// Short name: `ring`, `recursive_halving`.
+    /// Short name: `ring`, `recursive_halving`, `library`.
     pub fn name(&self) -> &'static str {
         match self {
             ReduceScatterAlgo::Ring => "ring",
             ReduceScatterAlgo::RecursiveHalving => "recursive_halving",
+            ReduceScatterAlgo::Library => "library",
         }
     }
 
@@ -38,6 +46,7 @@ impl ReduceScatterAlgo {
         match self {
             ReduceScatterAlgo::Ring => 1,
             ReduceScatterAlgo::RecursiveHalving => 2,
+            ReduceScatterAlgo::Library => 3,
         }
     }
 }
@@ -58,6 +67,12 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         (algo.code(), 0),
         0,
     )?;
+    if algo == ReduceScatterAlgo::Library {
+        let (n, p) = (buf.len(), comm.size());
+        let counts: Vec<usize> = (0..p).map(|r| block_range(n, p, r).len()).collect();
+        library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
+        return Ok(block_range(n, p, comm.rank()));
+    }
     by_wire!(opts.wire, reduce_scatter_w::<C, W>(comm, buf, algo))
 }
 
@@ -70,6 +85,11 @@ fn reduce_scatter_w<C: Communicator + ?Sized, W: WireElem>(
     let steps = match algo {
         ReduceScatterAlgo::Ring => plan::reduce_scatter_ring(n, p, r),
         ReduceScatterAlgo::RecursiveHalving => plan::reduce_scatter_halving(n, p, r),
+        ReduceScatterAlgo::Library => {
+            return Err(Error::InvalidArgument(
+                "the library reduce-scatter is dispatched before".into(),
+            ))
+        }
     };
     run_wire::<C, W>(comm, buf, &steps)?;
     Ok(block_range(n, p, r))

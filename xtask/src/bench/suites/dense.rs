@@ -198,28 +198,30 @@ fn measure(
         let n = elems(bytes, p);
         let mut runners: Vec<Runner> = Vec::new();
         for (name, algo) in list {
-            let algo =
-                match algo {
-                    // The automatic choice: what a caller gets without naming an algorithm.
-                    None => {
-                        let a =
-                            match op {
-                                Op::Allreduce => Algo::Allreduce(
-                                    collectives::dense::choose_allreduce(p, 4 * n, predictor),
-                                ),
-                                Op::Allgather => Algo::Allgather(
-                                    collectives::dense::choose_allgather(p, 4 * n / p, predictor),
-                                ),
-                                Op::ReduceScatter => Algo::ReduceScatter(
-                                    collectives::dense::choose_reduce_scatter(p, 4 * n, predictor),
-                                ),
-                            };
-                        chosen.push((bytes, algo_name(&a)));
-                        a
-                    }
-                    Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => torus,
-                    Some(a) => *a,
-                };
+            let algo = match algo {
+                // The automatic choice: what a caller gets without naming an algorithm.
+                None => {
+                    let a = match op {
+                        Op::Allreduce => Algo::Allreduce(collectives::dense::choose_allreduce_for(
+                            comm,
+                            4 * n,
+                            predictor,
+                        )),
+                        Op::Allgather => Algo::Allgather(collectives::dense::choose_allgather_for(
+                            comm,
+                            4 * n / p,
+                            predictor,
+                        )),
+                        Op::ReduceScatter => Algo::ReduceScatter(
+                            collectives::dense::choose_reduce_scatter_for(comm, 4 * n, predictor),
+                        ),
+                    };
+                    chosen.push((bytes, algo_name(&a)));
+                    a
+                }
+                Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => torus,
+                Some(a) => *a,
+            };
             runners.push((name.clone(), runner(comm, algo, n)));
         }
         #[cfg(feature = "mpi")]
@@ -229,7 +231,8 @@ fn measure(
         let reps = reps(bytes, quick);
         let mut fs: Vec<&mut (dyn FnMut() -> Result<(), BoxErr> + '_)> =
             runners.iter_mut().map(|(_, f)| f.as_mut()).collect();
-        let t = world_times_interleaved(comm, reps, &mut fs)?;
+        let calls = collectives::calibrate::calls_per_timing(bytes);
+        let t = world_times_interleaved(comm, reps, calls, &mut fs)?;
         for ((name, _), t) in runners.iter().zip(t) {
             out.push((name.clone(), bytes, t));
         }
