@@ -636,8 +636,15 @@ impl LibraryCollectives for MpiComm {
         Self::check_len(out.len())?;
         self.progress();
         if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
-            // Equal blocks (the common case): no count arrays to build.
-            self.comm.all_gather_into(mine, out);
+            // Equal blocks (the common case): no count arrays to build. Whole 4-byte words
+            // go as such.
+            match (
+                bytemuck::try_cast_slice::<u8, u32>(mine),
+                bytemuck::try_cast_slice_mut::<u8, u32>(out),
+            ) {
+                (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
+                _ => self.comm.all_gather_into(mine, out),
+            }
         } else {
             let (c, displs) = mpi_counts(counts)?;
             let mut parts = mpi::datatype::PartitionMut::new(out, &c[..], &displs[..]);
