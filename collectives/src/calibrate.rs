@@ -163,7 +163,10 @@ pub fn pingpong<C: Communicator + ?Sized>(
         ));
     }
     let mut out = Vec::new();
-    for &n in sizes {
+    // The first size twice, the first time untimed: the first round trips of a run pay
+    // for waking threads and cores from idle (tens of µs on threads), which would make
+    // the smallest size look ten times slower than the next.
+    for (i, &n) in sizes.first().into_iter().chain(sizes).enumerate() {
         let msg = vec![0u8; n];
         // Short messages make several round trips per timing (as the OSU latency test
         // does), so that the barrier around each timing and the clock's resolution do not
@@ -186,7 +189,9 @@ pub fn pingpong<C: Communicator + ?Sized>(
             }
             Ok(())
         })?;
-        out.push(Sample::new(n as f64, t / (2 * trips) as f64));
+        if i > 0 {
+            out.push(Sample::new(n as f64, t / (2 * trips) as f64));
+        }
     }
     Ok(out)
 }
@@ -400,6 +405,11 @@ pub fn calibrate<C: Communicator + ?Sized>(
     for &n in &opts.sizes {
         pp.extend(pingpong(comm, &[n], opts.reps)?);
         tick("ping-pong", &mut done);
+    }
+    if comm.rank() == 0 {
+        for s in &pp {
+            eprintln!("PP {} {:.3e}", s.size, s.time_s);
+        }
     }
     let pingpong = fit_linear(&pp)?;
     let pingpong_piecewise = Some(fit_piecewise(&pp, cost_model::calibration::MAX_SEGMENTS)?);

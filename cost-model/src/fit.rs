@@ -348,8 +348,10 @@ impl PiecewiseLinear {
 pub const PIECEWISE_MIN_GAIN: f64 = 4.0;
 
 /// Worst relative residual above which [`fit_piecewise`] adds a segment even when the
-/// squared-sum gain is below [`PIECEWISE_MIN_GAIN`] (the calibrated models' goal).
-pub const PIECEWISE_TARGET_REL: f64 = 0.15;
+/// squared-sum gain is below [`PIECEWISE_MIN_GAIN`]: two thirds of the calibrated models'
+/// goal (15 %), so that a fit which just meets the goal on one run's medians does not
+/// cross it on the next.
+pub const PIECEWISE_TARGET_REL: f64 = 0.10;
 
 /// Most size regimes [`fit_piecewise`] fits.
 pub const MAX_PIECEWISE_SEGMENTS: usize = 6;

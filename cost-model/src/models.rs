@@ -79,15 +79,36 @@ pub enum TopkModel {
     /// calibrated size) cost what that size costs: the fixed cost per call dominates there,
     /// and the line extrapolated below its range can go negative.
     Piecewise {
-        /// The regimes by increasing `start`; only the first `count` are used.
+        /// The regimes by increasing `start`; only the first `count` are used. Files
+        /// written when fewer regimes were allowed load with the rest unused.
+        #[serde(deserialize_with = "regimes_padded")]
         regimes: [TopkRegime; TOPK_MAX_REGIMES],
         /// Number of regimes in use (1 to [`TOPK_MAX_REGIMES`]).
         count: usize,
     },
 }
 
-/// Most size regimes of a [`TopkModel::Piecewise`] (fixed, so the model stays `Copy`).
-pub const TOPK_MAX_REGIMES: usize = 3;
+/// Most size regimes of a [`TopkModel::Piecewise`] (fixed, so the model stays `Copy`):
+/// call-bound, in cache, and streaming, plus one for the step where the selection starts
+/// to use the thread pool.
+pub const TOPK_MAX_REGIMES: usize = 4;
+
+/// Reads up to [`TOPK_MAX_REGIMES`] regimes, padding a shorter list (an older file's) with
+/// unused defaults.
+fn regimes_padded<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<[TopkRegime; TOPK_MAX_REGIMES], D::Error> {
+    let v = Vec::<TopkRegime>::deserialize(d)?;
+    if v.len() > TOPK_MAX_REGIMES {
+        return Err(serde::de::Error::custom(format!(
+            "{} top-k regimes; at most {TOPK_MAX_REGIMES} are supported",
+            v.len()
+        )));
+    }
+    let mut out = [TopkRegime::default(); TOPK_MAX_REGIMES];
+    out[..v.len()].copy_from_slice(&v);
+    Ok(out)
+}
 
 /// One size regime of [`TopkModel::Piecewise`]: `a + b·d` for `d ≥ start`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -179,6 +200,20 @@ mod tests {
     }
 
     #[test]
+    fn piecewise_topk_json_with_fewer_regimes_loads() {
+        let old = r#"{"kind":"piecewise","regimes":[{"start":1024.0,"a_s":1e-6,"b_s":1e-9},
+            {"start":4096.0,"a_s":2e-6,"b_s":5e-10},{"start":0.0,"a_s":0.0,"b_s":0.0}],"count":2}"#;
+        let m: TopkModel = serde_json::from_str(old).unwrap();
+        assert!((m.time(8192) - (2e-6 + 5e-10 * 8192.0)).abs() < 1e-15);
+        let back: TopkModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+        let five = r#"{"kind":"piecewise","regimes":[{"start":0.0,"a_s":0.0,"b_s":0.0},
+            {"start":0.0,"a_s":0.0,"b_s":0.0},{"start":0.0,"a_s":0.0,"b_s":0.0},
+            {"start":0.0,"a_s":0.0,"b_s":0.0},{"start":0.0,"a_s":0.0,"b_s":0.0}],"count":1}"#;
+        assert!(serde_json::from_str::<TopkModel>(five).is_err());
+    }
+
+    #[test]
     fn topk_models() {
         let m = TopkModel::Omgs { gamma_rho: 2.0 };
         assert_eq!(m.time(8), 2.0 * 8.0 * 3.0);
@@ -192,7 +227,12 @@ mod tests {
         assert_eq!(back, m);
         let r = |start, a_s, b_s| TopkRegime { start, a_s, b_s };
         let p = TopkModel::Piecewise {
-            regimes: [r(0.0, 1.0, 1.0), r(10.0, 5.0, 0.5), TopkRegime::default()],
+            regimes: [
+                r(0.0, 1.0, 1.0),
+                r(10.0, 5.0, 0.5),
+                TopkRegime::default(),
+                TopkRegime::default(),
+            ],
             count: 2,
         };
         assert_eq!(p.time(4), 5.0);

@@ -19,9 +19,11 @@ use crate::CliResult;
 /// Options of `cargo xtask calibrate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Ranks (threads of this process) to calibrate with; ignored with `--mpi`.
-    #[arg(long, default_value_t = 4)]
-    pub ranks: usize,
+    /// Ranks (threads of this process) to calibrate with; ignored with `--mpi`. Default:
+    /// 4, or the cores there are when fewer (at least 2): more ranks than cores measure
+    /// the operating system's scheduler, not the collectives.
+    #[arg(long)]
+    pub ranks: Option<usize>,
     /// Run on `collectives::MpiComm::world()` (start under `mpirun`; needs the `mpi` feature).
     #[arg(long)]
     pub mpi: bool,
@@ -375,15 +377,20 @@ pub fn run(args: Args) -> CliResult {
     if args.mpi {
         return run_mpi(&args, &bar);
     }
-    if args.ranks < 2 {
-        return Err(format!(
-            "--ranks {} : calibration needs at least 2 ranks",
-            args.ranks
-        )
-        .into());
+    let ranks = args.ranks.unwrap_or_else(default_ranks);
+    if ranks < 2 {
+        return Err(format!("--ranks {ranks} : calibration needs at least 2 ranks").into());
     }
-    ThreadComm::run(args.ranks, |c| run_on(&c, &args, &bar))?;
+    ThreadComm::run(ranks, |c| run_on(&c, &args, &bar))?;
     Ok(())
+}
+
+/// Thread ranks when `--ranks` is not given: 4, or the cores there are when fewer (at
+/// least 2).
+fn default_ranks() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .clamp(2, 4)
 }
 
 #[cfg(feature = "mpi")]
