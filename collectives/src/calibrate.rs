@@ -406,11 +406,6 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pp.extend(pingpong(comm, &[n], opts.reps)?);
         tick("ping-pong", &mut done);
     }
-    if comm.rank() == 0 {
-        for s in &pp {
-            eprintln!("PP {} {:.3e}", s.size, s.time_s);
-        }
-    }
     let pingpong = fit_linear(&pp)?;
     let pingpong_piecewise = Some(fit_piecewise(&pp, cost_model::calibration::MAX_SEGMENTS)?);
     let link = Link::new(
