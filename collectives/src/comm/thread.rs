@@ -89,10 +89,10 @@ const SPARE_KEEP: usize = 16;
 /// back to the allocator.
 const SPARE_MAX_BYTES: usize = 64 << 20;
 
-/// How long a receive polls for its message before it sleeps on the condition variable.
-/// Waking a sleeping thread costs tens of µs on a VM, more than a small collective's whole
-/// step, and made small-message round trips bimodal (2 or 30 µs); the poll yields the
-/// core between checks, so a sender that needs it is not starved.
+/// How long a receive polls for its message before it sleeps on the condition variable,
+/// when the ranks do not outnumber the cores. Waking a sleeping thread costs tens of µs
+/// on a VM, more than a small collective's whole step, and made small-message round trips
+/// bimodal (2 or 30 µs); the poll yields the core between checks.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 const NO_FAILURE: usize = usize::MAX;
@@ -105,6 +105,10 @@ struct World {
     contexts: Mutex<HashMap<(u64, u64, u32), u64>>,
     timeout: Duration,
     ranks_per_node: Option<usize>,
+    /// How long a receive polls before it sleeps: [`SPIN_BEFORE_SLEEP`] when every rank
+    /// can have a core, none when the ranks outnumber the cores (a polling receiver would
+    /// take the core its sender needs).
+    spin: Duration,
 }
 
 impl World {
@@ -193,6 +197,10 @@ impl ThreadComm {
             contexts: Mutex::new(HashMap::new()),
             timeout: config.timeout,
             ranks_per_node: config.ranks_per_node,
+            spin: match std::thread::available_parallelism() {
+                Ok(cores) if size <= cores.get() => SPIN_BEFORE_SLEEP,
+                _ => Duration::ZERO,
+            },
         });
         let members = Arc::new((0..size).collect::<Vec<_>>());
         Ok((0..size)
@@ -415,14 +423,14 @@ impl ThreadComm {
                     waited,
                 });
             }
-            if waited < SPIN_BEFORE_SLEEP {
+            if waited < self.world.spin {
                 // Poll without the lock until something arrives in this mailbox (for any
                 // sender) or the spin time is up, then look again.
                 let seen = mailbox.pushes.load(Ordering::Acquire);
                 drop(q);
                 let mut polls = 0u32;
                 while mailbox.pushes.load(Ordering::Acquire) == seen
-                    && start.elapsed() < SPIN_BEFORE_SLEEP
+                    && start.elapsed() < self.world.spin
                 {
                     polls += 1;
                     if polls % 16 == 0 {
