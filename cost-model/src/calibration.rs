@@ -99,9 +99,10 @@ impl CollectiveFit {
 }
 
 /// Most size regimes a piecewise fit of the calibration may use: latency-bound, then one
-/// per cache level the buffers outgrow (L1, L2, last level, memory); each extra one is only
-/// kept where the data needs it (see [`fit_piecewise`]).
-pub const MAX_SEGMENTS: usize = 5;
+/// per cache level the buffers outgrow (L1, L2, last level, memory), and one more for the
+/// protocol switch of a transport (eager to rendezvous) or a library changing algorithm
+/// inside; each extra one is only kept where the data needs it (see [`fit_piecewise`]).
+pub const MAX_SEGMENTS: usize = 6;
 
 /// Log-log interpolation of `(size, time)` samples sorted by size; `None` outside their
 /// range or with fewer than two samples. Sizes of 0 are skipped.
