@@ -5,7 +5,7 @@
 //! dominates small tensors, which OMGS-SGD's `γρ·d·log d`
 //! (Shi et al., INFOCOM 2020, §V-B: d ∈ [1K, 1M], ρ = 0.001) has no term for). The result is a
 //! [`cost_model::Calibration`] that the planner and the dense chooser read; [`Calibration`]
-//! implements [`Predictor`](crate::dense::Predictor) here.
+//! implements [`crate::dense::Predictor`] here.
 //!
 //! Timing: every measurement is `barrier; start; op; barrier; stop` on every rank and the
 //! sample is rank 0's median over the repeats, so one slow repeat on a shared machine does

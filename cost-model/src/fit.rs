@@ -524,7 +524,7 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
 
 /// Fits link constants `(α, β)` or `(α, β, γ)` from collective timings whose closed form is
 /// `t = α·A + β·B (+ γ·C)` with known coefficients per sample (rounds, bytes on the critical
-/// path, bytes reduced: see [`crate::closed`]). Each row is `(coefficients, time)`.
+/// path, bytes reduced: see [`crate::dense::closed_form`]). Each row is `(coefficients, time)`.
 pub fn fit_coefficients<const K: usize>(rows: &[([f64; K], f64)]) -> Result<[f64; K]> {
     if rows.len() < K {
         return Err(Error::Fit(format!(

@@ -164,7 +164,7 @@ fn check_headers(comm: &dyn Communicator, ctx: ExchangeCtx, headers: &[[u64; 3]]
 /// Agreement step of the exchanges that cannot carry a header in their own messages (a
 /// dense all-reduce, a `collectives::sparse` algorithm): one Bruck all-gather
 /// (`⌈log2 P⌉` rounds) of every rank's [`HEADER_BYTES`]-byte header, then
-/// [`check_headers`]. The sparse all-gather puts the header in front of its data instead
+/// `check_headers`. The sparse all-gather puts the header in front of its data instead
 /// and needs no extra round.
 pub fn agree(comm: &dyn Communicator, ctx: ExchangeCtx) -> Result<()> {
     let mut all = vec![[0u64; 3]; comm.size()];
@@ -220,7 +220,7 @@ impl TopkCompress {
         Self::with_selector(numel, density, Box::new(ExactTopK::new()))
     }
 
-    /// A compressor with another selector (e.g. from [`sparsify::selector_by_name`]).
+    /// A compressor with another selector (e.g. from [`sparsify::SelectorKind::build`]).
     pub fn with_selector(numel: usize, density: f64, selector: Box<dyn Selector>) -> Self {
         TopkCompress {
             feedback: ErrorFeedback::new(numel),

@@ -41,7 +41,7 @@ pub struct Args {
     /// Workload and costs.
     #[command(flatten)]
     pub workload: Workload,
-    /// Planner: lags, topk, threshold[:N], omgs, exact (default), mgwfbp, exhaustive.
+    /// Planner: lags, topk, `threshold[:N]`, omgs, exact (default), mgwfbp, exhaustive.
     #[arg(long, default_value = "exact")]
     pub planner: Planner,
 }

@@ -84,7 +84,7 @@ pub trait Communicator: Send {
     /// the message arrives (MPI: `MPI_Irecv`, no probe and no unexpected-message copy).
     /// A shorter message still returns its length; a **longer** one may end the job
     /// (MPI reports `MPI_ERR_TRUNCATE`) instead of returning
-    /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge), which is why only agreed
+    /// [`crate::Error::MessageTooLarge`], which is why only agreed
     /// lengths come here. The default is [`recv_into`](Self::recv_into).
     fn recv_agreed_into(&self, src: usize, tag: Tag, buf: &mut [u8]) -> Result<usize> {
         self.recv_into(src, tag, buf)
@@ -135,8 +135,7 @@ pub trait Communicator: Send {
 
 /// A transport library's own dense collectives, blocking and collective over all ranks of
 /// the communicator. The callers in [`crate::dense`] have checked the shapes (and, with
-/// [`DenseOptions::check`](crate::dense::DenseOptions::check), that the ranks agree on
-/// them); an implementation returns a typed error for what its library cannot take (MPI:
+/// [`crate::dense::DenseOptions::check`], that the ranks agree on them); an implementation returns a typed error for what its library cannot take (MPI:
 /// counts above `i32::MAX`).
 pub trait LibraryCollectives {
     /// Sums `buf` over all ranks in place.
