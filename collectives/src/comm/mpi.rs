@@ -637,10 +637,10 @@ impl LibraryCollectives for MpiComm {
         self.progress();
         if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
             // Equal blocks (the common case): no count arrays to build. Whole 4-byte words
-            // go as such.
+            // go as MPI_FLOAT (measured a little faster than MPI_BYTE or MPI_UINT32_T at 16 KiB).
             match (
-                bytemuck::try_cast_slice::<u8, u32>(mine),
-                bytemuck::try_cast_slice_mut::<u8, u32>(out),
+                bytemuck::try_cast_slice::<u8, f32>(mine),
+                bytemuck::try_cast_slice_mut::<u8, f32>(out),
             ) {
                 (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
                 _ => self.comm.all_gather_into(mine, out),
