@@ -342,11 +342,17 @@ impl ThreadComm {
     }
 
     /// An empty buffer of at least `len` bytes' capacity for a message this rank sends:
-    /// a spare one when there is one (see `Mailbox::spare`).
+    /// the smallest spare one that holds it (see `Mailbox::spare`), else the largest spare
+    /// one, grown. A small message does not carry off a large buffer, which a `recv` would
+    /// hand to its caller.
     fn spare_buffer(&self, len: usize) -> Vec<u8> {
         let me = &self.world.mailboxes[self.members[self.rank]];
         let mut spare = me.spare.lock().unwrap_or_else(|e| e.into_inner());
-        let mut buf = spare.pop().unwrap_or_default();
+        let fits = (0..spare.len())
+            .filter(|&i| spare[i].capacity() >= len)
+            .min_by_key(|&i| spare[i].capacity());
+        let pick = fits.or_else(|| (0..spare.len()).max_by_key(|&i| spare[i].capacity()));
+        let mut buf = pick.map(|i| spare.swap_remove(i)).unwrap_or_default();
         drop(spare);
         buf.clear();
         buf.reserve(len);
