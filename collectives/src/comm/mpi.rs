@@ -587,17 +587,21 @@ impl Communicator for MpiComm {
     }
 }
 
+/// Per-rank `int`s of one library call: on the stack up to 16 ranks, so that a call
+/// allocates nothing for them.
+type MpiInts = smallvec::SmallVec<[i32; 16]>;
+
 /// `counts` as the `int` counts and displacements MPI takes, or a typed error when one
 /// (or the total) exceeds `i32::MAX`.
-fn mpi_counts(counts: &[usize]) -> Result<(Vec<i32>, Vec<i32>)> {
+fn mpi_counts(counts: &[usize]) -> Result<(MpiInts, MpiInts)> {
     let too_big = || {
         Error::InvalidArgument(format!(
             "MPI counts {counts:?} exceed the {} one call can carry",
             i32::MAX
         ))
     };
-    let mut displs = Vec::with_capacity(counts.len());
-    let mut out = Vec::with_capacity(counts.len());
+    let mut displs = MpiInts::with_capacity(counts.len());
+    let mut out = MpiInts::with_capacity(counts.len());
     let mut total = 0i32;
     for &c in counts {
         let c = i32::try_from(c).map_err(|_| too_big())?;

@@ -69,7 +69,8 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
     )?;
     if algo == ReduceScatterAlgo::Library {
         let (n, p) = (buf.len(), comm.size());
-        let counts: Vec<usize> = (0..p).map(|r| block_range(n, p, r).len()).collect();
+        let counts: smallvec::SmallVec<[usize; 16]> =
+            (0..p).map(|r| block_range(n, p, r).len()).collect();
         library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
         return Ok(block_range(n, p, comm.rank()));
     }
