@@ -11,7 +11,7 @@
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
 use crate::kernel::{self, abs_bits, Cand, INF_BITS};
-use crate::{split, Result, SelectInfo, Selection, Selector, SparseGrad};
+use crate::{grouped, split, Result, SelectInfo, Selection, Selector, SparseGrad};
 
 /// Margin of the sampled threshold, in standard deviations of the sample's hit count:
 /// the pass misses the k-th magnitude (and falls back to a second pass) about once in a
@@ -26,6 +26,8 @@ pub struct ExactTopK {
     /// The second half of a sample gathered in parallel.
     sample2: Vec<i32>,
     scratch: Vec<i32>,
+    /// Group maxima of the small-tensor path ([`grouped`]).
+    maxes: Vec<i32>,
     work: split::Work,
 }
 
@@ -81,6 +83,13 @@ impl ExactTopK {
     fn fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         let d = residual.len();
         let k = k.min(d);
+        if grouped::applies(d, k) {
+            let (_, out) = grouped::fused(residual, grad, k, &mut self.maxes, &mut self.cand);
+            out.check()?;
+            let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
         let (t, cap) = if k == 0 {
             (INF_BITS, usize::MAX)
         } else if k == d {

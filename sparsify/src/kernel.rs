@@ -102,7 +102,7 @@ pub(crate) struct PassOut {
 }
 
 impl PassOut {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         PassOut {
             overflow: false,
             non_finite: None,
@@ -112,7 +112,7 @@ impl PassOut {
     }
 
     /// Folds the pass over the next range of the input into this one.
-    fn merge(&mut self, o: &PassOut) {
+    pub(crate) fn merge(&mut self, o: &PassOut) {
         self.overflow |= o.overflow;
         if self.non_finite.is_none() {
             self.non_finite = o.non_finite;
@@ -677,6 +677,77 @@ fn add_body(r: &mut [f32], g: &[f32]) {
     }
 }
 
+/// Elements of one span of [`add_max_body`]: [`BLOCK`] lane groups of [`BLOCK`] elements.
+pub(crate) const GROUP_SPAN: usize = BLOCK * BLOCK;
+
+/// `r[i] += g[i]`, and for each span of [`GROUP_SPAN`] elements the [`BLOCK`] lane-wise
+/// maxima of the accumulated magnitude bits: `maxes[s·16 + j]` is the largest
+/// `abs_bits(r[s·256 + b·16 + j])` over the span's blocks `b`. Each lane is a group of 16
+/// elements; the maxima cost one vector `max` per block (no horizontal reduction), and a
+/// lane of the last span that holds no element gets `-1`. `maxes` has
+/// `n.div_ceil(GROUP_SPAN) · BLOCK` entries. Returns the largest of them (`-1` when empty).
+#[inline(always)]
+fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
+    let n = r.len().min(g.len());
+    let (r, g) = (&mut r[..n], &g[..n]);
+    let mut rc = r.chunks_exact_mut(BLOCK);
+    let mut gc = g.chunks_exact(BLOCK);
+    let mut m = [0i32; BLOCK];
+    let mut top = [-1i32; BLOCK];
+    // One block at a time with the span boundary as a branch: written as a loop over the
+    // 16 blocks of a span, it vectorises across blocks with gathers instead.
+    for (b, (rb, gb)) in (&mut rc).zip(&mut gc).enumerate() {
+        let rb: &mut [f32; BLOCK] = rb.try_into().expect("block");
+        let gb: &[f32; BLOCK] = gb.try_into().expect("block");
+        for j in 0..BLOCK {
+            let a = rb[j] + gb[j];
+            rb[j] = a;
+            m[j] = m[j].max(abs_bits(a));
+        }
+        if b % BLOCK == BLOCK - 1 {
+            let at = b / BLOCK * BLOCK;
+            maxes[at..at + BLOCK].copy_from_slice(&m);
+            for j in 0..BLOCK {
+                top[j] = top[j].max(m[j]);
+            }
+            m = [0; BLOCK];
+        }
+    }
+    let blocks = n / BLOCK;
+    if blocks % BLOCK != 0 || n % BLOCK != 0 {
+        // The last, partial span: lanes that got no element stay at -1.
+        let full = blocks % BLOCK;
+        let tail = n % BLOCK;
+        for (j, mj) in m.iter_mut().enumerate() {
+            if full == 0 && j >= tail {
+                *mj = -1;
+            }
+        }
+        for (j, (a, b)) in rc
+            .into_remainder()
+            .iter_mut()
+            .zip(gc.remainder())
+            .enumerate()
+        {
+            let v = *a + *b;
+            *a = v;
+            m[j] = m[j].max(abs_bits(v));
+        }
+        let at = blocks / BLOCK * BLOCK;
+        maxes[at..at + BLOCK].copy_from_slice(&m);
+        for j in 0..BLOCK {
+            top[j] = top[j].max(m[j]);
+        }
+    }
+    top.iter().copied().fold(-1, i32::max)
+}
+
+/// Number of entries of `x` at or above `t` (vectorises to a compare and a subtract).
+#[inline(always)]
+fn count_ge_body(x: &[i32], t: i32) -> usize {
+    x.iter().fold(0u32, |a, &v| a + u32::from(v >= t)) as usize
+}
+
 /// The hot loops compiled for one instruction set (the bodies are `inline(always)`, so
 /// each build vectorises for its own registers).
 macro_rules! isa_build {
@@ -716,6 +787,16 @@ macro_rules! isa_build {
             #[target_feature(enable = $feat)]
             pub(super) fn moments(x: &[f32]) -> (f64, f64, i32) {
                 moments_body(x)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn add_max(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
+                add_max_body(r, g, maxes)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn count_ge(x: &[i32], t: i32) -> usize {
+                count_ge_body(x, t)
             }
         }
     };
@@ -821,7 +902,7 @@ pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
 
 /// [`scan_body`] on one range, from the widest build.
 #[inline]
-fn scan_one<const STATS: bool>(
+pub(crate) fn scan_one<const STATS: bool>(
     x: &[f32],
     base: usize,
     t: i32,
@@ -837,6 +918,18 @@ fn scan_one<const STATS: bool>(
         scan::<STATS>(x, base, t, cap, cand),
         scan_body::<STATS>(x, base, t, cap, cand)
     )
+}
+
+/// [`add_max_body`] from the widest build.
+#[inline]
+pub(crate) fn add_max_one(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
+    dispatch!(add_max(r, g, maxes), add_max_body(r, g, maxes))
+}
+
+/// [`count_ge_body`] from the widest build.
+#[inline]
+pub(crate) fn count_ge(x: &[i32], t: i32) -> usize {
+    dispatch!(count_ge(x, t), count_ge_body(x, t))
 }
 
 /// [`add_body`] from the widest build.

@@ -22,6 +22,7 @@ pub mod cuda;
 mod error;
 pub mod exact;
 pub mod feedback;
+mod grouped;
 mod kernel;
 pub mod kind;
 pub mod mstopk;
