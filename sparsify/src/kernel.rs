@@ -714,7 +714,7 @@ fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
         }
     }
     let blocks = n / BLOCK;
-    if blocks % BLOCK != 0 || n % BLOCK != 0 {
+    if !blocks.is_multiple_of(BLOCK) || !n.is_multiple_of(BLOCK) {
         // The last, partial span: lanes that got no element stay at -1.
         let full = blocks % BLOCK;
         let tail = n % BLOCK;
