@@ -84,7 +84,8 @@ impl ExactTopK {
         let d = residual.len();
         let k = k.min(d);
         if grouped::applies(d, k) {
-            let (_, out) = grouped::fused(residual, grad, k, &mut self.maxes, &mut self.cand);
+            let (_, out) =
+                grouped::fused::<false>(residual, grad, k, &mut self.maxes, &mut self.cand);
             out.check()?;
             let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
             zero_selected(residual, &idx);

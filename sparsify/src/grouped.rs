@@ -1,4 +1,4 @@
-//! The small-tensor path of exact selection: a threshold that is never too high, found from
+//! The small-tensor path of exact selection (and of MSTopK's candidates): a threshold that is never too high, found from
 //! group maxima instead of a sample, and a second pass that costs little because the
 //! tensor is still in cache.
 //!
@@ -33,8 +33,9 @@ pub(crate) fn applies(d: usize, k: usize) -> bool {
 /// accumulated entry with magnitude bits `≥ T`, where `T` is a threshold at most the k-th
 /// magnitude (see the module docs); returns `T` and the pass flags (non-finite values are
 /// always among the candidates, so the flags report the first one). Nothing is zeroed.
-/// Requires [`applies`]`(r.len(), k)` and `r.len() == g.len()`.
-pub(crate) fn fused(
+/// With `STATS` the flags also carry the `|x|` sum (in the order of a statistics pass) and
+/// the largest magnitude. Requires [`applies`]`(r.len(), k)` and `r.len() == g.len()`.
+pub(crate) fn fused<const STATS: bool>(
     r: &mut [f32],
     g: &[f32],
     k: usize,
@@ -44,7 +45,7 @@ pub(crate) fn fused(
     let d = r.len();
     maxes.clear();
     maxes.resize(d.div_ceil(kernel::GROUP_SPAN) * 16, -1);
-    let top = kernel::add_max_one(r, g, maxes);
+    let (top, abs_sum) = kernel::add_max_one::<STATS>(r, g, maxes);
     let t = kth_group_max(maxes, top, k);
     cand.clear();
     let mut out: Option<PassOut> = None;
@@ -67,7 +68,12 @@ pub(crate) fn fused(
             _ => {}
         }
     }
-    (t, out.unwrap_or_else(PassOut::new))
+    let mut out = out.unwrap_or_else(PassOut::new);
+    if STATS {
+        out.abs_sum = abs_sum;
+        out.max_bits = top;
+    }
+    (t, out)
 }
 
 /// The largest `T ≤ INF_BITS` with at least `k` group maxima at or above it, or a slightly
@@ -124,11 +130,12 @@ mod tests {
             let r0 = crate::exact::tests::gen_vec(seed + 9, d, 1);
             let mut r = r0.clone();
             let mut maxes = vec![-1; d.div_ceil(kernel::GROUP_SPAN) * 16];
-            let top = kernel::add_max_one(&mut r, &g, &mut maxes);
+            let (top, sum) = kernel::add_max_one::<true>(&mut r, &g, &mut maxes);
             let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
             assert_eq!(r, acc);
             assert_eq!(maxes, group_maxes(&acc));
             assert_eq!(Some(&top), maxes.iter().max());
+            assert_eq!(sum.to_bits(), kernel::abs_sum(&acc).to_bits());
             let mut mags: Vec<i32> = acc.iter().map(|v| kernel::abs_bits(*v)).collect();
             mags.sort_unstable_by(|a, b| b.cmp(a));
             let mut tried = 0;
@@ -177,5 +184,34 @@ mod tests {
         let err = ExactTopK::new().select_fused(&mut r, &g, 40);
         assert!(matches!(err, Err(Error::NonFinite { index: 700, .. })));
         assert!(r[1].to_bits() == (0.5 + g[1]).to_bits() && r[700].is_nan());
+    }
+
+    /// MSTopK from this path's candidates (and its `|x|` sum, which sets every round's
+    /// threshold) selects exactly what the literal Algorithm 1 selects.
+    #[test]
+    fn mstopk_on_this_path_matches_algorithm_1() {
+        use crate::exact::tests::gen_vec;
+        use crate::mstopk::reference_mstopk;
+        use crate::{MsTopK, Selector};
+        use rand::SeedableRng;
+        let mut taken = 0;
+        for kind in 0..4u8 {
+            for d in [4096, 4096 + 17, 9000, MAX_LEN] {
+                for k in [d / 250, d / 200, d / 100, d / 70] {
+                    let g = gen_vec(u64::from(kind) * 31 + d as u64, d, kind);
+                    let r0 = gen_vec(8, d, 0);
+                    let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+                    let mut r = r0.clone();
+                    taken += usize::from(applies(d, k + 1) && k >= d / 256);
+                    let (sg, _) = MsTopK::with_seed(9).select_fused(&mut r, &g, k).unwrap();
+                    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+                    let want = reference_mstopk(&acc, k, crate::mstopk::DEFAULT_ROUNDS, &mut rng);
+                    assert_eq!(sg.indices(), &want[..], "kind {kind} d {d} k {k}");
+                    sg.scatter_add_into(&mut r).unwrap();
+                    assert!(r.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
+        }
+        assert!(taken >= 40, "only {taken} cases took the path");
     }
 }

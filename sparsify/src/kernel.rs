@@ -685,15 +685,18 @@ pub(crate) const GROUP_SPAN: usize = BLOCK * BLOCK;
 /// `abs_bits(r[s·256 + b·16 + j])` over the span's blocks `b`. Each lane is a group of 16
 /// elements; the maxima cost one vector `max` per block (no horizontal reduction), and a
 /// lane of the last span that holds no element gets `-1`. `maxes` has
-/// `n.div_ceil(GROUP_SPAN) · BLOCK` entries. Returns the largest of them (`-1` when empty).
+/// `n.div_ceil(GROUP_SPAN) · BLOCK` entries. Returns the largest of them (`-1` when empty)
+/// and, with `STATS`, the sum of the accumulated `|r[i]|` in the order of [`abs_sum`].
 #[inline(always)]
-fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
+fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> (i32, f64) {
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let mut rc = r.chunks_exact_mut(BLOCK);
     let mut gc = g.chunks_exact(BLOCK);
     let mut m = [0i32; BLOCK];
     let mut top = [-1i32; BLOCK];
+    // `abs_sum`'s order: a tree per block, blocks in order per chunk, chunks in order.
+    let (mut total, mut chunk) = (0.0f64, 0.0f64);
     // One block at a time with the span boundary as a branch: written as a loop over the
     // 16 blocks of a span, it vectorises across blocks with gathers instead.
     for (b, (rb, gb)) in (&mut rc).zip(&mut gc).enumerate() {
@@ -703,6 +706,14 @@ fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
             let a = rb[j] + gb[j];
             rb[j] = a;
             m[j] = m[j].max(abs_bits(a));
+        }
+        if STATS {
+            let v = rb.map(f32::abs);
+            chunk += f64::from(tree16(&v));
+            if b % (CHUNK / BLOCK) == CHUNK / BLOCK - 1 {
+                total += chunk;
+                chunk = 0.0;
+            }
         }
         if b % BLOCK == BLOCK - 1 {
             let at = b / BLOCK * BLOCK;
@@ -732,6 +743,9 @@ fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
             let v = *a + *b;
             *a = v;
             m[j] = m[j].max(abs_bits(v));
+            if STATS {
+                chunk += f64::from(v.abs());
+            }
         }
         let at = blocks / BLOCK * BLOCK;
         maxes[at..at + BLOCK].copy_from_slice(&m);
@@ -739,7 +753,10 @@ fn add_max_body(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
             top[j] = top[j].max(m[j]);
         }
     }
-    top.iter().copied().fold(-1, i32::max)
+    if STATS && !n.is_multiple_of(CHUNK) {
+        total += chunk;
+    }
+    (top.iter().copied().fold(-1, i32::max), total)
 }
 
 /// Number of entries of `x` at or above `t` (vectorises to a compare and a subtract).
@@ -790,8 +807,12 @@ macro_rules! isa_build {
             }
 
             #[target_feature(enable = $feat)]
-            pub(super) fn add_max(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
-                add_max_body(r, g, maxes)
+            pub(super) fn add_max<const STATS: bool>(
+                r: &mut [f32],
+                g: &[f32],
+                maxes: &mut [i32],
+            ) -> (i32, f64) {
+                add_max_body::<STATS>(r, g, maxes)
             }
 
             #[target_feature(enable = $feat)]
@@ -922,8 +943,15 @@ pub(crate) fn scan_one<const STATS: bool>(
 
 /// [`add_max_body`] from the widest build.
 #[inline]
-pub(crate) fn add_max_one(r: &mut [f32], g: &[f32], maxes: &mut [i32]) -> i32 {
-    dispatch!(add_max(r, g, maxes), add_max_body(r, g, maxes))
+pub(crate) fn add_max_one<const STATS: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    maxes: &mut [i32],
+) -> (i32, f64) {
+    dispatch!(
+        add_max::<STATS>(r, g, maxes),
+        add_max_body::<STATS>(r, g, maxes)
+    )
 }
 
 /// [`count_ge_body`] from the widest build.

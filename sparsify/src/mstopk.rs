@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::exact::{check_dense_len, finish, finish_bits, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
-use crate::{split, Result, Selection, Selector};
+use crate::{grouped, split, Result, Selection, Selector};
 
 /// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
@@ -44,6 +44,8 @@ pub struct MsTopK {
     sample: Vec<i32>,
     /// The second half of a sample gathered in parallel.
     sample2: Vec<i32>,
+    /// Group maxima of the small-tensor path (`grouped`).
+    maxes: Vec<i32>,
     /// Scratch of the selection among the candidates, per parallel piece.
     work: split::Work,
 }
@@ -85,6 +87,7 @@ impl MsTopK {
             cand: Cand::default(),
             sample: Vec::new(),
             sample2: Vec::new(),
+            maxes: Vec::new(),
             work: split::Work::default(),
         }
     }
@@ -355,6 +358,15 @@ impl Selector for MsTopK {
             let (idx, val) = self.cand.take();
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
+        }
+        if grouped::applies(d, k + 1) && k >= d / 256 {
+            // Candidates above a threshold with more than `k` elements past it, no sample.
+            // Measured at 2^14: 14 % faster than the sampled pass at ρ = 0.01, 8 % slower at
+            // ρ = 0.001 (the statistics pass dominates, and few candidates cost little).
+            let (t, out) =
+                grouped::fused::<true>(residual, grad, k + 1, &mut self.maxes, &mut self.cand);
+            let (idx, val, min) = self.complete(Buf::Residual(residual, false), t, out, k)?;
+            return Ok(finish_bits(idx, val, d, min));
         }
         let (t, cap) = match kernel::sample_size(d, k) {
             Some(n) => {
