@@ -3,6 +3,10 @@
 //! timeout within its receive timeout, print it and end the whole job with `MPI_Abort`, so
 //! that the job ends within the timeout plus 10 s instead of hanging on the stopped rank.
 //!
+//! The same faults strike before the MPI library's own all-reduce (`AllreduceAlgo::Library`,
+//! unchecked, so the survivors enter `MPI_Allreduce` at once): a blocking call that cannot be
+//! timed out from inside, so each survivor's watchdog must end the job within the timeout.
+//!
 //! Started without an MPI launcher this binary is the driver: for P in `--ranks` (default
 //! 3, 4), every fault and both collectives, it runs `mpirun -n P` on itself with
 //! `COLLECTIVES_TIMEOUT_S` = `--timeout-s` (default 5), times the whole job and checks what
@@ -25,7 +29,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use collectives::{Communicator, Error};
+use collectives::{allreduce, AllreduceAlgo, Communicator, DenseOptions, Error};
 use fault_inject::{fault_at, run_until_fault, Collective, FAULTY_RANK};
 
 /// How a survivor's report line starts; the driver looks for it.
@@ -107,8 +111,17 @@ fn main() {
     }
 }
 
+/// The worker's name for the library all-reduce scenario.
+const LIBRARY: &str = "library";
+
 /// One rank of one scenario.
 fn worker(args: &[String]) -> ! {
+    if let (Some(fault), Some(LIBRARY)) = (
+        args.get(1).and_then(|s| Fault::parse(s)),
+        args.get(2).map(String::as_str),
+    ) {
+        library_worker(fault);
+    }
     let (Some(fault), Some(coll)) = (
         args.get(1).and_then(|s| Fault::parse(s)),
         args.get(2).and_then(|s| Collective::parse(s)),
@@ -131,6 +144,34 @@ fn worker(args: &[String]) -> ! {
             let _ = std::io::stdout().flush();
             std::thread::sleep(REPORT_GRACE);
             comm.inner().abort_on_fatal(&e, 3);
+        }
+    }
+}
+
+/// One rank of a library scenario: one library all-reduce, then the fault on
+/// [`FAULTY_RANK`] while the others enter the next one.
+fn library_worker(fault: Fault) -> ! {
+    let comm = mpi::world();
+    let rank = comm.rank();
+    let opts = DenseOptions::default().unchecked();
+    let mut buf = vec![1.0f32; 4096];
+    let mut outcome = allreduce(&comm, &mut buf, AllreduceAlgo::Library, &opts);
+    if outcome.is_ok() {
+        if rank == FAULTY_RANK {
+            let _ = fault.strike();
+        }
+        outcome = allreduce(&comm, &mut buf, AllreduceAlgo::Library, &opts);
+    }
+    match outcome {
+        Ok(()) => {
+            println!("{REPORT} rank={rank} completed");
+            comm.abort_on_fatal(&"completed a collective a peer left", 5);
+        }
+        Err(e) => {
+            println!("{REPORT} rank={rank} error={e:?}");
+            let _ = std::io::stdout().flush();
+            std::thread::sleep(REPORT_GRACE);
+            comm.abort_on_fatal(&e, 3);
         }
     }
 }
@@ -181,12 +222,14 @@ fn driver(args: &[String]) -> Result<(), String> {
     let mut failures = Vec::new();
     for &p in &opts.ranks {
         for fault in Fault::ALL {
-            for coll in Collective::ALL {
+            for coll in Collective::ALL.map(Some).into_iter().chain([None]) {
                 // Exit and SIGKILL: Open MPI's default (the launcher ends the job) and
-                // recovery mode (the survivors must notice by themselves).
-                let modes: &[bool] = match fault {
-                    Fault::Stop | Fault::Panic => &[false],
-                    Fault::Exit | Fault::Kill => &[false, true],
+                // recovery mode (the survivors must notice by themselves). In recovery mode
+                // a survivor inside `MPI_Allreduce` meets the library's own error handler,
+                // not ours, so the library scenarios run without it.
+                let modes: &[bool] = match (fault, coll) {
+                    (Fault::Stop | Fault::Panic, _) | (_, None) => &[false],
+                    (Fault::Exit | Fault::Kill, Some(_)) => &[false, true],
                 };
                 for &recovery in modes {
                     let s = Scenario {
@@ -216,17 +259,22 @@ fn driver(args: &[String]) -> Result<(), String> {
 struct Scenario {
     p: usize,
     fault: Fault,
-    coll: Collective,
+    /// The collective; `None`: the MPI library's all-reduce.
+    coll: Option<Collective>,
     recovery: bool,
 }
 
 impl Scenario {
+    fn coll_name(&self) -> &'static str {
+        self.coll.map_or(LIBRARY, Collective::name)
+    }
+
     fn label(&self) -> String {
         format!(
             "P={} {} {}{}",
             self.p,
             self.fault.name(),
-            self.coll.name(),
+            self.coll_name(),
             if self.recovery { " (recovery)" } else { "" }
         )
     }
@@ -246,7 +294,7 @@ impl Scenario {
             cmd.arg("--enable-recovery");
         }
         cmd.arg(exe)
-            .args(["worker", self.fault.name(), self.coll.name()])
+            .args(["worker", self.fault.name(), self.coll_name()])
             .env("COLLECTIVES_TIMEOUT_S", timeout.as_secs().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

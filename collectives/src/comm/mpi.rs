@@ -33,6 +33,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
 
+use super::watchdog::{LibraryCall, Watchdog};
 use super::{check_rank, check_transport_tag, copy_into, Communicator, LibraryCollectives, Tag};
 use crate::{Error, Result};
 
@@ -98,6 +99,9 @@ pub struct MpiComm {
     /// a library reduce-scatter, kept between calls so that a large one does not fault
     /// fresh pages in every time.
     library_scratch: RefCell<Vec<f32>>,
+    /// Ends the job when a blocking library call (a library collective, the barrier) has
+    /// not returned within the timeout; started by the first such call.
+    watchdog: std::cell::OnceCell<Watchdog>,
     rank: usize,
     size: usize,
     timeout: Duration,
@@ -150,6 +154,7 @@ impl MpiComm {
             comm,
             pending: RefCell::new(Vec::new()),
             library_scratch: RefCell::new(Vec::new()),
+            watchdog: std::cell::OnceCell::new(),
             timeout,
             threading,
             _universe: universe,
@@ -159,6 +164,30 @@ impl MpiComm {
     /// Sets how long a receive waits before it returns [`Error::Timeout`].
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+        if let Some(w) = self.watchdog.get() {
+            w.set_timeout(timeout);
+        }
+    }
+
+    /// Runs a blocking call into the MPI library under the [`Watchdog`]: past the timeout,
+    /// the job ends with [`LIBRARY_STALL_EXIT`](super::watchdog::LIBRARY_STALL_EXIT)
+    /// instead of hanging on a peer that stalled or left.
+    fn watched<T>(&self, which: LibraryCall, call: impl FnOnce() -> T) -> T {
+        let (rank, size) = (self.rank, self.size);
+        self.watchdog
+            .get_or_init(|| {
+                Watchdog::start(
+                    self.timeout,
+                    Box::new(move |msg: &str| {
+                        abort_world(
+                            Some((rank, size)),
+                            &format_args!("rank {rank} waited: {msg}"),
+                            super::watchdog::LIBRARY_STALL_EXIT,
+                        )
+                    }),
+                )
+            })
+            .guard(which, call)
     }
 
     /// The underlying rsmpi communicator, for calling the MPI library's own collectives
@@ -570,7 +599,7 @@ impl Communicator for MpiComm {
 
     fn barrier(&self) -> Result<()> {
         self.progress();
-        self.comm.barrier();
+        self.watched(LibraryCall::Barrier, || self.comm.barrier());
         Ok(())
     }
 
@@ -612,10 +641,12 @@ fn mpi_counts(counts: &[usize]) -> Result<(MpiInts, MpiInts)> {
     Ok((out, displs))
 }
 
-/// The MPI library's own collectives. Blocking: like [`Communicator::barrier`], a peer
-/// that never enters one is not timed out (MPI cannot withdraw from a blocking
-/// collective); the argument check of the dense collectives, on by default, runs first
-/// over point-to-point messages with the transport's timeout.
+/// The MPI library's own collectives. Blocking: MPI cannot withdraw from a blocking
+/// collective, so a peer that never enters one is not a typed timeout; like
+/// [`Communicator::barrier`], each runs under the [`Watchdog`], which ends the job once the
+/// call has not returned within the timeout. The argument check of the dense collectives,
+/// on by default, runs first over point-to-point messages with the transport's timeout
+/// (a typed error there).
 impl LibraryCollectives for MpiComm {
     fn allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
         Self::check_len(buf.len())?;
@@ -623,8 +654,10 @@ impl LibraryCollectives for MpiComm {
         let mut send = self.library_scratch.borrow_mut();
         send.clear();
         send.extend_from_slice(buf);
-        self.comm
-            .all_reduce_into(&send[..], buf, SystemOperation::sum());
+        self.watched(LibraryCall::Allreduce, || {
+            self.comm
+                .all_reduce_into(&send[..], buf, SystemOperation::sum())
+        });
         Ok(())
     }
 
@@ -642,17 +675,21 @@ impl LibraryCollectives for MpiComm {
         if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
             // Equal blocks (the common case): no count arrays to build. Whole 4-byte words
             // go as MPI_FLOAT (measured a little faster than MPI_BYTE or MPI_UINT32_T at 16 KiB).
-            match (
-                bytemuck::try_cast_slice::<u8, f32>(mine),
-                bytemuck::try_cast_slice_mut::<u8, f32>(out),
-            ) {
-                (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
-                _ => self.comm.all_gather_into(mine, out),
-            }
+            self.watched(LibraryCall::Allgather, || {
+                match (
+                    bytemuck::try_cast_slice::<u8, f32>(mine),
+                    bytemuck::try_cast_slice_mut::<u8, f32>(out),
+                ) {
+                    (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
+                    _ => self.comm.all_gather_into(mine, out),
+                }
+            });
         } else {
             let (c, displs) = mpi_counts(counts)?;
             let mut parts = mpi::datatype::PartitionMut::new(out, &c[..], &displs[..]);
-            self.comm.all_gather_varcount_into(mine, &mut parts);
+            self.watched(LibraryCall::Allgather, || {
+                self.comm.all_gather_varcount_into(mine, &mut parts)
+            });
         }
         Ok(())
     }
@@ -676,7 +713,7 @@ impl LibraryCollectives for MpiComm {
         // SAFETY: `buf` holds the `c` elements of every rank's block, `block` this rank's
         // `c[rank]`, the counts array has one `int` per rank, and the datatype, operation
         // and communicator handles are valid while `self` lives.
-        unsafe {
+        self.watched(LibraryCall::ReduceScatter, || unsafe {
             mpi::ffi::MPI_Reduce_scatter(
                 buf.as_ptr().cast(),
                 block.as_mut_ptr().cast(),
@@ -685,7 +722,7 @@ impl LibraryCollectives for MpiComm {
                 mpi::ffi::RSMPI_SUM,
                 self.comm.as_raw(),
             );
-        }
+        });
         let at = displs[self.rank] as usize;
         buf[at..at + block.len()].copy_from_slice(&block);
         Ok(())
