@@ -29,8 +29,9 @@ pub fn world_time(
 /// [`world_time`] of several cases at once, interleaved: every repetition runs each case
 /// `calls` times back to back, in turn, so a change in the machine's load during the
 /// measurement falls on all of them alike, and a call of a few µs is not timed alone
-/// against the ranks' skew leaving the barrier (the OSU benchmarks' loop). Returns each
-/// case's median seconds per call, in the order given.
+/// against the ranks' skew leaving the barrier (the OSU benchmarks' loop); the order of the
+/// cases rotates from one repetition to the next. Returns each case's median seconds per
+/// call, in the order given.
 pub fn world_times_interleaved(
     comm: &dyn Communicator,
     reps: usize,
@@ -42,16 +43,19 @@ pub fn world_times_interleaved(
         comm.barrier()?;
         f()?;
     }
-    let mut t = vec![Vec::with_capacity(reps.max(1)); cases.len()];
-    for _ in 0..reps.max(1) {
-        for (f, t) in cases.iter_mut().zip(&mut t) {
+    let n = cases.len();
+    let mut t = vec![Vec::with_capacity(reps.max(1)); n];
+    for rep in 0..reps.max(1) {
+        // Each repetition starts at the next case, so no case always runs first (right
+        // after the rank-time reduction) or right after the same neighbour.
+        for c in (0..n).map(|i| (i + rep) % n) {
             comm.barrier()?;
             let s = Instant::now();
             for _ in 0..calls {
-                f()?;
+                cases[c]()?;
             }
             let mine = s.elapsed().as_secs_f64() / calls as f64;
-            t.push(max_over_ranks(comm, mine)?);
+            t[c].push(max_over_ranks(comm, mine)?);
         }
     }
     Ok(t.iter_mut().map(|t| median(t)).collect())
