@@ -56,8 +56,9 @@ pub struct CalibrateOptions {
 impl Default for CalibrateOptions {
     /// 1 KiB … 16 MiB in ×4 steps, 5 repeats, every algorithm the automatic choice ranks
     /// ([`sweepable_allreduce`], every all-gather and reduce-scatter), top-k over 1K … 1M
-    /// elements in ×2 steps at ρ = 0.001 (the range and density of OMGS-SGD (Shi et al.,
-    /// INFOCOM 2020) §V-B; ×2 steps so that each size regime has several sizes).
+    /// elements in ×√2 steps at ρ = 0.001 (the range and density of OMGS-SGD (Shi et al.,
+    /// INFOCOM 2020) §V-B; ×√2 steps so that each size regime, including the one-octave
+    /// steps where exact selection changes method, has several sizes).
     fn default() -> Self {
         CalibrateOptions {
             sizes: (0..8).map(|i| 1024usize << (2 * i)).collect(),
@@ -65,7 +66,10 @@ impl Default for CalibrateOptions {
             allreduce: sweepable_allreduce(),
             allgather: AllgatherAlgo::ALL.to_vec(),
             reduce_scatter: ReduceScatterAlgo::ALL.to_vec(),
-            topk_sizes: (10..=20).map(|e| 1usize << e).collect(),
+            // ×√2 steps, rounded to whole blocks of 16 elements.
+            topk_sizes: (20..=40)
+                .map(|h| ((2f64.powf(f64::from(h) / 2.0) / 16.0).round() as usize) * 16)
+                .collect(),
             density: 0.001,
             library: true,
         }
@@ -293,9 +297,12 @@ fn sweep_gradient(d: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Fewest timings per size of [`topk_sweep`].
+const TOPK_MIN_REPS: usize = 21;
+
 /// Top-k selection time of `selector` against tensor size (elements) at `density`: one
 /// error-feedback step (`r += g`, select, zero the selected entries of `r`), the call a
-/// training step makes.
+/// training step makes. Medians of at least 21 timings (`reps` when more).
 pub fn topk_sweep(
     selector: &mut dyn Selector,
     sizes: &[usize],
@@ -303,6 +310,9 @@ pub fn topk_sweep(
     reps: usize,
 ) -> Result<Vec<Sample>> {
     let mut out = Vec::new();
+    // A top-k step takes 1 µs to 1 ms; a median of few timings left the fixed-cost regime's
+    // samples scattered by more than the fit's goal on a shared 2-core machine.
+    let reps = reps.max(TOPK_MIN_REPS);
     for &d in sizes {
         let g = sweep_gradient(d, 0);
         let k = ((d as f64 * density).round() as usize).max(1);
@@ -363,6 +373,34 @@ impl Swept {
         }
     }
 
+    /// Bytes one call moves, which sets its [`calls_per_timing`] (an all-gather's output).
+    fn moved(self, p: usize, bytes: usize) -> usize {
+        match self {
+            Swept::Allgather(_) => bytes * p,
+            Swept::Allreduce(_) | Swept::ReduceScatter(_) => bytes,
+        }
+    }
+
+    /// Runs `calls` calls for `bytes` on the sweep's shared buffers.
+    fn run<C: Communicator + ?Sized>(
+        self,
+        comm: &C,
+        bufs: &mut SweepBufs,
+        calls: usize,
+    ) -> Result<()> {
+        let opts = DenseOptions::default().unchecked();
+        for _ in 0..calls {
+            match self {
+                Swept::Allreduce(a) => allreduce(comm, &mut bufs.floats, a, &opts)?,
+                Swept::Allgather(a) => allgather(comm, &bufs.mine, &mut bufs.out, a, &opts)?,
+                Swept::ReduceScatter(a) => {
+                    reduce_scatter(comm, &mut bufs.floats, a, &opts)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Measured seconds for `bytes` (see [`time_allreduce`], [`time_allgather`]).
     fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
         match self {
@@ -380,6 +418,86 @@ impl Swept {
             Swept::ReduceScatter(a) => cal.reduce_scatter_s(&a, p, bytes),
         }
     }
+}
+
+/// The buffers of one size of the collective sweep, shared by every swept algorithm (one
+/// runs at a time, so the sweep holds one algorithm's memory, not all of them).
+struct SweepBufs {
+    /// An all-reduce's or a reduce-scatter's buffer (summed in place).
+    floats: Vec<f32>,
+    /// An all-gather's own block and output.
+    mine: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl SweepBufs {
+    fn new(algos: &[Swept], p: usize, rank: usize, bytes: usize) -> SweepBufs {
+        let any = |f: fn(&Swept) -> bool| algos.iter().any(f);
+        let gathers = any(|a| matches!(a, Swept::Allgather(_)));
+        let sums = any(|a| !matches!(a, Swept::Allgather(_)));
+        SweepBufs {
+            floats: if sums {
+                vec![1.0; bytes / 4]
+            } else {
+                Vec::new()
+            },
+            mine: if gathers {
+                vec![rank as u8; bytes]
+            } else {
+                Vec::new()
+            },
+            out: if gathers {
+                vec![0; bytes * p]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// Rounds of a collective sweep at `bytes`: at least `reps`, and more for small sizes,
+/// where a round costs microseconds and a median of a handful on a shared machine moves by
+/// more than the margins the chooser decides on (up to 200, while the rounds move at most
+/// 16 MiB in all).
+pub fn reps_for(bytes: usize, reps: usize) -> usize {
+    reps.max(((16usize << 20) / bytes.max(1)).min(200)).max(1)
+}
+
+/// Seconds per call of every algorithm of `algos` at `bytes`, measured in turns: a warm-up
+/// timing of each, then [`reps_for`] rounds in which each runs its [`calls_per_timing`] calls
+/// between barriers, the round starting at the next algorithm each time. A change in the
+/// machine's load during the sweep then falls on all of them alike, so the chooser, which
+/// compares them, compares like with like (timed one algorithm after another, a load that
+/// came and went made a slower algorithm look faster). Medians per rank.
+fn time_swept_in_turns<C: Communicator + ?Sized>(
+    comm: &C,
+    algos: &[Swept],
+    bytes: usize,
+    reps: usize,
+) -> Result<Vec<f64>> {
+    let p = comm.size();
+    let mut bufs = SweepBufs::new(algos, p, comm.rank(), bytes);
+    let calls: Vec<usize> = algos
+        .iter()
+        .map(|a| calls_per_timing(a.moved(p, bytes)))
+        .collect();
+    for (a, &c) in algos.iter().zip(&calls) {
+        comm.barrier()?;
+        a.run(comm, &mut bufs, c)?;
+    }
+    let n = algos.len();
+    let reps = reps_for(bytes, reps);
+    let mut t = vec![Vec::with_capacity(reps); n];
+    for rep in 0..reps {
+        for i in (0..n).map(|i| (i + rep) % n) {
+            comm.barrier()?;
+            let start = Instant::now();
+            algos[i].run(comm, &mut bufs, calls[i])?;
+            comm.barrier()?;
+            t[i].push(start.elapsed().as_secs_f64() / calls[i] as f64);
+        }
+    }
+    Ok(t.iter().map(|t| cost_model::median(t)).collect())
 }
 
 /// Progress reports of [`calibrate`]: `(stage, done, total)`.
@@ -413,12 +531,29 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pingpong.model.beta_s.max(0.0),
     );
     let mut collectives = Vec::new();
-    for algo in Swept::all(opts) {
-        let mut s = Vec::new();
-        for &n in &opts.sizes {
-            s.push(Sample::new(n as f64, algo.time(comm, n, opts.reps)?));
-            tick(algo.op().name(), &mut done);
+    // The algorithms of one collective are timed in turns per size (they are what the
+    // chooser compares), one collective after another.
+    let swept: Vec<Swept> = Swept::all(opts).collect();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); swept.len()];
+    for op in [
+        Collective::Allreduce,
+        Collective::Allgather,
+        Collective::ReduceScatter,
+    ] {
+        let at: Vec<usize> = (0..swept.len()).filter(|&i| swept[i].op() == op).collect();
+        if at.is_empty() {
+            continue;
         }
+        let algos: Vec<Swept> = at.iter().map(|&i| swept[i]).collect();
+        for &n in &opts.sizes {
+            let t = time_swept_in_turns(comm, &algos, n, opts.reps)?;
+            for (&i, t) in at.iter().zip(t) {
+                samples[i].push(Sample::new(n as f64, t));
+                tick(op.name(), &mut done);
+            }
+        }
+    }
+    for (algo, s) in swept.into_iter().zip(samples) {
         let fit = CollectiveFit::from_samples(algo.op(), algo.name(), s)?;
         collectives.push(match algo.block_bytes() {
             Some(b) => fit.with_block_bytes(b),

@@ -89,9 +89,10 @@ pub enum TopkModel {
 }
 
 /// Most size regimes of a [`TopkModel::Piecewise`] (fixed, so the model stays `Copy`):
-/// call-bound, in cache, and streaming, plus one for the step where the selection starts
-/// to use the thread pool.
-pub const TOPK_MAX_REGIMES: usize = 4;
+/// call-bound, in cache, and streaming, plus the steps where exact selection changes method
+/// (group maxima up to 2^15 elements, a sample above) and where it starts to use the thread
+/// pool; as many as a collective's piecewise fit.
+pub const TOPK_MAX_REGIMES: usize = 6;
 
 /// Reads up to [`TOPK_MAX_REGIMES`] regimes, padding a shorter list (an older file's) with
 /// unused defaults.
@@ -207,10 +208,12 @@ mod tests {
         assert!((m.time(8192) - (2e-6 + 5e-10 * 8192.0)).abs() < 1e-15);
         let back: TopkModel = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
         assert_eq!(back, m);
-        let five = r#"{"kind":"piecewise","regimes":[{"start":0.0,"a_s":0.0,"b_s":0.0},
-            {"start":0.0,"a_s":0.0,"b_s":0.0},{"start":0.0,"a_s":0.0,"b_s":0.0},
-            {"start":0.0,"a_s":0.0,"b_s":0.0},{"start":0.0,"a_s":0.0,"b_s":0.0}],"count":1}"#;
-        assert!(serde_json::from_str::<TopkModel>(five).is_err());
+        let zero = r#"{"start":0.0,"a_s":0.0,"b_s":0.0}"#;
+        let too_many = format!(
+            r#"{{"kind":"piecewise","regimes":[{}],"count":1}}"#,
+            vec![zero; TOPK_MAX_REGIMES + 1].join(",")
+        );
+        assert!(serde_json::from_str::<TopkModel>(&too_many).is_err());
     }
 
     #[test]
@@ -230,6 +233,8 @@ mod tests {
             regimes: [
                 r(0.0, 1.0, 1.0),
                 r(10.0, 5.0, 0.5),
+                TopkRegime::default(),
+                TopkRegime::default(),
                 TopkRegime::default(),
                 TopkRegime::default(),
             ],

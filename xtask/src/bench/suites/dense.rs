@@ -54,8 +54,11 @@ fn sizes(quick: bool) -> Vec<usize> {
 }
 
 fn reps(bytes: usize, quick: bool) -> usize {
-    let base = if quick { 3 } else { 5 };
-    base.max(((4usize << 20) / bytes.max(1)).min(if quick { 20 } else { 50 }))
+    if quick {
+        3.max(((4usize << 20) / bytes.max(1)).min(20))
+    } else {
+        collectives::calibrate::reps_for(bytes, 5)
+    }
 }
 
 /// The row of the automatic choice (`choose_allreduce` / `choose_allgather` per size).
