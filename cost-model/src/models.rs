@@ -211,7 +211,7 @@ mod tests {
         let zero = r#"{"start":0.0,"a_s":0.0,"b_s":0.0}"#;
         let too_many = format!(
             r#"{{"kind":"piecewise","regimes":[{}],"count":1}}"#,
-            vec![zero; TOPK_MAX_REGIMES + 1].join(",")
+            [zero; TOPK_MAX_REGIMES + 1].join(",")
         );
         assert!(serde_json::from_str::<TopkModel>(&too_many).is_err());
     }
