@@ -142,18 +142,6 @@ pub fn calls_per_timing(bytes: usize) -> usize {
     (PINGPONG_TIMED_BYTES / bytes.max(1)).clamp(1, PINGPONG_MAX_TRIPS)
 }
 
-/// [`time_op`] of [`calls_per_timing`] back-to-back calls of `op`; seconds per call.
-fn time_repeated<C: Communicator + ?Sized>(
-    comm: &C,
-    reps: usize,
-    bytes: usize,
-    mut op: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    let calls = calls_per_timing(bytes);
-    let t = time_op(comm, reps, || (0..calls).try_for_each(|_| op()))?;
-    Ok(t / calls as f64)
-}
-
 /// One-way time between ranks 0 and 1 (half the round trip) for each size; every rank
 /// returns the samples, meaningful on rank 0. Needs P ≥ 2.
 pub fn pingpong<C: Communicator + ?Sized>(
@@ -200,16 +188,15 @@ pub fn pingpong<C: Communicator + ?Sized>(
     Ok(out)
 }
 
-/// Times an all-reduce of `bytes` (f32) with `algo`.
+/// Times an all-reduce of `bytes` (f32) with `algo`: median seconds per call (see
+/// [`reps_for`] and [`calls_per_timing`]).
 pub fn time_allreduce<C: Communicator + ?Sized>(
     comm: &C,
     algo: AllreduceAlgo,
     bytes: usize,
     reps: usize,
 ) -> Result<f64> {
-    let mut buf = vec![1.0f32; bytes / 4];
-    let opts = DenseOptions::default().unchecked();
-    time_repeated(comm, reps, bytes, || allreduce(comm, &mut buf, algo, &opts))
+    Swept::Allreduce(algo).time(comm, bytes, reps)
 }
 
 /// Times an all-gather where each rank contributes `bytes` bytes.
@@ -219,12 +206,7 @@ pub fn time_allgather<C: Communicator + ?Sized>(
     bytes: usize,
     reps: usize,
 ) -> Result<f64> {
-    let mine = vec![comm.rank() as u8; bytes];
-    let mut out = vec![0u8; bytes * comm.size()];
-    let opts = DenseOptions::default().unchecked();
-    time_repeated(comm, reps, bytes * comm.size(), || {
-        allgather(comm, &mine, &mut out, algo, &opts)
-    })
+    Swept::Allgather(algo).time(comm, bytes, reps)
 }
 
 /// Times a reduce-scatter of a `bytes` buffer (f32).
@@ -234,11 +216,7 @@ pub fn time_reduce_scatter<C: Communicator + ?Sized>(
     bytes: usize,
     reps: usize,
 ) -> Result<f64> {
-    let mut buf = vec![1.0f32; bytes / 4];
-    let opts = DenseOptions::default().unchecked();
-    time_repeated(comm, reps, bytes, || {
-        reduce_scatter(comm, &mut buf, algo, &opts).map(|_| ())
-    })
+    Swept::ReduceScatter(algo).time(comm, bytes, reps)
 }
 
 /// Shortest timed interval of the local sweeps: operations faster than this are repeated
@@ -401,13 +379,9 @@ impl Swept {
         Ok(())
     }
 
-    /// Measured seconds for `bytes` (see [`time_allreduce`], [`time_allgather`]).
+    /// Measured seconds per call for `bytes`, alone (the sweep's timing of one algorithm).
     fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
-        match self {
-            Swept::Allreduce(a) => time_allreduce(comm, a, bytes, reps),
-            Swept::Allgather(a) => time_allgather(comm, a, bytes, reps),
-            Swept::ReduceScatter(a) => time_reduce_scatter(comm, a, bytes, reps),
-        }
+        Ok(time_swept_in_turns(comm, &[self], bytes, reps)?[0])
     }
 
     /// The calibration's prediction (see [`Predictor`]).

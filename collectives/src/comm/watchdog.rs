@@ -79,6 +79,13 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("mpi-library-watchdog".into())
             .spawn(move || watch(&s, &*abort))
+            .map_err(|e| {
+                // Not fatal: the calls still work, only without the guarantee.
+                eprintln!(
+                    "warning: cannot start the watchdog of blocking MPI calls ({e}); a peer \
+                     that stalls inside one will hang this rank"
+                )
+            })
             .ok();
         Watchdog { shared, thread }
     }
