@@ -159,6 +159,10 @@ fn library_worker(fault: Fault) -> ! {
     if outcome.is_ok() {
         if rank == FAULTY_RANK {
             let _ = fault.strike();
+            // The faulty rank never enters the call. A stopped one is resumed when the job is
+            // torn down (the launcher sends SIGCONT before it kills), and entering then would
+            // let a survivor still blocked in the call complete it.
+            std::process::exit(4);
         }
         outcome = allreduce(&comm, &mut buf, AllreduceAlgo::Library, &opts);
     }
