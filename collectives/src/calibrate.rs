@@ -165,7 +165,9 @@ pub fn pingpong<C: Communicator + ?Sized>(
         // dominate a round trip of a few µs. The count depends on the size alone, so both
         // ranks agree on it.
         let trips = calls_per_timing(n);
-        let t = time_op(comm, reps, || {
+        // As many rounds as the collective sweeps take at this size ([`reps_for`]): a
+        // median of 9 short timings on a shared machine let one size stray by 20–80 %.
+        let t = time_op(comm, reps_for(n, reps), || {
             for _ in 0..trips {
                 match comm.rank() {
                     0 => {
@@ -226,19 +228,39 @@ const MIN_TIMED_S: f64 = 200e-6;
 /// Median over `reps` timings of `op` (after a warm-up), each timing running `op` as many
 /// times as it takes to last [`MIN_TIMED_S`]; seconds per run of `op`.
 fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
-    let s = Instant::now();
-    op()?;
-    let once = s.elapsed().as_secs_f64().max(1e-9);
-    let inner = ((MIN_TIMED_S / once).ceil() as usize).clamp(1, 1 << 16);
-    let mut t = Vec::with_capacity(reps.max(1));
-    for _ in 0..reps.max(1) {
+    Ok(time_local_in_turns(1, reps, |_| op())?[0])
+}
+
+/// Seconds per run of each of `n` local operations (`op(i)` runs the `i`-th): medians of
+/// `reps` timings, each lasting at least [`MIN_TIMED_S`], taken in turns (a round times
+/// every operation once, starting at the next one each round) so that a change in the
+/// machine's load falls on all of them alike instead of bending one stretch of a sweep.
+fn time_local_in_turns(
+    n: usize,
+    reps: usize,
+    mut op: impl FnMut(usize) -> Result<()>,
+) -> Result<Vec<f64>> {
+    let mut inner = Vec::with_capacity(n);
+    for i in 0..n {
+        // The first run warms caches and pages; the second says how long one run takes.
+        op(i)?;
         let s = Instant::now();
-        for _ in 0..inner {
-            op()?;
-        }
-        t.push(s.elapsed().as_secs_f64() / inner as f64);
+        op(i)?;
+        let once = s.elapsed().as_secs_f64().max(1e-9);
+        inner.push(((MIN_TIMED_S / once).ceil() as usize).clamp(1, 1 << 16));
     }
-    Ok(cost_model::median(&t).max(1e-9))
+    let reps = reps.max(1);
+    let mut t = vec![Vec::with_capacity(reps); n];
+    for rep in 0..reps {
+        for i in (0..n).map(|i| (i + rep) % n) {
+            let s = Instant::now();
+            for _ in 0..inner[i] {
+                op(i)?;
+            }
+            t[i].push(s.elapsed().as_secs_f64() / inner[i] as f64);
+        }
+    }
+    Ok(t.iter().map(|t| cost_model::median(t).max(1e-9)).collect())
 }
 
 /// Local `f32` summation time against bytes (γ of Linear Pipelining (Wang et al.), Table 1).
@@ -278,30 +300,44 @@ fn sweep_gradient(d: usize, seed: u64) -> Vec<f32> {
 /// Fewest timings per size of [`topk_sweep`].
 const TOPK_MIN_REPS: usize = 21;
 
-/// Top-k selection time of `selector` against tensor size (elements) at `density`: one
-/// error-feedback step (`r += g`, select, zero the selected entries of `r`), the call a
-/// training step makes. Medians of at least 21 timings (`reps` when more).
+/// Top-k selection time of each of `selectors` against tensor size (elements) at
+/// `density`: one error-feedback step (`r += g`, select, zero the selected entries of
+/// `r`), the call a training step makes. Medians of at least 21 timings (`reps` when more),
+/// every (selector, size) pair timed in turns ([`time_local_in_turns`]); one sample list
+/// per selector.
 pub fn topk_sweep(
-    selector: &mut dyn Selector,
+    selectors: &mut [&mut dyn Selector],
     sizes: &[usize],
     density: f64,
     reps: usize,
-) -> Result<Vec<Sample>> {
-    let mut out = Vec::new();
+) -> Result<Vec<Vec<Sample>>> {
     // A top-k step takes 1 µs to 1 ms; a median of few timings left the fixed-cost regime's
-    // samples scattered by more than the fit's goal on a shared 2-core machine.
+    // samples scattered by more than the fit's goal on a shared 2-core machine, and timing
+    // one size after another let a load that came and went bend one stretch of the curve.
     let reps = reps.max(TOPK_MIN_REPS);
-    for &d in sizes {
-        let g = sweep_gradient(d, 0);
-        let k = ((d as f64 * density).round() as usize).max(1);
-        let mut ef = ErrorFeedback::new(d);
-        let t = time_local(reps, || {
-            std::hint::black_box(ef.step(&mut *selector, &g, k)?);
-            Ok(())
-        })?;
-        out.push(Sample::new(d as f64, t));
-    }
-    Ok(out)
+    let grads: Vec<Vec<f32>> = sizes.iter().map(|&d| sweep_gradient(d, 0)).collect();
+    let ks: Vec<usize> = sizes
+        .iter()
+        .map(|&d| ((d as f64 * density).round() as usize).max(1))
+        .collect();
+    let n = sizes.len();
+    let mut states: Vec<ErrorFeedback> = (0..selectors.len())
+        .flat_map(|_| sizes.iter().map(|&d| ErrorFeedback::new(d)))
+        .collect();
+    let t = time_local_in_turns(selectors.len() * n, reps, |i| {
+        let (s, j) = (i / n, i % n);
+        std::hint::black_box(states[i].step(&mut *selectors[s], &grads[j], ks[j])?);
+        Ok(())
+    })?;
+    Ok(t.chunks(n.max(1))
+        .map(|t| {
+            sizes
+                .iter()
+                .zip(t)
+                .map(|(&d, &t)| Sample::new(d as f64, t))
+                .collect()
+        })
+        .collect())
 }
 
 /// One dense algorithm that [`CalibrateOptions`] sweeps: what [`calibrate`] times and fits
@@ -546,10 +582,13 @@ pub fn calibrate<C: Communicator + ?Sized>(
         if !opts.topk_sizes.is_empty() {
             let mut exact = sparsify::ExactTopK::new();
             let mut ms = sparsify::MsTopK::with_seed(1);
-            let selectors: [(&str, &mut dyn Selector); 2] =
-                [("exact", &mut exact), ("mstopk", &mut ms)];
-            for (name, selector) in selectors {
-                let s = topk_sweep(selector, &opts.topk_sizes, opts.density, opts.reps)?;
+            let swept = topk_sweep(
+                &mut [&mut exact, &mut ms],
+                &opts.topk_sizes,
+                opts.density,
+                opts.reps,
+            )?;
+            for (name, s) in ["exact", "mstopk"].into_iter().zip(swept) {
                 topk.push(TopkFit {
                     selector: name.into(),
                     density: opts.density,
