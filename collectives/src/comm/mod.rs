@@ -148,6 +148,10 @@ pub trait LibraryCollectives {
     /// (this rank's block is `mine`), and `out` holds their sum.
     fn allgatherv_bytes(&self, mine: &[u8], out: &mut [u8], counts: &[usize]) -> Result<()>;
 
+    /// [`allgatherv_bytes`](Self::allgatherv_bytes) with every rank's block the length of
+    /// `mine` (`out` holds P of them).
+    fn allgather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()>;
+
     /// Sums `buf` over all ranks and leaves this rank's block of the sum in its place in
     /// `buf`: rank r's block is the `counts[r]` elements after the blocks of the ranks
     /// before it. The rest of `buf` is left as it was.

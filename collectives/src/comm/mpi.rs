@@ -669,28 +669,43 @@ impl LibraryCollectives for MpiComm {
                 mine.len()
             )));
         }
+        if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
+            // Equal blocks (the common case): no count arrays to build.
+            return self.allgather_bytes(mine, out);
+        }
         // The total bounds every count and displacement.
         Self::check_len(out.len())?;
         self.progress();
-        if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
-            // Equal blocks (the common case): no count arrays to build. Whole 4-byte words
-            // go as MPI_FLOAT (measured a little faster than MPI_BYTE or MPI_UINT32_T at 16 KiB).
-            self.watched(LibraryCall::Allgather, || {
-                match (
-                    bytemuck::try_cast_slice::<u8, f32>(mine),
-                    bytemuck::try_cast_slice_mut::<u8, f32>(out),
-                ) {
-                    (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
-                    _ => self.comm.all_gather_into(mine, out),
-                }
-            });
-        } else {
-            let (c, displs) = mpi_counts(counts)?;
-            let mut parts = mpi::datatype::PartitionMut::new(out, &c[..], &displs[..]);
-            self.watched(LibraryCall::Allgather, || {
-                self.comm.all_gather_varcount_into(mine, &mut parts)
-            });
+        let (c, displs) = mpi_counts(counts)?;
+        let mut parts = mpi::datatype::PartitionMut::new(out, &c[..], &displs[..]);
+        self.watched(LibraryCall::Allgather, || {
+            self.comm.all_gather_varcount_into(mine, &mut parts)
+        });
+        Ok(())
+    }
+
+    fn allgather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()> {
+        if out.len() != mine.len() * self.size {
+            return Err(Error::InvalidArgument(format!(
+                "library all-gather: output of {} bytes for {} ranks of {} bytes",
+                out.len(),
+                self.size,
+                mine.len()
+            )));
         }
+        Self::check_len(out.len())?;
+        self.progress();
+        // Whole 4-byte words go as MPI_FLOAT (measured a little faster than MPI_BYTE or
+        // MPI_UINT32_T at 16 KiB).
+        self.watched(LibraryCall::Allgather, || {
+            match (
+                bytemuck::try_cast_slice::<u8, f32>(mine),
+                bytemuck::try_cast_slice_mut::<u8, f32>(out),
+            ) {
+                (Ok(m), Ok(o)) => self.comm.all_gather_into(m, o),
+                _ => self.comm.all_gather_into(mine, out),
+            }
+        });
         Ok(())
     }
 

@@ -95,6 +95,12 @@ pub fn allgather<C: Communicator + ?Sized, T: Pod>(
 ) -> Result<()> {
     let p = comm.size();
     check_call(comm, opts, Op::Allgather, mine.len(), (algo.code(), 0), 0)?;
+    if algo == AllgatherAlgo::Library && out.len() == mine.len() * p {
+        // Straight to the library's equal-block call: at a few KiB a call takes well under
+        // a microsecond, and building the counts of the general path showed in the time.
+        return library_of(comm, "allgather", WireType::F32)?
+            .allgather_bytes(bytemuck::cast_slice(mine), bytemuck::cast_slice_mut(out));
+    }
     if out.len() != mine.len() * p {
         return Err(Error::InvalidArgument(format!(
             "allgather: output has {} elements, need {} × {p}",
