@@ -144,6 +144,14 @@ pub fn calls_per_timing(bytes: usize) -> usize {
 
 /// One-way time between ranks 0 and 1 (half the round trip) for each size; every rank
 /// returns the samples, meaningful on rank 0. Needs P ≥ 2.
+///
+/// Short messages make several round trips per timing ([`calls_per_timing`], as the OSU
+/// latency test does), so that the barrier around each timing and the clock's resolution
+/// do not dominate a round trip of a few µs. Each size takes [`reps_for`] timings, the
+/// sizes timed in turns (a round times each once, starting at the next size each round):
+/// timed one size after another, a change in the machine's state during the sweep (on
+/// threads, where the scheduler happened to put the two ranks) moved one stretch of sizes
+/// by 2–3× and left a step no fit should follow. Medians per size.
 pub fn pingpong<C: Communicator + ?Sized>(
     comm: &C,
     sizes: &[usize],
@@ -154,40 +162,52 @@ pub fn pingpong<C: Communicator + ?Sized>(
             "a ping-pong needs at least 2 ranks".into(),
         ));
     }
-    let mut out = Vec::new();
-    // The first size twice, the first time untimed: the first round trips of a run pay
-    // for waking threads and cores from idle (tens of µs on threads), which would make
-    // the smallest size look ten times slower than the next.
-    for (i, &n) in sizes.first().into_iter().chain(sizes).enumerate() {
-        let msg = vec![0u8; n];
-        // Short messages make several round trips per timing (as the OSU latency test
-        // does), so that the barrier around each timing and the clock's resolution do not
-        // dominate a round trip of a few µs. The count depends on the size alone, so both
-        // ranks agree on it.
-        let trips = calls_per_timing(n);
-        // As many rounds as the collective sweeps take at this size ([`reps_for`]): a
-        // median of 9 short timings on a shared machine let one size stray by 20–80 %.
-        let t = time_op(comm, reps_for(n, reps), || {
-            for _ in 0..trips {
-                match comm.rank() {
-                    0 => {
-                        comm.send(1, PING, &msg)?;
-                        comm.recv(1, PING)?;
-                    }
-                    1 => {
-                        let m = comm.recv(0, PING)?;
-                        comm.send(0, PING, &m)?;
-                    }
-                    _ => {}
+    let msgs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+    // Depend on the size alone, so all ranks agree on them.
+    let trips: Vec<usize> = sizes.iter().map(|&n| calls_per_timing(n)).collect();
+    let rounds: Vec<usize> = sizes.iter().map(|&n| reps_for(n, reps)).collect();
+    let round_trips = |i: usize| -> Result<()> {
+        for _ in 0..trips[i] {
+            match comm.rank() {
+                0 => {
+                    comm.send(1, PING, &msgs[i])?;
+                    comm.recv(1, PING)?;
                 }
+                1 => {
+                    let m = comm.recv(0, PING)?;
+                    comm.send(0, PING, &m)?;
+                }
+                _ => {}
             }
-            Ok(())
-        })?;
-        if i > 0 {
-            out.push(Sample::new(n as f64, t / (2 * trips) as f64));
+        }
+        Ok(())
+    };
+    // Every size once untimed: the first round trips of a run pay for waking threads and
+    // cores from idle (tens of µs on threads), and fresh buffers for their page faults.
+    for i in 0..sizes.len() {
+        comm.barrier()?;
+        round_trips(i)?;
+    }
+    let n = sizes.len();
+    let mut t: Vec<Vec<f64>> = rounds.iter().map(|&r| Vec::with_capacity(r)).collect();
+    for rep in 0..rounds.iter().copied().max().unwrap_or(0) {
+        for i in (0..n).map(|i| (i + rep) % n) {
+            if rep >= rounds[i] {
+                continue;
+            }
+            comm.barrier()?;
+            let start = Instant::now();
+            round_trips(i)?;
+            comm.barrier()?;
+            t[i].push(start.elapsed().as_secs_f64());
         }
     }
-    Ok(out)
+    Ok(sizes
+        .iter()
+        .zip(&t)
+        .zip(&trips)
+        .map(|((&n, t), &trips)| Sample::new(n as f64, cost_model::median(t) / (2 * trips) as f64))
+        .collect())
 }
 
 /// Times an all-reduce of `bytes` (f32) with `algo`: median seconds per call (see
@@ -228,24 +248,31 @@ const MIN_TIMED_S: f64 = 200e-6;
 /// Median over `reps` timings of `op` (after a warm-up), each timing running `op` as many
 /// times as it takes to last [`MIN_TIMED_S`]; seconds per run of `op`.
 fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
-    Ok(time_local_in_turns(1, reps, |_| op())?[0])
+    Ok(time_local_in_turns(&mut [()], reps, |_| {}, |_| op())?[0])
 }
 
-/// Seconds per run of each of `n` local operations (`op(i)` runs the `i`-th): medians of
-/// `reps` timings, each lasting at least [`MIN_TIMED_S`], taken in turns (a round times
-/// every operation once, starting at the next one each round) so that a change in the
-/// machine's load falls on all of them alike instead of bending one stretch of a sweep.
-fn time_local_in_turns(
-    n: usize,
+/// Seconds per run of `op` on each of `states`: medians of `reps` timings, each lasting at
+/// least [`MIN_TIMED_S`], taken in turns (a round times every state once, starting at the
+/// next one each round) so that a change in the machine's load falls on all of them alike
+/// instead of bending one stretch of a sweep. Before each timing, untimed: one run (the
+/// previous state's runs evicted this one's buffers; a cold run timed alone, as for the
+/// large sizes, against many warm ones, as for the small, bent the curve where the buffers
+/// stop fitting in the last-level cache), then `reset`, so that every timing starts from
+/// the same state.
+fn time_local_in_turns<S>(
+    states: &mut [S],
     reps: usize,
-    mut op: impl FnMut(usize) -> Result<()>,
+    mut reset: impl FnMut(&mut S),
+    mut op: impl FnMut(&mut S) -> Result<()>,
 ) -> Result<Vec<f64>> {
+    let n = states.len();
     let mut inner = Vec::with_capacity(n);
-    for i in 0..n {
+    for st in states.iter_mut() {
         // The first run warms caches and pages; the second says how long one run takes.
-        op(i)?;
+        op(st)?;
+        reset(st);
         let s = Instant::now();
-        op(i)?;
+        op(st)?;
         let once = s.elapsed().as_secs_f64().max(1e-9);
         inner.push(((MIN_TIMED_S / once).ceil() as usize).clamp(1, 1 << 16));
     }
@@ -253,9 +280,12 @@ fn time_local_in_turns(
     let mut t = vec![Vec::with_capacity(reps); n];
     for rep in 0..reps {
         for i in (0..n).map(|i| (i + rep) % n) {
+            let st = &mut states[i];
+            op(st)?;
+            reset(st);
             let s = Instant::now();
             for _ in 0..inner[i] {
-                op(i)?;
+                op(st)?;
             }
             t[i].push(s.elapsed().as_secs_f64() / inner[i] as f64);
         }
@@ -321,14 +351,22 @@ pub fn topk_sweep(
         .map(|&d| ((d as f64 * density).round() as usize).max(1))
         .collect();
     let n = sizes.len();
-    let mut states: Vec<ErrorFeedback> = (0..selectors.len())
-        .flat_map(|_| sizes.iter().map(|&d| ErrorFeedback::new(d)))
+    // (selector, size, residual): every timing starts from a zero residual, the state of
+    // the bench's top-k suite and of the composite validation; a residual carried over
+    // thousands of steps of one fixed gradient is a state no training reaches.
+    let mut states: Vec<(usize, usize, ErrorFeedback)> = (0..selectors.len())
+        .flat_map(|s| (0..n).map(move |j| (s, j)))
+        .map(|(s, j)| (s, j, ErrorFeedback::new(sizes[j])))
         .collect();
-    let t = time_local_in_turns(selectors.len() * n, reps, |i| {
-        let (s, j) = (i / n, i % n);
-        std::hint::black_box(states[i].step(&mut *selectors[s], &grads[j], ks[j])?);
-        Ok(())
-    })?;
+    let t = time_local_in_turns(
+        &mut states,
+        reps,
+        |(_, _, ef)| ef.reset(),
+        |(s, j, ef)| {
+            std::hint::black_box(ef.step(&mut *selectors[*s], &grads[*j], ks[*j])?);
+            Ok(())
+        },
+    )?;
     Ok(t.chunks(n.max(1))
         .map(|t| {
             sizes
@@ -529,9 +567,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
         *done += 1;
         progress(stage, *done, total);
     };
-    let mut pp = Vec::new();
-    for &n in &opts.sizes {
-        pp.extend(pingpong(comm, &[n], opts.reps)?);
+    let pp = pingpong(comm, &opts.sizes, opts.reps)?;
+    for _ in &opts.sizes {
         tick("ping-pong", &mut done);
     }
     let pingpong = fit_linear(&pp)?;
@@ -570,7 +607,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
             None => fit,
         });
     }
-    // Local sweeps on rank 0 only; the others wait at the barrier.
+    // Local sweeps on rank 0 only; the others wait at an idle barrier (one that polls takes
+    // a core from the sweep's threads: at P = 2 on 2 cores, half of them).
     let mut reduction = None;
     let mut reduction_piecewise = None;
     let mut topk = Vec::new();
@@ -598,7 +636,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
         }
         tick("top-k", &mut done);
     }
-    comm.barrier()?;
+    comm.barrier_idle()?;
     let gamma = reduction.map(|r: Fitted<_>| r.model.gamma_s).unwrap_or(0.0);
     let topology = Topology::flat(p, link)?.with_gamma(gamma)?;
     Ok(Calibration {

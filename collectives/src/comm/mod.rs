@@ -115,6 +115,14 @@ pub trait Communicator: Send {
     /// Waits until every rank has entered the barrier.
     fn barrier(&self) -> Result<()>;
 
+    /// [`barrier`](Self::barrier) for a wait expected to be long (ranks waiting while one
+    /// works alone, as in a calibration's local sweeps): a transport whose barrier polls
+    /// may sleep between polls instead, leaving the cores to the rank at work. The default
+    /// is `barrier`.
+    fn barrier_idle(&self) -> Result<()> {
+        self.barrier()
+    }
+
     /// Short name of the backend (`"thread"`, `"mpi"`, `"sim(thread)"`).
     fn backend(&self) -> String;
 
@@ -234,6 +242,10 @@ macro_rules! forward_communicator {
             fn barrier(&self) -> $crate::Result<()> {
                 let $s = self;
                 $inner.barrier()
+            }
+            fn barrier_idle(&self) -> $crate::Result<()> {
+                let $s = self;
+                $inner.barrier_idle()
             }
             fn backend(&self) -> String {
                 let $s = self;

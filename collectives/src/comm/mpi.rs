@@ -54,6 +54,10 @@ const SEND_GRACE: Duration = Duration::from_secs(1);
 /// that shares the core.
 const SPINS_BEFORE_YIELD: u64 = 2_000;
 
+/// Sleep between tests of [`Communicator::barrier_idle`]'s `MPI_Ibarrier`: short against
+/// the long waits it is for, long enough that a waiting rank uses next to no CPU.
+const IDLE_POLL: Duration = Duration::from_micros(200);
+
 /// Keeps MPI initialised while any communicator lives; finalises when the last one drops,
 /// or aborts the job when that drop is part of a panic (finalising would wait for peers
 /// that may never arrive).
@@ -600,6 +604,24 @@ impl Communicator for MpiComm {
     fn barrier(&self) -> Result<()> {
         self.progress();
         self.watched(LibraryCall::Barrier, || self.comm.barrier());
+        Ok(())
+    }
+
+    fn barrier_idle(&self) -> Result<()> {
+        self.progress();
+        // MPI_Barrier polls (a core at 100 % per waiting rank); an MPI_Ibarrier tested every
+        // IDLE_POLL sleeps in between. The watchdog ends the job past the timeout, as for
+        // the blocking barrier.
+        self.watched(LibraryCall::Barrier, || {
+            let mut request = self.comm.immediate_barrier();
+            loop {
+                match request.test() {
+                    Ok(_) => return,
+                    Err(r) => request = r,
+                }
+                std::thread::sleep(IDLE_POLL);
+            }
+        });
         Ok(())
     }
 
