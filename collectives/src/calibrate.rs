@@ -433,20 +433,28 @@ impl Swept {
         }
     }
 
-    /// Runs `calls` calls for `bytes` on the sweep's shared buffers.
+    /// Runs `calls` calls for `bytes` on the front of the sweep's shared buffers.
     fn run<C: Communicator + ?Sized>(
         self,
         comm: &C,
         bufs: &mut SweepBufs,
+        bytes: usize,
         calls: usize,
     ) -> Result<()> {
         let opts = DenseOptions::default().unchecked();
+        let p = comm.size();
         for _ in 0..calls {
             match self {
-                Swept::Allreduce(a) => allreduce(comm, &mut bufs.floats, a, &opts)?,
-                Swept::Allgather(a) => allgather(comm, &bufs.mine, &mut bufs.out, a, &opts)?,
+                Swept::Allreduce(a) => allreduce(comm, &mut bufs.floats[..bytes / 4], a, &opts)?,
+                Swept::Allgather(a) => allgather(
+                    comm,
+                    &bufs.mine[..bytes],
+                    &mut bufs.out[..bytes * p],
+                    a,
+                    &opts,
+                )?,
                 Swept::ReduceScatter(a) => {
-                    reduce_scatter(comm, &mut bufs.floats, a, &opts)?;
+                    reduce_scatter(comm, &mut bufs.floats[..bytes / 4], a, &opts)?;
                 }
             }
         }
@@ -455,7 +463,7 @@ impl Swept {
 
     /// Measured seconds per call for `bytes`, alone (the sweep's timing of one algorithm).
     fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
-        Ok(time_swept_in_turns(comm, &[self], bytes, reps)?[0])
+        Ok(time_swept_in_turns(comm, &[self], &[bytes], reps)?[0][0])
     }
 
     /// The calibration's prediction (see [`Predictor`]).
@@ -511,41 +519,61 @@ pub fn reps_for(bytes: usize, reps: usize) -> usize {
     reps.max(((16usize << 20) / bytes.max(1)).min(200)).max(1)
 }
 
-/// Seconds per call of every algorithm of `algos` at `bytes`, measured in turns: a warm-up
-/// timing of each, then [`reps_for`] rounds in which each runs its [`calls_per_timing`] calls
-/// between barriers, the round starting at the next algorithm each time. A change in the
-/// machine's load during the sweep then falls on all of them alike, so the chooser, which
-/// compares them, compares like with like (timed one algorithm after another, a load that
-/// came and went made a slower algorithm look faster). Medians per rank.
+/// Seconds per call of every algorithm of `algos` at every size of `sizes` (bytes),
+/// `[size][algorithm]`, measured in turns: a warm-up call of each, then rounds in which each
+/// size still short of its [`reps_for`] timings, and at it each algorithm, runs its
+/// [`calls_per_timing`] calls between barriers, each round starting at the next size and
+/// the next algorithm. Every timing follows one untimed call at its size, so that its
+/// buffers come from cache as when one size is timed after another. A change in the
+/// machine's load then falls on all sizes and algorithms alike: the chooser, which compares
+/// algorithms, compares like with like (timed one algorithm after another, a load that came
+/// and went made a slower algorithm look faster), and the fits, which follow sizes, follow
+/// no step that a load left in one stretch of them. Medians per rank. The buffers are the
+/// largest size's, smaller sizes use their front.
 fn time_swept_in_turns<C: Communicator + ?Sized>(
     comm: &C,
     algos: &[Swept],
-    bytes: usize,
+    sizes: &[usize],
     reps: usize,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<Vec<f64>>> {
     let p = comm.size();
-    let mut bufs = SweepBufs::new(algos, p, comm.rank(), bytes);
-    let calls: Vec<usize> = algos
-        .iter()
-        .map(|a| calls_per_timing(a.moved(p, bytes)))
-        .collect();
-    for (a, &c) in algos.iter().zip(&calls) {
-        comm.barrier()?;
-        a.run(comm, &mut bufs, c)?;
-    }
-    let n = algos.len();
-    let reps = reps_for(bytes, reps);
-    let mut t = vec![Vec::with_capacity(reps); n];
-    for rep in 0..reps {
-        for i in (0..n).map(|i| (i + rep) % n) {
+    let most = sizes.iter().copied().max().unwrap_or(0);
+    let mut bufs = SweepBufs::new(algos, p, comm.rank(), most);
+    let calls = |a: &Swept, bytes: usize| calls_per_timing(a.moved(p, bytes));
+    for &bytes in sizes {
+        for a in algos {
             comm.barrier()?;
-            let start = Instant::now();
-            algos[i].run(comm, &mut bufs, calls[i])?;
-            comm.barrier()?;
-            t[i].push(start.elapsed().as_secs_f64() / calls[i] as f64);
+            a.run(comm, &mut bufs, bytes, calls(a, bytes))?;
         }
     }
-    Ok(t.iter().map(|t| cost_model::median(t)).collect())
+    let (na, ns) = (algos.len(), sizes.len());
+    let rounds: Vec<usize> = sizes.iter().map(|&b| reps_for(b, reps)).collect();
+    let mut t: Vec<Vec<Vec<f64>>> = rounds
+        .iter()
+        .map(|&r| vec![Vec::with_capacity(r); na])
+        .collect();
+    for rep in 0..rounds.iter().copied().max().unwrap_or(0) {
+        for j in (0..ns).map(|j| (j + rep) % ns) {
+            if rep >= rounds[j] {
+                continue;
+            }
+            let bytes = sizes[j];
+            for i in (0..na).map(|i| (i + rep) % na) {
+                let c = calls(&algos[i], bytes);
+                if ns > 1 {
+                    algos[i].run(comm, &mut bufs, bytes, 1)?;
+                }
+                comm.barrier()?;
+                let start = Instant::now();
+                algos[i].run(comm, &mut bufs, bytes, c)?;
+                comm.barrier()?;
+                t[j][i].push(start.elapsed().as_secs_f64() / c as f64);
+            }
+        }
+    }
+    Ok(t.iter()
+        .map(|t| t.iter().map(|t| cost_model::median(t)).collect())
+        .collect())
 }
 
 /// Progress reports of [`calibrate`]: `(stage, done, total)`.
@@ -592,8 +620,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
             continue;
         }
         let algos: Vec<Swept> = at.iter().map(|&i| swept[i]).collect();
-        for &n in &opts.sizes {
-            let t = time_swept_in_turns(comm, &algos, n, opts.reps)?;
+        let t = time_swept_in_turns(comm, &algos, &opts.sizes, opts.reps)?;
+        for (&n, t) in opts.sizes.iter().zip(t) {
             for (&i, t) in at.iter().zip(t) {
                 samples[i].push(Sample::new(n as f64, t));
                 tick(op.name(), &mut done);
