@@ -648,7 +648,7 @@ fn in_place() -> Option<*const std::ffi::c_void> {
     let open_mpi = *OPEN_MPI.get_or_init(|| {
         mpi::environment::library_version().is_ok_and(|v| v.starts_with("Open MPI"))
     });
-    open_mpi.then_some(1usize as *const std::ffi::c_void)
+    open_mpi.then_some(std::ptr::without_provenance(1))
 }
 
 /// Per-rank `int`s of one library call: on the stack up to 16 ranks, so that a call
