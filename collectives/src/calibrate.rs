@@ -351,6 +351,9 @@ pub fn topk_sweep(
         .map(|&d| ((d as f64 * density).round() as usize).max(1))
         .collect();
     let n = sizes.len();
+    if n == 0 {
+        return Ok(vec![Vec::new(); selectors.len()]);
+    }
     // (selector, size, residual): every timing starts from a zero residual, the state of
     // the bench's top-k suite and of the composite validation; a residual carried over
     // thousands of steps of one fixed gradient is a state no training reaches.
@@ -367,7 +370,7 @@ pub fn topk_sweep(
             Ok(())
         },
     )?;
-    Ok(t.chunks(n.max(1))
+    Ok(t.chunks(n)
         .map(|t| {
             sizes
                 .iter()
@@ -476,8 +479,9 @@ impl Swept {
     }
 }
 
-/// The buffers of one size of the collective sweep, shared by every swept algorithm (one
-/// runs at a time, so the sweep holds one algorithm's memory, not all of them).
+/// The buffers of the collective sweep, sized for its largest size and shared by every
+/// swept algorithm and size (one runs at a time, on the front of them), so the sweep holds
+/// the memory of one algorithm at one size.
 struct SweepBufs {
     /// An all-reduce's or a reduce-scatter's buffer (summed in place).
     floats: Vec<f32>,
@@ -561,6 +565,7 @@ fn time_swept_in_turns<C: Communicator + ?Sized>(
             for i in (0..na).map(|i| (i + rep) % na) {
                 let c = calls(&algos[i], bytes);
                 if ns > 1 {
+                    // Another size ran last and may have evicted this one's front.
                     algos[i].run(comm, &mut bufs, bytes, 1)?;
                 }
                 comm.barrier()?;
@@ -606,8 +611,9 @@ pub fn calibrate<C: Communicator + ?Sized>(
         pingpong.model.beta_s.max(0.0),
     );
     let mut collectives = Vec::new();
-    // The algorithms of one collective are timed in turns per size (they are what the
-    // chooser compares), one collective after another.
+    // All sizes and algorithms of one collective are timed in turns (the algorithms are
+    // what the chooser compares, the sizes what the fits follow), one collective after
+    // another.
     let swept: Vec<Swept> = Swept::all(opts).collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); swept.len()];
     for op in [
@@ -1003,5 +1009,19 @@ mod tests {
     fn pingpong_needs_two_ranks() {
         let r = ThreadComm::run(1, |c| pingpong(&c, &[8], 1));
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn topk_sweep_gives_one_list_per_selector_even_without_sizes() {
+        let (mut exact, mut ms) = (sparsify::ExactTopK::new(), sparsify::MsTopK::with_seed(1));
+        let none = topk_sweep(&mut [&mut exact, &mut ms], &[], 0.01, 1).unwrap();
+        assert_eq!(none, vec![Vec::<Sample>::new(); 2]);
+        // An empty tensor (k clamps to 0) and a small one: every pair timed, in size order.
+        let some = topk_sweep(&mut [&mut exact, &mut ms], &[0, 5000], 0.01, 1).unwrap();
+        assert_eq!(some.len(), 2);
+        for s in &some {
+            assert_eq!(s.iter().map(|x| x.size).collect::<Vec<_>>(), [0.0, 5000.0]);
+            assert!(s.iter().all(|x| x.time_s > 0.0 && x.time_s.is_finite()));
+        }
     }
 }

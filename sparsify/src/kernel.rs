@@ -706,7 +706,7 @@ fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) 
     let mut top = [-1i32; BLOCK];
     // `abs_sum`'s order: per chunk, f32 lanes over its blocks folded by a tree, chunks in
     // order.
-    let (mut total, mut chunk) = (0.0f64, 0.0f64);
+    let mut total = 0.0f64;
     let mut lanes = [0.0f32; BLOCK];
     // One block at a time with the span boundary as a branch: written as a loop over the
     // 16 blocks of a span, it vectorises across blocks with gathers instead.
@@ -736,10 +736,9 @@ fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) 
             m = [0; BLOCK];
         }
     }
-    if STATS {
-        // The blocks of the last, partial chunk (none when `n` is a whole number of chunks).
-        chunk = f64::from(tree16(&lanes));
-    }
+    // The blocks of the last, partial chunk (none when `n` is a whole number of chunks);
+    // its tail follows.
+    let mut chunk = f64::from(tree16(&lanes));
     let blocks = n / BLOCK;
     if !blocks.is_multiple_of(BLOCK) || !n.is_multiple_of(BLOCK) {
         // The last, partial span: lanes that got no element stay at -1.
