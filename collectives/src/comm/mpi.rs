@@ -642,8 +642,9 @@ impl Communicator for MpiComm {
 /// not export it (a C macro), and without it a library all-reduce copies its buffer first
 /// (a memory pass as long as the buffer, several per cent of the call at 4 KiB and at
 /// 64 MiB alike). Open MPI defines it as `(void *) 1` in every release; other libraries
-/// (MPICH: `(void *) -1`) keep the copy rather than rely on a guess.
-fn in_place() -> Option<*const std::ffi::c_void> {
+/// (MPICH: `(void *) -1`) keep the copy rather than rely on a guess. Public for callers of
+/// the raw FFI that time the library against itself (the bench's `mpi_native`).
+pub fn in_place() -> Option<*const std::ffi::c_void> {
     static OPEN_MPI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let open_mpi = *OPEN_MPI.get_or_init(|| {
         mpi::environment::library_version().is_ok_and(|v| v.starts_with("Open MPI"))

@@ -23,21 +23,27 @@ pub fn world_time(
         let mine = s.elapsed().as_secs_f64();
         t.push(max_over_ranks(comm, mine)?);
     }
-    Ok(median(&mut t))
+    Ok(median(&t))
 }
 
 /// [`world_time`] of several cases at once, interleaved: every repetition runs each case
 /// `calls` times back to back, in turn, so a change in the machine's load during the
 /// measurement falls on all of them alike, and a call of a few µs is not timed alone
 /// against the ranks' skew leaving the barrier (the OSU benchmarks' loop); the order of the
-/// cases rotates from one repetition to the next. Returns each case's median seconds per
-/// call, in the order given.
-pub fn world_times_interleaved(
+/// cases rotates from one repetition to the next. Each timing follows one untimed call of
+/// its case, so its buffers are as warm as in a loop of calls of one case (OSU's and
+/// nccl-tests' loops, and `calibrate`'s sweep, whose fits rank the algorithms of the
+/// automatic choice): without it, a multi-MiB case ran after the other cases had pushed its
+/// buffers out of the cache, and algorithms that reuse a buffer lost more than others, so
+/// the bench and the calibration ranked them differently. Returns each case's seconds per call in
+/// every repetition (`[case][repetition]`, the cases in the order given), so that two cases
+/// can be compared repetition by repetition ([`paired_ratio`]) as well as by [`median`].
+pub fn world_rounds_interleaved(
     comm: &dyn Communicator,
     reps: usize,
     calls: usize,
     cases: &mut [&mut (dyn FnMut() -> Result<(), BoxErr> + '_)],
-) -> Result<Vec<f64>, BoxErr> {
+) -> Result<Vec<Vec<f64>>, BoxErr> {
     let calls = calls.max(1);
     for f in cases.iter_mut() {
         comm.barrier()?;
@@ -50,6 +56,8 @@ pub fn world_times_interleaved(
         // after the rank-time reduction) or right after the same neighbour.
         for c in (0..n).map(|i| (i + rep) % n) {
             comm.barrier()?;
+            cases[c]()?;
+            comm.barrier()?;
             let s = Instant::now();
             for _ in 0..calls {
                 cases[c]()?;
@@ -58,7 +66,7 @@ pub fn world_times_interleaved(
             t[c].push(max_over_ranks(comm, mine)?);
         }
     }
-    Ok(t.iter_mut().map(|t| median(t)).collect())
+    Ok(t)
 }
 
 /// The largest `x` over all ranks (every rank gets it).
@@ -67,7 +75,34 @@ pub fn max_over_ranks(comm: &dyn Communicator, x: f64) -> Result<f64, BoxErr> {
     Ok(all.data.iter().copied().fold(f64::MIN, f64::max))
 }
 
-fn median(t: &mut [f64]) -> f64 {
+/// The median of `t` (the upper one of an even count); NaN when `t` is empty.
+pub fn median(t: &[f64]) -> f64 {
+    let mut t = t.to_vec();
     t.sort_by(|a, b| a.total_cmp(b));
-    t[t.len() / 2]
+    t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `a / b` compared repetition by repetition: the median of `a[i] / b[i]` over the
+/// repetitions both have. Two cases timed in the same rounds share each round's load, so
+/// this ratio is steadier than the ratio of their medians when the load moves between
+/// rounds (an oversubscribed machine).
+pub fn paired_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median(&r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paired_ratio_follows_the_rounds() {
+        // `a` takes twice `b` in four rounds of five, but the load moved between rounds,
+        // so the ratio of the medians says the opposite.
+        let b = [0.1, 0.1, 0.4, 0.4, 0.4];
+        let a = [0.2, 0.2, 0.2, 0.8, 0.8];
+        assert!((paired_ratio(&a, &b) - 2.0).abs() < 1e-12);
+        assert!((median(&a) / median(&b) - 0.5).abs() < 1e-12);
+        assert!(median(&[]).is_nan());
+    }
 }

@@ -1,8 +1,10 @@
 //! `allreduce`, `allgather` and `reduce_scatter`: every dense algorithm at every message
 //! size, time and bus bandwidth (nccl-tests convention), plus `auto`, the automatic choice;
-//! under MPI also `mpi_native`, the MPI library's own collective. At each size the cases
-//! are timed interleaved, repetition by repetition, so a change in the machine's load
-//! affects every case alike.
+//! under MPI also `mpi_native`, the MPI library's own collective, and `mpi_native_again`,
+//! the same call on its own buffers: an A/A control whose ratio to `mpi_native` shows how
+//! far two measurements of one function differ in this run. At each size the cases are
+//! timed interleaved, repetition by repetition, so a change in the machine's load affects
+//! every case alike, and the ratios to `mpi_native` are taken repetition by repetition.
 
 use collectives::dense::{
     allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions,
@@ -13,7 +15,7 @@ use indicatif::ProgressBar;
 
 use super::super::plot::{self, Series};
 use super::super::report::{bytes as fmt_bytes, table};
-use super::super::timing::world_times_interleaved;
+use super::super::timing::{median, paired_ratio, world_rounds_interleaved};
 use super::j;
 use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
 
@@ -103,7 +105,9 @@ enum Algo {
 /// A row of the table: a named algorithm, or the automatic choice (`None`).
 type Case = (String, Option<Algo>);
 
-fn algos(op: Op, p: usize) -> Vec<Case> {
+/// Our algorithms of `op`, then `library` (our entry point to the MPI library's collective,
+/// when `library`: what the automatic choice runs when it picks the library), then `auto`.
+fn algos(op: Op, p: usize, library: bool) -> Vec<Case> {
     let mut v: Vec<Case> = match op {
         Op::Allreduce => AllreduceAlgo::all(p)
             .into_iter()
@@ -118,12 +122,27 @@ fn algos(op: Op, p: usize) -> Vec<Case> {
             .map(|a| (a.name().to_string(), Some(Algo::ReduceScatter(*a))))
             .collect(),
     };
+    if library {
+        let lib = match op {
+            Op::Allreduce => Algo::Allreduce(AllreduceAlgo::Library),
+            Op::Allgather => Algo::Allgather(AllgatherAlgo::Library),
+            Op::ReduceScatter => Algo::ReduceScatter(ReduceScatterAlgo::Library),
+        };
+        v.push((LIBRARY.to_string(), Some(lib)));
+    }
     v.push((AUTO.to_string(), None));
     v
 }
 
-/// Per (case, bytes): seconds; and per bytes, the automatic choice's algorithm.
-type Times = Vec<(String, usize, f64)>;
+/// The row of the `Library` algorithm.
+const LIBRARY: &str = "library";
+
+/// The MPI library's collective, and the same call again (the A/A control).
+const NATIVE: &str = "mpi_native";
+const NATIVE_AGAIN: &str = "mpi_native_again";
+
+/// Per (case, bytes): seconds per call in every repetition.
+type Times = Vec<(String, usize, Vec<f64>)>;
 
 /// Elements of the suite's buffer at `bytes` on `p` ranks: a multiple of P, so that every
 /// rank's block (all-gather contribution, reduce-scatter result) is the same size for our
@@ -135,7 +154,11 @@ fn elems(bytes: usize, p: usize) -> usize {
 pub fn run(ctx: &Ctx, pb: &ProgressBar, op: Op) -> Result<Option<SuiteOutput>, BoxErr> {
     let sizes = sizes(ctx.quick);
     let p = ctx.world_size();
-    let list = algos(op, p);
+    #[cfg(feature = "mpi")]
+    let library = ctx.mpi.is_some();
+    #[cfg(not(feature = "mpi"))]
+    let library = false;
+    let list = algos(op, p, library);
     let cal = calibration(ctx, p)?;
     pb.set_length((sizes.len() * list.len()) as u64);
     let quick = ctx.quick;
@@ -232,13 +255,14 @@ fn measure(
         }
         #[cfg(feature = "mpi")]
         if let Some(c) = native {
-            runners.push(("mpi_native".into(), native_runner(c, op, n)));
+            runners.push((NATIVE.into(), native_runner(c, op, n)));
+            runners.push((NATIVE_AGAIN.into(), native_runner(c, op, n)));
         }
         let reps = reps(bytes, quick);
         let mut fs: Vec<&mut (dyn FnMut() -> Result<(), BoxErr> + '_)> =
             runners.iter_mut().map(|(_, f)| f.as_mut()).collect();
         let calls = collectives::calibrate::calls_per_timing(bytes);
-        let t = world_times_interleaved(comm, reps, calls, &mut fs)?;
+        let t = world_rounds_interleaved(comm, reps, calls, &mut fs)?;
         for ((name, _), t) in runners.iter().zip(t) {
             out.push((name.clone(), bytes, t));
         }
@@ -296,14 +320,40 @@ fn native_runner(
     let raw = c.raw();
     let p = c.size();
     match op {
-        Op::Allreduce => {
-            let send = vec![1.0f32; n];
-            let mut recv = vec![0.0f32; n];
-            Box::new(move || {
-                raw.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-                Ok(())
-            })
-        }
+        // In place where the library's `MPI_IN_PLACE` is known, as PyTorch's MPI process
+        // group and Horovod call it on a gradient buffer (and as our `library` algorithm
+        // does): with separate buffers the library reads one more buffer per call, and the
+        // baseline would look slower than a framework's.
+        Op::Allreduce => match collectives::comm::mpi::in_place() {
+            Some(in_place) => {
+                use mpi::raw::AsRaw as _;
+                let mut buf = vec![1.0f32; n];
+                Box::new(move || {
+                    // SAFETY: `in_place` is this library's `MPI_IN_PLACE`; `buf` holds `n`
+                    // floats (a bench size, far below `i32::MAX`); the handles are valid
+                    // while `c` lives.
+                    unsafe {
+                        mpi::ffi::MPI_Allreduce(
+                            in_place,
+                            buf.as_mut_ptr().cast(),
+                            n as i32,
+                            mpi::ffi::RSMPI_FLOAT,
+                            mpi::ffi::RSMPI_SUM,
+                            raw.as_raw(),
+                        );
+                    }
+                    Ok(())
+                })
+            }
+            None => {
+                let send = vec![1.0f32; n];
+                let mut recv = vec![0.0f32; n];
+                Box::new(move || {
+                    raw.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+                    Ok(())
+                })
+            }
+        },
         Op::Allgather => {
             let send = vec![1.0f32; n / p];
             let mut recv = vec![0.0f32; n];
@@ -347,20 +397,30 @@ fn report(
             ("bytes", j(bytes)),
             ("backend", j(ctx.backend())),
         ];
-        out.record(suite, case, &params, "time_s", *t, "s");
-        out.record(suite, case, &params, "busbw_gbs", busbw(*bytes, *t), "GB/s");
+        let t = median(t);
+        out.record(suite, case, &params, "time_s", t, "s");
+        out.record(suite, case, &params, "busbw_gbs", busbw(*bytes, t), "GB/s");
     }
-    let get = |case: &str, bytes: usize| {
+    let rounds = |case: &str, bytes: usize| {
         times
             .iter()
             .find(|(c, b, _)| c == case && *b == bytes)
-            .map(|x| x.2)
+            .map(|x| x.2.as_slice())
+    };
+    let get = |case: &str, bytes: usize| rounds(case, bytes).map(median);
+    // `case`'s bus bandwidth over the MPI library's, repetition by repetition.
+    let to_native = |case: &str, bytes: usize| {
+        rounds(NATIVE, bytes)
+            .zip(rounds(case, bytes))
+            .map(|(n, c)| paired_ratio(n, c))
     };
     let mut rows = Vec::new();
     let mut worst_auto: Option<(f64, usize)> = None;
-    // The auto/MPI ratios at the sizes where the automatic choice is the library itself:
-    // two calls of the same MPI function, so their spread is this run's noise.
-    let mut library_ratios: Vec<f64> = Vec::new();
+    let mut auto_ratios: Vec<f64> = Vec::new();
+    // The A/A ratios: two calls of the same MPI function, so their spread is this run's
+    // noise.
+    let mut aa_ratios: Vec<f64> = Vec::new();
+    let mut library_picks = 0;
     for &bytes in sizes {
         let mut row = vec![fmt_bytes(bytes as f64)];
         for c in &cases {
@@ -373,12 +433,12 @@ fn report(
         // Best of ours in hindsight (a named algorithm) and its ratio to the MPI library's.
         let best = cases
             .iter()
-            .filter(|c| *c != "mpi_native" && *c != AUTO)
+            .filter(|c| ![NATIVE, NATIVE_AGAIN, LIBRARY, AUTO].contains(&c.as_str()))
             .filter_map(|c| get(c, bytes).map(|t| (c.clone(), t)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
         if let Some((bc, bt)) = &best {
             row.push(bc.clone());
-            row.push(match get("mpi_native", bytes) {
+            row.push(match get(NATIVE, bytes) {
                 Some(nt) => format!("{:.2}", nt / bt),
                 None => "–".into(),
             });
@@ -389,20 +449,14 @@ fn report(
                 .find(|(b, _)| *b == bytes)
                 .map_or(String::new(), |(_, a)| a.clone()),
         );
-        let auto_ratio = get("mpi_native", bytes)
-            .zip(get(AUTO, bytes))
-            .map(|(n, a)| n / a);
+        let auto_ratio = to_native(AUTO, bytes);
         row.push(auto_ratio.map_or("–".into(), |r| format!("{r:.2}")));
-        if let (Some(r), Some(true)) = (
-            auto_ratio,
-            chosen
-                .iter()
-                .find(|(b, _)| *b == bytes)
-                .map(|(_, a)| a == "library"),
-        ) {
-            library_ratios.push(r);
-        }
+        let aa = to_native(NATIVE_AGAIN, bytes);
+        row.push(aa.map_or("–".into(), |r| format!("{r:.2}")));
+        aa_ratios.extend(aa);
+        library_picks += usize::from(chosen.iter().any(|(b, a)| *b == bytes && a == "library"));
         if let Some(r) = auto_ratio {
+            auto_ratios.push(r);
             worst_auto = Some(worst_auto.map_or(
                 (r, bytes),
                 |w: (f64, usize)| if r < w.0 { (r, bytes) } else { w },
@@ -417,16 +471,18 @@ fn report(
                 "{suite} with the automatic choice reaches ≥ 1.0× the MPI library's bus bandwidth at every size, P = {p}"
             ),
             ours: format!(
-                "worst ratio {r:.2}× at {} ({} calibration){}",
+                "worst ratio {r:.2}× at {} ({} calibration); below 1.0 at {} of {} sizes; the \
+                 choice is the MPI library itself at {library_picks}{}",
                 fmt_bytes(bytes as f64),
                 if calibrated { "with the" } else { "without a" },
-                match library_ratios.iter().copied().reduce(f64::min) {
+                auto_ratios.iter().filter(|&&r| r < 1.0).count(),
+                sizes.len(),
+                match aa_ratios.iter().copied().reduce(f64::min) {
                     Some(lo) => format!(
-                        "; the choice is the MPI library itself at {} of {} sizes, where the \
-                         ratio (two calls of the same MPI function) spans {lo:.2}–{:.2}×",
-                        library_ratios.len(),
-                        sizes.len(),
-                        library_ratios.iter().copied().fold(lo, f64::max)
+                        "; the A/A control (MPI's call against itself, same rounds) spans \
+                         {lo:.2}–{:.2}×, and {} sizes fall below its low end",
+                        aa_ratios.iter().copied().fold(lo, f64::max),
+                        auto_ratios.iter().filter(|&&r| r < lo).count(),
                     ),
                     None => String::new(),
                 }
@@ -441,9 +497,11 @@ fn report(
         "best / mpi_native busbw",
         "auto picks",
         "auto / mpi_native busbw",
+        "A/A: mpi_native_again / mpi_native busbw",
     ]);
     let series: Vec<Series> = cases
         .iter()
+        .filter(|c| *c != NATIVE_AGAIN)
         .map(|c| Series {
             label: c.clone(),
             points: sizes
@@ -475,16 +533,20 @@ fn report(
             "{suite} at P = {p} on {}: fastest of ours at {} is {}{}",
             ctx.backend(),
             last[0],
-            last[n - 4],
-            if last[n - 3] != "–" {
-                format!(", at {}× the bus bandwidth of MPI's own", last[n - 3])
+            last[n - 5],
+            if last[n - 4] != "–" {
+                format!(", at {}× the bus bandwidth of MPI's own", last[n - 4])
             } else {
                 String::new()
             }
         ));
     }
-    let native_note = if cases.iter().any(|c| c == "mpi_native") {
-        "`mpi_native` is the MPI library's own collective, measured in the same run."
+    let native_note = if cases.iter().any(|c| c == NATIVE) {
+        "`mpi_native` is the MPI library's own collective, measured in the same run; \
+         `mpi_native_again` is the same call on its own buffers, an A/A control. The ratios \
+         to `mpi_native` are medians of the per-repetition ratios (each repetition times all \
+         cases in turn); the A/A column shows how far two measurements of one function \
+         differ in this run."
     } else {
         "Run `cargo xtask bench --mpi -n P` to measure the MPI library's own collective (`mpi_native`) beside ours."
     };
