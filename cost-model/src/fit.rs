@@ -360,6 +360,28 @@ pub const MAX_PIECEWISE_SEGMENTS: usize = 6;
 /// never split.
 const PIECEWISE_NOISE_FLOOR: f64 = 1e-6;
 
+/// The line of one segment of a piecewise fit: the relative least-squares line under the
+/// constraint β ≥ 0, and its sum of squared relative residuals. A per-byte cost that falls
+/// with size is noise between latency-bound sizes, not a regime; where the free line's slope
+/// is negative, the constrained optimum lies on β = 0, the flat line at the relative
+/// least-squares constant `Σ(1/t) / Σ(1/t²)`. Before, such a segment was refused, and a
+/// noisy dip among the small sizes (8 KiB measured faster than 4 KiB) forced one line over
+/// 4–16 KiB that missed by 17 %.
+fn segment_line(samples: &[Sample]) -> Option<(LinearModel, f64)> {
+    let (m, ssr) = line_ssr(samples)?;
+    if m.beta_s >= 0.0 {
+        return Some((m, ssr));
+    }
+    let inv: f64 = samples.iter().map(|s| 1.0 / s.time_s).sum();
+    let inv2: f64 = samples.iter().map(|s| 1.0 / (s.time_s * s.time_s)).sum();
+    let flat = LinearModel::new(inv / inv2, 0.0);
+    let ssr = samples
+        .iter()
+        .map(|s| ((flat.alpha_s - s.time_s) / s.time_s).powi(2))
+        .sum();
+    Some((flat, ssr))
+}
+
 /// Relative least-squares line through `samples` and its sum of squared relative residuals.
 fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
     let rows: Vec<([f64; 2], f64, f64)> = samples
@@ -379,8 +401,8 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 /// size regimes by relative least squares.
 ///
 /// For each number of segments, every split between distinct measured sizes that leaves each
-/// segment at least two distinct sizes is considered (by dynamic programming) and the one with the smallest total `Σ ((pred − t)/t)²` is kept (splits with a segment
-/// of negative β are skipped); a split is only accepted when it divides that sum by at least
+/// segment at least two distinct sizes is considered (by dynamic programming) and the one with the smallest total `Σ ((pred − t)/t)²` is kept (a segment
+/// whose least-squares slope comes out negative is fitted flat, see [`segment_line`]); a split is only accepted when it divides that sum by at least
 /// [`PIECEWISE_MIN_GAIN`] over the best fit with fewer segments, so data with one regime stays one
 /// line, or when that fit misses some size by more than [`PIECEWISE_TARGET_REL`] and the split
 /// misses by less. Fewer than 4 distinct sizes give a single line. Breakpoint placement and continuity: see
@@ -414,13 +436,11 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
         .collect();
     starts.push(sorted.len());
     let n = distinct;
-    // seg[i][j]: the line over distinct sizes [i, j) (j − i ≥ 2) and its SSR. A segment of
-    // a split must have β ≥ 0: a per-byte cost that falls with size is noise in
-    // latency-bound sizes, not a regime.
+    // seg[i][j]: the line over distinct sizes [i, j) (j − i ≥ 2) and its SSR, with β ≥ 0.
     let mut seg: Vec<Vec<Option<(LinearModel, f64)>>> = vec![vec![None; n + 1]; n + 1];
     for (i, row) in seg.iter_mut().enumerate() {
         for (j, cell) in row.iter_mut().enumerate().skip(i + 2) {
-            *cell = line_ssr(&sorted[starts[i]..starts[j]]).filter(|(m, _)| m.beta_s >= 0.0);
+            *cell = segment_line(&sorted[starts[i]..starts[j]]);
         }
     }
     let (single, single_ssr) = line_ssr(samples).ok_or_else(singular)?;
@@ -429,9 +449,8 @@ pub fn fit_piecewise(samples: &[Sample], max_segments: usize) -> Result<Fitted<P
     let floor = PIECEWISE_NOISE_FLOOR.powi(2) * sorted.len() as f64;
     // split[j]: the best split of distinct sizes [0, j) into the current number of
     // segments, as (ssr, cuts); dynamic programming over the number of segments. Every
-    // number of segments is tried whether or not fewer were kept: noise in the
-    // latency-bound sizes can make every two-way split carry a segment with β < 0 while a
-    // three-way split that isolates those sizes is clean.
+    // number of segments is tried whether or not fewer were kept: a two-way split may
+    // gain little while a three-way split that isolates a regime gains much.
     let mut split: Vec<Option<(f64, Vec<usize>)>> = (0..=n)
         .map(|j| seg[0][j].map(|(_, s)| (s, vec![])))
         .collect();
@@ -830,13 +849,28 @@ mod tests {
         let f = fit_piecewise(&few, 3).unwrap();
         assert_eq!(f.model.segments.len(), 1);
         assert_eq!(f.model.segments[0].model, fit_linear(&few).unwrap().model);
-        // A split whose segment would have β < 0 (noise at latency-bound sizes) is skipped.
+        // A segment whose free slope is negative (noise at latency-bound sizes) is fitted
+        // flat, at the relative least-squares constant, instead of being refused.
         let dip = [1e3, 2e3, 3e3, 4e3].map(|n| Sample::new(n, 1e-5));
         let mut dip = dip.to_vec();
         dip[1].time_s = 0.9e-5;
         dip[2].time_s = 2e-5;
         dip[3].time_s = 4e-5;
-        assert_eq!(fit_piecewise(&dip, 3).unwrap().model.segments.len(), 1);
+        let f = fit_piecewise(&dip, 3).unwrap();
+        assert_eq!(f.model.segments.len(), 2, "{f:?}");
+        let flat = f.model.segments[0].model;
+        assert_eq!(flat.beta_s, 0.0);
+        let c = (1.0 / 1e-5 + 1.0 / 0.9e-5) / (1.0 / 1e-10 + 1.0 / 0.81e-10);
+        assert!((flat.alpha_s / c - 1.0).abs() < 1e-9, "{flat:?}");
+        // The constant beats its neighbours on the squared relative residuals.
+        let ssr = |a: f64| {
+            dip[..2]
+                .iter()
+                .map(|s| ((a - s.time_s) / s.time_s).powi(2))
+                .sum::<f64>()
+        };
+        assert!(ssr(c) < ssr(c * 1.001) && ssr(c) < ssr(c * 0.999));
+        assert!(f.quality.max_rel_residual < 0.06, "{f:?}");
         // Same typed errors as the line; bad segment counts rejected.
         assert!(matches!(fit_piecewise(&[], 2), Err(Error::Fit(_))));
         assert!(fit_piecewise(&few, 0).is_err());
