@@ -95,6 +95,24 @@ fn split_and_barrier(c: &dyn Communicator) -> Result<()> {
     c.barrier()
 }
 
+/// [`Communicator::barrier_idle`] waits like a barrier: the last rank enters 60 ms late,
+/// and every other rank must spend most of that in it (a barrier that returned at once,
+/// or a no-op, fails here), then an ordinary barrier still works after it.
+fn idle_barrier_waits(c: &dyn Communicator) -> Result<()> {
+    let late = c.size() - 1;
+    let start = std::time::Instant::now();
+    if c.rank() == late {
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    c.barrier_idle()?;
+    let waited = start.elapsed();
+    check(
+        c.rank() == late || waited >= Duration::from_millis(45),
+        format!("rank {} left the idle barrier after {waited:?}", c.rank()),
+    )?;
+    c.barrier()
+}
+
 fn sim_counts(c: MpiComm) -> Result<MpiComm> {
     let p = c.size();
     let link = Link::new(1e-5, 1e-9);
@@ -144,6 +162,10 @@ fn main() {
     );
     report("typed errors for bad input", bad_input(&comm));
     report("split by colour and key, barrier", split_and_barrier(&comm));
+    report(
+        "idle barrier waits for the last rank",
+        idle_barrier_waits(&comm),
+    );
     let comm = match sim_counts(comm) {
         Ok(c) => {
             report("SimComm counts and clock over MPI", Ok(()));
