@@ -524,7 +524,7 @@ pub fn reps_for(bytes: usize, reps: usize) -> usize {
 }
 
 /// Seconds per call of every algorithm of `algos` at every size of `sizes` (bytes),
-/// `[size][algorithm]`, measured in turns: a warm-up call of each, then rounds in which each
+/// `[size][algorithm]`, measured in turns: rounds in which each
 /// size still short of its [`reps_for`] timings, and at it each algorithm, runs its
 /// [`calls_per_timing`] calls between barriers, each round starting at the next size and
 /// the next algorithm. Every timing follows one untimed call at its size, so that its
@@ -544,12 +544,6 @@ fn time_swept_in_turns<C: Communicator + ?Sized>(
     let most = sizes.iter().copied().max().unwrap_or(0);
     let mut bufs = SweepBufs::new(algos, p, comm.rank(), most);
     let calls = |a: &Swept, bytes: usize| calls_per_timing(a.moved(p, bytes));
-    for &bytes in sizes {
-        for a in algos {
-            comm.barrier()?;
-            a.run(comm, &mut bufs, bytes, calls(a, bytes))?;
-        }
-    }
     let (na, ns) = (algos.len(), sizes.len());
     let rounds: Vec<usize> = sizes.iter().map(|&b| reps_for(b, reps)).collect();
     let mut t: Vec<Vec<Vec<f64>>> = rounds
@@ -564,10 +558,9 @@ fn time_swept_in_turns<C: Communicator + ?Sized>(
             let bytes = sizes[j];
             for i in (0..na).map(|i| (i + rep) % na) {
                 let c = calls(&algos[i], bytes);
-                if ns > 1 {
-                    // Another size ran last and may have evicted this one's front.
-                    algos[i].run(comm, &mut bufs, bytes, 1)?;
-                }
+                // Untimed: another size or algorithm ran last and may have evicted this
+                // one's buffers (and the first call of a run faults its pages in).
+                algos[i].run(comm, &mut bufs, bytes, 1)?;
                 comm.barrier()?;
                 let start = Instant::now();
                 algos[i].run(comm, &mut bufs, bytes, c)?;

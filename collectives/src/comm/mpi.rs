@@ -642,14 +642,40 @@ impl Communicator for MpiComm {
 /// not export it (a C macro), and without it a library all-reduce copies its buffer first
 /// (a memory pass as long as the buffer, several per cent of the call at 4 KiB and at
 /// 64 MiB alike). Open MPI defines it as `(void *) 1` in every release; other libraries
-/// (MPICH: `(void *) -1`) keep the copy rather than rely on a guess. Public for callers of
-/// the raw FFI that time the library against itself (the bench's `mpi_native`).
-pub fn in_place() -> Option<*const std::ffi::c_void> {
+/// (MPICH: `(void *) -1`) keep the copy rather than rely on a guess.
+fn in_place() -> Option<*const std::ffi::c_void> {
     static OPEN_MPI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let open_mpi = *OPEN_MPI.get_or_init(|| {
         mpi::environment::library_version().is_ok_and(|v| v.starts_with("Open MPI"))
     });
     open_mpi.then_some(std::ptr::without_provenance(1))
+}
+
+/// `MPI_Allreduce(MPI_IN_PLACE, buf, MPI_FLOAT, MPI_SUM)` on `comm`: the bare library
+/// call, without this transport's checks and watchdog (the bench's `mpi_native` baseline
+/// times it; [`LibraryCollectives::allreduce_f32`] runs it under the watchdog). `Ok(false)`,
+/// nothing called, where the library's `MPI_IN_PLACE` is not known; a typed error for a
+/// buffer longer than one MPI call carries.
+pub fn allreduce_in_place_raw(comm: &SimpleCommunicator, buf: &mut [f32]) -> Result<bool> {
+    use mpi::raw::AsRaw as _;
+    MpiComm::check_len(buf.len())?;
+    let Some(in_place) = in_place() else {
+        return Ok(false);
+    };
+    // SAFETY: `in_place` is this library's `MPI_IN_PLACE`; `buf` holds `buf.len()` floats
+    // (at most `i32::MAX`, checked above), summed in place; the datatype, operation and
+    // communicator handles are valid while `comm` lives.
+    unsafe {
+        mpi::ffi::MPI_Allreduce(
+            in_place,
+            buf.as_mut_ptr().cast(),
+            buf.len() as i32,
+            mpi::ffi::RSMPI_FLOAT,
+            mpi::ffi::RSMPI_SUM,
+            comm.as_raw(),
+        );
+    }
+    Ok(true)
 }
 
 /// Per-rank `int`s of one library call: on the stack up to 16 ranks, so that a call
@@ -685,23 +711,11 @@ fn mpi_counts(counts: &[usize]) -> Result<(MpiInts, MpiInts)> {
 /// (a typed error there).
 impl LibraryCollectives for MpiComm {
     fn allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
-        use mpi::raw::AsRaw as _;
         Self::check_len(buf.len())?;
         self.progress();
-        if let Some(in_place) = in_place() {
-            // SAFETY: `in_place` is this library's `MPI_IN_PLACE`; `buf` holds the
-            // `buf.len()` floats (at most `i32::MAX`, checked above) summed in place; the
-            // datatype, operation and communicator handles are valid while `self` lives.
-            self.watched(LibraryCall::Allreduce, || unsafe {
-                mpi::ffi::MPI_Allreduce(
-                    in_place,
-                    buf.as_mut_ptr().cast(),
-                    buf.len() as i32,
-                    mpi::ffi::RSMPI_FLOAT,
-                    mpi::ffi::RSMPI_SUM,
-                    self.comm.as_raw(),
-                );
-            });
+        if self.watched(LibraryCall::Allreduce, || {
+            allreduce_in_place_raw(&self.comm, buf)
+        })? {
             return Ok(());
         }
         let mut send = self.library_scratch.borrow_mut();
@@ -722,7 +736,9 @@ impl LibraryCollectives for MpiComm {
                 mine.len()
             )));
         }
-        if counts.iter().all(|&n| n == mine.len()) && out.len() == mine.len() * self.size {
+        if counts.iter().all(|&n| n == mine.len())
+            && Some(out.len()) == mine.len().checked_mul(self.size)
+        {
             // Equal blocks (the common case): no count arrays to build.
             return self.allgather_bytes(mine, out);
         }
@@ -738,7 +754,7 @@ impl LibraryCollectives for MpiComm {
     }
 
     fn allgather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()> {
-        if out.len() != mine.len() * self.size {
+        if Some(out.len()) != mine.len().checked_mul(self.size) {
             return Err(Error::InvalidArgument(format!(
                 "library all-gather: output of {} bytes for {} ranks of {} bytes",
                 out.len(),

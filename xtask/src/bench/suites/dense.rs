@@ -15,9 +15,10 @@ use indicatif::ProgressBar;
 
 use super::super::plot::{self, Series};
 use super::super::report::{bytes as fmt_bytes, table};
-use super::super::timing::{median, paired_ratio, world_rounds_interleaved};
+use super::super::timing::{paired_ratio, world_rounds_interleaved};
 use super::j;
 use crate::bench::{BoxErr, Ctx, Headline, SuiteOutput};
+use cost_model::median;
 
 /// Which collective.
 #[derive(Clone, Copy, PartialEq)]
@@ -353,40 +354,20 @@ fn native_runner(
     let raw = c.raw();
     let p = c.size();
     match op {
-        // In place where the library's `MPI_IN_PLACE` is known, as PyTorch's MPI process
-        // group and Horovod call it on a gradient buffer (and as our `library` algorithm
-        // does): with separate buffers the library reads one more buffer per call, and the
-        // baseline would look slower than a framework's.
-        Op::Allreduce => match collectives::comm::mpi::in_place() {
-            Some(in_place) => {
-                use mpi::raw::AsRaw as _;
-                let mut buf = Paged::new(1.0, n);
-                Box::new(move || {
-                    // SAFETY: `in_place` is this library's `MPI_IN_PLACE`; `buf` holds `n`
-                    // floats (a bench size, far below `i32::MAX`); the handles are valid
-                    // while `c` lives.
-                    unsafe {
-                        mpi::ffi::MPI_Allreduce(
-                            in_place,
-                            buf.get_mut().as_mut_ptr().cast(),
-                            n as i32,
-                            mpi::ffi::RSMPI_FLOAT,
-                            mpi::ffi::RSMPI_SUM,
-                            raw.as_raw(),
-                        );
-                    }
-                    Ok(())
-                })
-            }
-            None => {
-                let send = Paged::new(1.0, n);
-                let mut recv = Paged::new(0.0, n);
-                Box::new(move || {
-                    raw.all_reduce_into(send.get(), recv.get_mut(), SystemOperation::sum());
-                    Ok(())
-                })
-            }
-        },
+        // In place, as PyTorch's MPI process group and Horovod call it on a gradient buffer
+        // (and as our `library` algorithm does): with separate buffers the library reads one
+        // more buffer per call, and the baseline would look slower than a framework's.
+        // Separate buffers only where the library's `MPI_IN_PLACE` is not known.
+        Op::Allreduce => {
+            let mut buf = Paged::new(1.0, n);
+            let mut recv = Paged::new(0.0, n);
+            Box::new(move || {
+                if !collectives::comm::mpi::allreduce_in_place_raw(raw, buf.get_mut())? {
+                    raw.all_reduce_into(buf.get(), recv.get_mut(), SystemOperation::sum());
+                }
+                Ok(())
+            })
+        }
         Op::Allgather => {
             let send = Paged::new(1.0, n / p);
             let mut recv = Paged::new(0.0, n);
@@ -448,8 +429,8 @@ fn report(
             .map(|(n, c)| paired_ratio(n, c))
     };
     let mut rows = Vec::new();
-    let mut worst_auto: Option<(f64, usize)> = None;
-    let mut auto_ratios: Vec<f64> = Vec::new();
+    // (auto / mpi_native, bytes) per size.
+    let mut auto_ratios: Vec<(f64, usize)> = Vec::new();
     // The A/A ratios: two calls of the same MPI function, so their spread is this run's
     // noise.
     let mut aa_ratios: Vec<f64> = Vec::new();
@@ -488,15 +469,13 @@ fn report(
         row.push(aa.map_or("–".into(), |r| format!("{r:.2}")));
         aa_ratios.extend(aa);
         library_picks += usize::from(chosen.iter().any(|(b, a)| *b == bytes && a == "library"));
-        if let Some(r) = auto_ratio {
-            auto_ratios.push(r);
-            worst_auto = Some(worst_auto.map_or(
-                (r, bytes),
-                |w: (f64, usize)| if r < w.0 { (r, bytes) } else { w },
-            ));
-        }
+        auto_ratios.extend(auto_ratio.map(|r| (r, bytes)));
         rows.push(row);
     }
+    let worst_auto = auto_ratios
+        .iter()
+        .copied()
+        .reduce(|w, x| if x.0 < w.0 { x } else { w });
     if let Some((r, bytes)) = worst_auto {
         out.headlines.push(Headline {
             source: "this project's goal (not a paper claim)".into(),
@@ -508,14 +487,14 @@ fn report(
                  choice is the MPI library itself at {library_picks}{}",
                 fmt_bytes(bytes as f64),
                 if calibrated { "with the" } else { "without a" },
-                auto_ratios.iter().filter(|&&r| r < 1.0).count(),
+                auto_ratios.iter().filter(|x| x.0 < 1.0).count(),
                 sizes.len(),
                 match aa_ratios.iter().copied().reduce(f64::min) {
                     Some(lo) => format!(
                         "; the A/A control (MPI's call against itself, same rounds) spans \
                          {lo:.2}–{:.2}×, and {} sizes fall below its low end",
                         aa_ratios.iter().copied().fold(lo, f64::max),
-                        auto_ratios.iter().filter(|&&r| r < lo).count(),
+                        auto_ratios.iter().filter(|x| x.0 < lo).count(),
                     ),
                     None => String::new(),
                 }
