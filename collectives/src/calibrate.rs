@@ -51,6 +51,9 @@ pub struct CalibrateOptions {
     /// (the `Library` algorithms) when the communicator has them (MPI), so that the
     /// automatic choice (`choose_allreduce_for`, ...) can rank the library beside ours.
     pub library: bool,
+    /// Also sweep the `SharedMemory` algorithms when the communicator has a shared segment
+    /// (all ranks on one machine), so that the automatic choice can rank them.
+    pub shared_memory: bool,
 }
 
 impl Default for CalibrateOptions {
@@ -72,14 +75,17 @@ impl Default for CalibrateOptions {
                 .collect(),
             density: 0.001,
             library: true,
+            shared_memory: true,
         }
     }
 }
 
 impl CalibrateOptions {
     /// What [`calibrate`] and [`validate`] sweep on `comm`: these options, plus the
-    /// `Library` algorithm of each swept operation when [`CalibrateOptions::library`] is
-    /// set and `comm` has library collectives. Every rank gets the same lists (the
+    /// `SharedMemory` algorithm of each swept operation when
+    /// [`CalibrateOptions::shared_memory`] is set and `comm` has a shared segment, and the
+    /// `Library` algorithm when [`CalibrateOptions::library`] is set and `comm` has library
+    /// collectives. Every rank gets the same lists (the
     /// transport is the same on every rank).
     pub fn for_comm<C: Communicator + ?Sized>(&self, comm: &C) -> CalibrateOptions {
         let mut o = self.clone();
@@ -88,6 +94,11 @@ impl CalibrateOptions {
             if !v.is_empty() && !v.contains(&a) {
                 v.push(a);
             }
+        }
+        if self.shared_memory && comm.shared_segment().is_some() {
+            add(&mut o.allreduce, AllreduceAlgo::SharedMemory);
+            add(&mut o.allgather, AllgatherAlgo::SharedMemory);
+            add(&mut o.reduce_scatter, ReduceScatterAlgo::SharedMemory);
         }
         if self.library && comm.library().is_some() {
             add(&mut o.allreduce, AllreduceAlgo::Library);
@@ -691,6 +702,7 @@ pub fn allreduce_name(a: &AllreduceAlgo) -> Algorithm {
         AllreduceAlgo::LinearPipeline { .. } => Algorithm::Lp,
         AllreduceAlgo::Torus2d { .. } => Algorithm::Torus2d,
         AllreduceAlgo::Library => Algorithm::Library,
+        AllreduceAlgo::SharedMemory => Algorithm::SharedMemory,
     }
 }
 
@@ -701,6 +713,7 @@ pub fn allgather_name(a: &AllgatherAlgo) -> Algorithm {
         AllgatherAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
         AllgatherAlgo::Bruck => Algorithm::Bruck,
         AllgatherAlgo::Library => Algorithm::Library,
+        AllgatherAlgo::SharedMemory => Algorithm::SharedMemory,
     }
 }
 
@@ -711,6 +724,7 @@ pub fn reduce_scatter_name(a: &ReduceScatterAlgo) -> Algorithm {
         ReduceScatterAlgo::Ring => Algorithm::Ring,
         ReduceScatterAlgo::RecursiveHalving => Algorithm::RecursiveDoubling,
         ReduceScatterAlgo::Library => Algorithm::Library,
+        ReduceScatterAlgo::SharedMemory => Algorithm::SharedMemory,
     }
 }
 

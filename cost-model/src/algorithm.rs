@@ -58,11 +58,16 @@ pub enum Algorithm {
     /// `MPI_Allgather`, `MPI_Reduce_scatter`), whatever algorithm it picks inside. It has
     /// no schedule to predict from: only a calibration that measured it prices it.
     Library,
+    /// Dense: through memory all ranks of one machine share (`collectives`'s
+    /// `SharedMemory` all-reduce, all-gather and reduce-scatter). Its cost is memory
+    /// traffic and flag exchanges, not link constants: only a calibration that measured it
+    /// prices it.
+    SharedMemory,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 20] = [
+    pub const ALL: [Algorithm; 21] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
@@ -83,6 +88,7 @@ impl Algorithm {
         Algorithm::Exdyna,
         Algorithm::Oktopk,
         Algorithm::Library,
+        Algorithm::SharedMemory,
     ];
 
     /// The short lower-case name.
@@ -108,6 +114,7 @@ impl Algorithm {
             Algorithm::Exdyna => "exdyna",
             Algorithm::Oktopk => "oktopk",
             Algorithm::Library => "library",
+            Algorithm::SharedMemory => "shared_memory",
         }
     }
 
@@ -194,11 +201,11 @@ impl Collective {
     }
 
     /// Whether a calibration may hold a fit of `algo` for this operation: one of
-    /// [`Collective::algorithms`], or [`Algorithm::Library`] for the three operations a
-    /// transport's library offers (all-reduce, all-gather, reduce-scatter).
+    /// [`Collective::algorithms`], or [`Algorithm::Library`] and [`Algorithm::SharedMemory`]
+    /// for the three operations they offer (all-reduce, all-gather, reduce-scatter).
     pub fn fits_algorithm(self, algo: Algorithm) -> bool {
         self.algorithms().contains(&algo)
-            || (algo == Algorithm::Library
+            || (matches!(algo, Algorithm::Library | Algorithm::SharedMemory)
                 && matches!(
                     self,
                     Collective::Allreduce | Collective::Allgather | Collective::ReduceScatter

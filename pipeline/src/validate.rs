@@ -215,6 +215,7 @@ mod tests {
                 topk_sizes: vec![1 << 10, 1 << 12, 1 << 14],
                 density: 0.01,
                 library: true,
+                shared_memory: true,
             };
             let cal = calibrate(&comm, &opts, &mut |_: &str, _: usize, _: usize| {})?;
             let bad = calibrated_iteration(

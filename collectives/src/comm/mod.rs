@@ -10,6 +10,7 @@ use bytemuck::Pod;
 use crate::{Error, Result};
 
 pub mod nodes;
+pub mod shm;
 pub mod sim;
 pub mod tap;
 pub mod thread;
@@ -142,6 +143,16 @@ pub trait Communicator: Send {
     fn library(&self) -> Option<&dyn LibraryCollectives> {
         None
     }
+
+    /// Memory every rank of this communicator reads and writes directly, when they all
+    /// run on one machine and the transport set it up (the world communicators of the
+    /// thread and MPI transports): what the `SharedMemory` algorithm of the dense
+    /// collectives moves data through. `None` (the default) for transports whose traffic
+    /// must go through `send` and `recv` (the simulator, the tap) and for groups that
+    /// span machines.
+    fn shared_segment(&self) -> Option<&shm::SharedSegment> {
+        None
+    }
 }
 
 /// A transport library's own dense collectives, blocking and collective over all ranks of
@@ -258,6 +269,10 @@ macro_rules! forward_communicator {
             fn library(&self) -> Option<&dyn $crate::comm::LibraryCollectives> {
                 let $s = self;
                 $inner.library()
+            }
+            fn shared_segment(&self) -> Option<&$crate::comm::shm::SharedSegment> {
+                let $s = self;
+                $inner.shared_segment()
             }
         }
     };

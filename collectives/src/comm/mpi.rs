@@ -33,6 +33,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, Communicator as _, SimpleCommunicator};
 use mpi::Threading;
 
+use super::shm::SharedSegment;
 use super::watchdog::{LibraryCall, Watchdog};
 use super::{check_rank, check_transport_tag, copy_into, Communicator, LibraryCollectives, Tag};
 use crate::{Error, Result};
@@ -113,6 +114,9 @@ pub struct MpiComm {
     /// This process's node ([`Communicator::node`]): the lowest world rank of its
     /// shared-memory group, found once on the world and kept by every split.
     node: u64,
+    /// The world's shared-memory segment when every rank runs on one node (the world
+    /// communicator only; splits have none).
+    shared: Option<SharedSegment>,
     _universe: Arc<UniverseGuard>,
 }
 
@@ -135,13 +139,16 @@ impl MpiComm {
         let comm = universe.world().duplicate();
         let timeout = super::thread::ThreadConfig::default().timeout;
         let node = world_node(&comm)?;
-        Ok(Self::wrap(
+        let shared = shared_segment_of(&comm, timeout);
+        let mut world = Self::wrap(
             comm,
             threading,
             timeout,
             node,
             Arc::new(UniverseGuard(Some(universe))),
-        ))
+        );
+        world.shared = shared;
+        Ok(world)
     }
 
     fn wrap(
@@ -161,6 +168,7 @@ impl MpiComm {
             watchdog: std::cell::OnceCell::new(),
             timeout,
             threading,
+            shared: None,
             _universe: universe,
         }
     }
@@ -636,6 +644,100 @@ impl Communicator for MpiComm {
     fn library(&self) -> Option<&dyn LibraryCollectives> {
         Some(self)
     }
+
+    fn shared_segment(&self) -> Option<&SharedSegment> {
+        self.shared.as_ref()
+    }
+}
+
+/// An `MPI_Win_allocate_shared` window: the memory of a [`SharedSegment`] among MPI
+/// processes. Freed (collectively) when the world communicator drops, unless a panic is
+/// unwinding (the job is being aborted then, and a collective free could wait forever).
+struct SharedWindow(mpi::ffi::MPI_Win);
+
+// SAFETY: a window handle is a plain handle, freed once, by its owner.
+unsafe impl Send for SharedWindow {}
+
+impl Drop for SharedWindow {
+    fn drop(&mut self) {
+        if !std::thread::panicking() && !mpi::environment::is_finalized() {
+            // SAFETY: the window was allocated on the world's node communicator, which
+            // every rank drops at the same point of the program.
+            unsafe {
+                mpi::ffi::MPI_Win_free(&mut self.0);
+            }
+        }
+    }
+}
+
+/// The shared segment of `comm` when all its ranks run on one node: a window of
+/// [`REGION_BYTES`](super::shm::REGION_BYTES) per rank from `MPI_Win_allocate_shared`, each
+/// rank's region zeroed before any rank's first use. `None` (on every rank alike: each sees
+/// the same node group size) when the ranks span several nodes or the library cannot
+/// allocate one.
+fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<SharedSegment> {
+    use mpi::raw::AsRaw as _;
+    use super::shm::REGION_BYTES;
+    let node = comm.split_shared(0);
+    if node.size() != comm.size() || node.rank() != comm.rank() {
+        return None;
+    }
+    let mut base: *mut u8 = std::ptr::null_mut();
+    // SAFETY: the window handle is written by the call; the base pointer is an out
+    // parameter of pointer size; the info and communicator handles are valid.
+    let (rc, win) = unsafe {
+        let mut win = std::mem::MaybeUninit::<mpi::ffi::MPI_Win>::uninit();
+        let rc = mpi::ffi::MPI_Win_allocate_shared(
+            REGION_BYTES as mpi::ffi::MPI_Aint,
+            1,
+            mpi::ffi::RSMPI_INFO_NULL,
+            node.as_raw(),
+            (&mut base as *mut *mut u8).cast(),
+            win.as_mut_ptr(),
+        );
+        (rc, win.assume_init())
+    };
+    // Every rank reaches the same verdict: a failed allocation fails on all of them (the
+    // call is collective and MPI's default error handler ends the job otherwise).
+    if rc != 0 || base.is_null() {
+        return None;
+    }
+    let window = SharedWindow(win);
+    let mut regions = Vec::with_capacity(comm.size() as usize);
+    for r in 0..node.size() {
+        let mut size: mpi::ffi::MPI_Aint = 0;
+        let mut unit: std::os::raw::c_int = 0;
+        let mut ptr: *mut u8 = std::ptr::null_mut();
+        // SAFETY: out parameters of the documented types; `r` is a rank of the window.
+        let rc = unsafe {
+            mpi::ffi::MPI_Win_shared_query(
+                window.0,
+                r,
+                &mut size,
+                &mut unit,
+                (&mut ptr as *mut *mut u8).cast(),
+            )
+        };
+        if rc != 0 || ptr.is_null() || (size as usize) < REGION_BYTES || ptr as usize % 8 != 0 {
+            // Agreement: whether the query succeeds is the same on every rank.
+            return None;
+        }
+        regions.push(ptr);
+    }
+    // SAFETY: this rank's own region, REGION_BYTES long.
+    unsafe { std::ptr::write_bytes(base, 0, REGION_BYTES) };
+    node.barrier();
+    // SAFETY: one region per rank of `comm` (its node group, in the same order), each
+    // REGION_BYTES long and zeroed, mapped until `window` is freed.
+    Some(unsafe {
+        SharedSegment::new(
+            regions,
+            comm.rank() as usize,
+            timeout,
+            None,
+            Box::new(window),
+        )
+    })
 }
 
 /// `MPI_IN_PLACE` of the MPI library this process runs on, where it is known: rsmpi does

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::shm::{HeapRegions, SharedSegment};
 use super::{
     check_rank, check_transport_tag, copy_into, exchange_color_keys, split_members, Communicator,
     Tag, TAG_BARRIER, TAG_SPLIT,
@@ -150,6 +151,8 @@ pub struct ThreadComm {
     members: Arc<Vec<usize>>,
     rank: usize,
     splits: std::cell::Cell<u64>,
+    /// The world's shared-memory segment (the world communicator only; splits have none).
+    shared: Option<SharedSegment>,
 }
 
 /// Why [`ThreadComm::run`] failed: the first rank that returned an error or panicked.
@@ -203,8 +206,30 @@ impl ThreadComm {
             },
         });
         let members = Arc::new((0..size).collect::<Vec<_>>());
+        // A world that stands for several nodes has no memory all its ranks share.
+        let one_node = config.ranks_per_node.is_none_or(|n| n == size);
+        let regions = one_node.then(|| HeapRegions::new(size)).flatten();
         Ok((0..size)
             .map(|rank| ThreadComm {
+                shared: regions.as_ref().map(|mem| {
+                    let w = world.clone();
+                    let failed = Box::new(move || {
+                        let f = w.failed.load(Ordering::SeqCst);
+                        (f != NO_FAILURE).then_some(f)
+                    });
+                    // SAFETY: every rank of this world gets a view of the same regions,
+                    // one per rank, each REGION_BYTES long, zeroed and page-aligned, kept
+                    // alive by the Arc each view holds.
+                    unsafe {
+                        SharedSegment::new(
+                            (0..size).map(|r| mem.region(r)).collect(),
+                            rank,
+                            config.timeout,
+                            Some(failed),
+                            Box::new(mem.clone()),
+                        )
+                    }
+                }),
                 world: world.clone(),
                 context: 0,
                 members: members.clone(),
@@ -543,6 +568,7 @@ impl Communicator for ThreadComm {
             members: Arc::new(world_members),
             rank,
             splits: std::cell::Cell::new(0),
+            shared: None,
         }))
     }
 
@@ -560,6 +586,10 @@ impl Communicator for ThreadComm {
     fn node(&self) -> Option<u64> {
         let world = self.members[self.rank];
         Some(self.world.ranks_per_node.map_or(0, |n| world / n.max(1)) as u64)
+    }
+
+    fn shared_segment(&self) -> Option<&SharedSegment> {
+        self.shared.as_ref()
     }
 }
 

@@ -9,6 +9,7 @@ use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_bytes;
 use crate::dense::library::library_of;
+use crate::dense::shared_memory::{self, segment_of};
 use crate::dense::util::{check_call, gather_words};
 use crate::dense::{tags, DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result, Tag};
@@ -32,6 +33,11 @@ pub enum AllgatherAlgo {
     /// [`choose_allgather_for`](crate::dense::choose_allgather_for) ranks it beside ours
     /// when a calibration measured it.
     Library,
+    /// Through memory all ranks share ([`crate::dense::shared_memory`]), for communicators
+    /// on one machine that have a segment ([`Communicator::shared_segment`]). Not in
+    /// [`AllgatherAlgo::ALL`]: the chooser ranks it when the communicator has a segment
+    /// and a calibration measured it.
+    SharedMemory,
 }
 
 impl AllgatherAlgo {
@@ -42,13 +48,14 @@ impl AllgatherAlgo {
         AllgatherAlgo::Bruck,
     ];
 
-    /// Short name: `ring`, `recursive_doubling`, `bruck`, `library`.
+    /// Short name: `ring`, `recursive_doubling`, `bruck`, `library`, `shared_memory`.
     pub fn name(&self) -> &'static str {
         match self {
             AllgatherAlgo::Ring => "ring",
             AllgatherAlgo::RecursiveDoubling => "recursive_doubling",
             AllgatherAlgo::Bruck => "bruck",
             AllgatherAlgo::Library => "library",
+            AllgatherAlgo::SharedMemory => "shared_memory",
         }
     }
 
@@ -58,6 +65,7 @@ impl AllgatherAlgo {
             AllgatherAlgo::RecursiveDoubling => 2,
             AllgatherAlgo::Bruck => 3,
             AllgatherAlgo::Library => 4,
+            AllgatherAlgo::SharedMemory => 5,
         }
     }
 }
@@ -270,6 +278,10 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
             out.len()
         )));
     }
+    if algo == AllgatherAlgo::SharedMemory {
+        let seg = segment_of(comm, "allgather", WireType::F32)?;
+        return shared_memory::allgatherv(seg, mine, out, &displs);
+    }
     out[displs[r]..displs[r + 1]].copy_from_slice(mine);
     if p == 1 {
         return Ok(());
@@ -281,8 +293,8 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
             out,
             &plan::allgather_recursive_doubling(&displs, r, tag),
         ),
-        AllgatherAlgo::Library => Err(Error::InvalidArgument(
-            "the library all-gather is dispatched before".into(),
+        AllgatherAlgo::Library | AllgatherAlgo::SharedMemory => Err(Error::InvalidArgument(
+            "the library and shared-memory all-gathers are dispatched before".into(),
         )),
         AllgatherAlgo::Bruck => {
             // The plan works on a rotated copy in which this rank's block comes first.

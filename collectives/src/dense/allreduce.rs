@@ -7,6 +7,7 @@ use cost_model::plan::dense as plan;
 use crate::dense::bcast::lp_block_elems;
 use crate::dense::exec::run_wire;
 use crate::dense::library::library_of;
+use crate::dense::shared_memory::{self, segment_of};
 use crate::dense::util::{agree, check_call};
 use crate::dense::wire::{by_wire, WireElem};
 use crate::dense::{DenseOptions, Op, WireType};
@@ -46,6 +47,11 @@ pub enum AllreduceAlgo {
     /// [`AllreduceAlgo::all`]: [`choose_allreduce_for`](crate::dense::choose_allreduce_for)
     /// ranks it beside ours when a calibration measured it.
     Library,
+    /// Through memory all ranks share ([`crate::dense::shared_memory`]), for communicators
+    /// on one machine that have a segment ([`Communicator::shared_segment`]); `f32` only.
+    /// Not in [`AllreduceAlgo::all`]: [`choose_allreduce_for`](crate::dense::choose_allreduce_for)
+    /// ranks it when the communicator has a segment and a calibration measured it.
+    SharedMemory,
 }
 
 impl AllreduceAlgo {
@@ -68,7 +74,7 @@ impl AllreduceAlgo {
     }
 
     /// Short name: `ring`, `recursive_doubling`, `rabenseifner`, `be`, `binomial`, `lp`,
-    /// `torus2d`, `library`.
+    /// `torus2d`, `library`, `shared_memory`.
     pub fn name(&self) -> &'static str {
         match self {
             AllreduceAlgo::Ring => "ring",
@@ -79,6 +85,7 @@ impl AllreduceAlgo {
             AllreduceAlgo::LinearPipeline { .. } => "lp",
             AllreduceAlgo::Torus2d { .. } => "torus2d",
             AllreduceAlgo::Library => "library",
+            AllreduceAlgo::SharedMemory => "shared_memory",
         }
     }
 
@@ -92,6 +99,7 @@ impl AllreduceAlgo {
             AllreduceAlgo::LinearPipeline { block_bytes } => (6, *block_bytes as u64),
             AllreduceAlgo::Torus2d { ranks_per_node } => (7, *ranks_per_node as u64),
             AllreduceAlgo::Library => (8, 0),
+            AllreduceAlgo::SharedMemory => (9, 0),
         }
     }
 
@@ -130,6 +138,9 @@ pub fn allreduce<C: Communicator + ?Sized>(
     if algo == AllreduceAlgo::Library {
         return library_of(comm, "allreduce", opts.wire)?.allreduce_f32(buf);
     }
+    if algo == AllreduceAlgo::SharedMemory {
+        return shared_memory::allreduce(segment_of(comm, "allreduce", opts.wire)?, buf);
+    }
     if p == 1 {
         return Ok(());
     }
@@ -156,7 +167,7 @@ fn allreduce_w<C: Communicator + ?Sized, W: WireElem>(
             let be = lp_block_elems(block_bytes, std::mem::size_of::<W>())?;
             plan::allreduce_lp(n, p, r, be)
         }
-        AllreduceAlgo::Torus2d { .. } | AllreduceAlgo::Library => {
+        AllreduceAlgo::Torus2d { .. } | AllreduceAlgo::Library | AllreduceAlgo::SharedMemory => {
             return Err(Error::InvalidArgument(format!(
                 "{} is dispatched before",
                 algo.name()

@@ -103,9 +103,11 @@ pub fn choose_allreduce_for<C: Communicator + ?Sized>(
 ) -> AllreduceAlgo {
     let p = comm.size();
     let library = comm.library().map(|_| AllreduceAlgo::Library);
+    let mut ours = AllreduceAlgo::all(p);
+    ours.extend(comm.shared_segment().map(|_| AllreduceAlgo::SharedMemory));
     calibration
         .and_then(|pred| {
-            ours_or_library(AllreduceAlgo::all(p), library, |a| {
+            ours_or_library(ours, library, |a| {
                 pred.allreduce_s(a, p, bytes)
             })
         })
@@ -121,9 +123,10 @@ pub fn choose_allgather_for<C: Communicator + ?Sized>(
 ) -> AllgatherAlgo {
     let p = comm.size();
     let library = comm.library().map(|_| AllgatherAlgo::Library);
+    let shared = comm.shared_segment().map(|_| AllgatherAlgo::SharedMemory);
     calibration
         .and_then(|pred| {
-            ours_or_library(AllgatherAlgo::ALL, library, |a| {
+            ours_or_library(AllgatherAlgo::ALL.into_iter().chain(shared), library, |a| {
                 pred.allgather_s(a, p, bytes)
             })
         })
@@ -139,9 +142,10 @@ pub fn choose_reduce_scatter_for<C: Communicator + ?Sized>(
 ) -> ReduceScatterAlgo {
     let p = comm.size();
     let library = comm.library().map(|_| ReduceScatterAlgo::Library);
+    let shared = comm.shared_segment().map(|_| ReduceScatterAlgo::SharedMemory);
     calibration
         .and_then(|pred| {
-            ours_or_library(ReduceScatterAlgo::ALL, library, |a| {
+            ours_or_library(ReduceScatterAlgo::ALL.into_iter().chain(shared), library, |a| {
                 pred.reduce_scatter_s(a, p, bytes)
             })
         })

@@ -41,6 +41,7 @@ mod chooser;
 mod exec;
 mod library;
 mod reduce_scatter;
+pub mod shared_memory;
 pub(crate) mod util;
 mod wire;
 

@@ -7,6 +7,7 @@ use cost_model::plan::dense as plan;
 
 use crate::dense::exec::run_wire;
 use crate::dense::library::library_of;
+use crate::dense::shared_memory::{self, segment_of};
 use crate::dense::util::{block_range, check_call};
 use crate::dense::wire::{by_wire, WireElem};
 use crate::dense::{DenseOptions, Op};
@@ -26,6 +27,11 @@ pub enum ReduceScatterAlgo {
     /// [`choose_reduce_scatter_for`](crate::dense::choose_reduce_scatter_for) ranks it
     /// beside ours when a calibration measured it.
     Library,
+    /// Through memory all ranks share ([`crate::dense::shared_memory`]), for communicators
+    /// on one machine that have a segment ([`Communicator::shared_segment`]); `f32` only.
+    /// Not in [`ReduceScatterAlgo::ALL`]: the chooser ranks it when the communicator has a
+    /// segment and a calibration measured it.
+    SharedMemory,
 }
 
 impl ReduceScatterAlgo {
@@ -33,12 +39,13 @@ impl ReduceScatterAlgo {
     pub const ALL: [ReduceScatterAlgo; 2] =
         [ReduceScatterAlgo::Ring, ReduceScatterAlgo::RecursiveHalving];
 
-    /// Short name: `ring`, `recursive_halving`, `library`.
+    /// Short name: `ring`, `recursive_halving`, `library`, `shared_memory`.
     pub fn name(&self) -> &'static str {
         match self {
             ReduceScatterAlgo::Ring => "ring",
             ReduceScatterAlgo::RecursiveHalving => "recursive_halving",
             ReduceScatterAlgo::Library => "library",
+            ReduceScatterAlgo::SharedMemory => "shared_memory",
         }
     }
 
@@ -47,6 +54,7 @@ impl ReduceScatterAlgo {
             ReduceScatterAlgo::Ring => 1,
             ReduceScatterAlgo::RecursiveHalving => 2,
             ReduceScatterAlgo::Library => 3,
+            ReduceScatterAlgo::SharedMemory => 4,
         }
     }
 }
@@ -74,6 +82,9 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
         return Ok(block_range(n, p, comm.rank()));
     }
+    if algo == ReduceScatterAlgo::SharedMemory {
+        return shared_memory::reduce_scatter(segment_of(comm, "reduce_scatter", opts.wire)?, buf);
+    }
     by_wire!(opts.wire, reduce_scatter_w::<C, W>(comm, buf, algo))
 }
 
@@ -86,9 +97,9 @@ fn reduce_scatter_w<C: Communicator + ?Sized, W: WireElem>(
     let steps = match algo {
         ReduceScatterAlgo::Ring => plan::reduce_scatter_ring(n, p, r),
         ReduceScatterAlgo::RecursiveHalving => plan::reduce_scatter_halving(n, p, r),
-        ReduceScatterAlgo::Library => {
+        ReduceScatterAlgo::Library | ReduceScatterAlgo::SharedMemory => {
             return Err(Error::InvalidArgument(
-                "the library reduce-scatter is dispatched before".into(),
+                "the library and shared-memory reduce-scatters are dispatched before".into(),
             ))
         }
     };

@@ -106,9 +106,10 @@ enum Algo {
 /// A row of the table: a named algorithm, or the automatic choice (`None`).
 type Case = (String, Option<Algo>);
 
-/// Our algorithms of `op`, then `library` (our entry point to the MPI library's collective,
-/// when `library`: what the automatic choice runs when it picks the library), then `auto`.
-fn algos(op: Op, p: usize, library: bool) -> Vec<Case> {
+/// Our algorithms of `op`, then `shared_memory` (when `shared`: the world has a shared
+/// segment), then `library` (our entry point to the MPI library's collective, when
+/// `library`: what the automatic choice runs when it picks the library), then `auto`.
+fn algos(op: Op, p: usize, shared: bool, library: bool) -> Vec<Case> {
     let mut v: Vec<Case> = match op {
         Op::Allreduce => AllreduceAlgo::all(p)
             .into_iter()
@@ -123,6 +124,14 @@ fn algos(op: Op, p: usize, library: bool) -> Vec<Case> {
             .map(|a| (a.name().to_string(), Some(Algo::ReduceScatter(*a))))
             .collect(),
     };
+    if shared {
+        let shm = match op {
+            Op::Allreduce => Algo::Allreduce(AllreduceAlgo::SharedMemory),
+            Op::Allgather => Algo::Allgather(AllgatherAlgo::SharedMemory),
+            Op::ReduceScatter => Algo::ReduceScatter(ReduceScatterAlgo::SharedMemory),
+        };
+        v.push((algo_name(&shm), Some(shm)));
+    }
     if library {
         let lib = match op {
             Op::Allreduce => Algo::Allreduce(AllreduceAlgo::Library),
@@ -156,10 +165,14 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar, op: Op) -> Result<Option<SuiteOutput>, B
     let sizes = sizes(ctx.quick);
     let p = ctx.world_size();
     #[cfg(feature = "mpi")]
-    let library = ctx.mpi.is_some();
+    let (library, shared) = match &ctx.mpi {
+        Some(c) => (true, c.shared_segment().is_some()),
+        None => (false, true),
+    };
+    // A thread world of the bench is one node: its ranks share a segment.
     #[cfg(not(feature = "mpi"))]
-    let library = false;
-    let list = algos(op, p, library);
+    let (library, shared) = (false, true);
+    let list = algos(op, p, shared, library);
     let cal = calibration(ctx, p)?;
     pb.set_length((sizes.len() * list.len()) as u64);
     let quick = ctx.quick;

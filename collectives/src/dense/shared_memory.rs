@@ -1,0 +1,354 @@
+//! The `SharedMemory` algorithm of each dense collective: all ranks on one machine move
+//! data through a [`SharedSegment`] with loads and stores, synchronising with one flag per
+//! rank, instead of passing messages.
+//!
+//! Why: within a node, a message-passing library copies every message through its
+//! transport's queues and pays a hand-shake per message, so a small all-reduce costs
+//! log₂ P round trips. Here every round is one copy into the rank's slot, one flag
+//! exchange ([`SharedSegment::sync`]) and a reduction (or copy) straight from the peers'
+//! slots, the way intra-node collectives of NCCL, Gloo or DeepSpeed's shared-memory
+//! all-reduce work.
+//!
+//! - **All-reduce**: rounds of up to [`SLOT_BYTES`] per rank. A round of at most
+//!   [`DIRECT_BYTES`] is reduced whole by every rank (one flag exchange); a larger one is
+//!   reduced a 1/P part per rank and the parts copied out after a second exchange.
+//! - **All-gather**: each round copies a piece of every rank's block out of the peers'
+//!   slots (variable counts alike).
+//! - **Reduce-scatter**: each round puts a piece of every rank's block in a sub-slot, and
+//!   each rank reduces its own block's piece from every peer.
+//!
+//! Every element of a sum is added in rank order by one rank (or by every rank in the same
+//! order), so all ranks end with the same bits.
+
+use std::ops::Range;
+
+use crate::comm::shm::{SharedSegment, SLOT_BYTES};
+use crate::dense::util::block_range;
+use crate::dense::WireType;
+use crate::{Communicator, Error, Result};
+
+/// Largest all-reduce round (bytes) that every rank reduces whole: below it, one flag
+/// exchange and P reads of a buffer that is in cache beat two exchanges.
+pub const DIRECT_BYTES: usize = 32 << 10;
+
+/// The shared segment of `comm`, or a typed error: the transport has none (the ranks span
+/// machines, or the transport passes messages only), or the wire type is not `f32` (the
+/// segment sums `f32`; narrower wire types are for links). Every rank gets the same answer.
+pub(crate) fn segment_of<'c, C: Communicator + ?Sized>(
+    comm: &'c C,
+    op: &str,
+    wire: WireType,
+) -> Result<&'c SharedSegment> {
+    if wire != WireType::F32 {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: the shared-memory algorithm sums f32; wire type {} is for links, use \
+             one of the message-passing algorithms",
+            wire.name()
+        )));
+    }
+    comm.shared_segment().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{op}: the shared-memory algorithm needs ranks on one machine with a shared \
+             segment; this {} communicator has none",
+            comm.backend()
+        ))
+    })
+}
+
+/// `len` floats of rank `r`'s slot `which`, from float `at`.
+///
+/// # Safety
+/// `at + len` floats must fit in a slot, and no rank may write that range while the slice
+/// lives (the round's synchronisation orders it).
+unsafe fn slot_f32(seg: &SharedSegment, r: usize, which: usize, at: usize, len: usize) -> &[f32] {
+    debug_assert!((at + len) * 4 <= SLOT_BYTES);
+    // SAFETY: in bounds of the slot (the caller's contract), and not written meanwhile.
+    unsafe { std::slice::from_raw_parts((seg.slot(r, which) as *const f32).add(at), len) }
+}
+
+/// `out[i] = Σ_r slot_r[at + i]`, added in rank order.
+///
+/// # Safety
+/// As [`slot_f32`] for every rank.
+unsafe fn sum_slots(seg: &SharedSegment, which: usize, at: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract, for every rank.
+    out.copy_from_slice(unsafe { slot_f32(seg, 0, which, at, out.len()) });
+    for r in 1..seg.size() {
+        // SAFETY: as above.
+        let theirs = unsafe { slot_f32(seg, r, which, at, out.len()) };
+        for (o, v) in out.iter_mut().zip(theirs) {
+            *o += *v;
+        }
+    }
+}
+
+/// Copies `data` into this rank's slot `which` at byte `at`.
+fn put(seg: &SharedSegment, which: usize, at: usize, data: &[u8]) {
+    assert!(at + data.len() <= SLOT_BYTES, "a round overflows its slot");
+    // SAFETY: this rank's own slot, in bounds (checked above); no peer reads it before the
+    // next synchronisation, and every peer finished reading it in the round before last.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            data.as_ptr(),
+            seg.slot(seg.rank(), which).add(at),
+            data.len(),
+        )
+    }
+}
+
+/// Sums `buf` over the ranks of `seg` in place.
+pub(crate) fn allreduce(seg: &SharedSegment, buf: &mut [f32]) -> Result<()> {
+    let (p, me) = (seg.size(), seg.rank());
+    if p == 1 {
+        return Ok(());
+    }
+    for chunk in buf.chunks_mut(SLOT_BYTES / 4) {
+        let which = seg.next_round();
+        put(seg, which, 0, bytemuck::cast_slice(chunk));
+        seg.sync()?;
+        let n = chunk.len();
+        if n * 4 <= DIRECT_BYTES {
+            // SAFETY: every slot holds this round's `n` floats; none is written before
+            // the next round's synchronisation.
+            unsafe { sum_slots(seg, which, 0, chunk) };
+            continue;
+        }
+        let part = block_range(n, p, me);
+        // SAFETY: as above; the reduced part goes back into this rank's own slot, where
+        // no peer reads it before the second synchronisation.
+        unsafe {
+            sum_slots(seg, which, part.start, &mut chunk[part.clone()]);
+        }
+        put(
+            seg,
+            which,
+            part.start * 4,
+            bytemuck::cast_slice(&chunk[part.clone()]),
+        );
+        seg.sync()?;
+        for r in (0..p).filter(|&r| r != me) {
+            let theirs = block_range(n, p, r);
+            // SAFETY: rank r's reduced part, written before the second synchronisation.
+            let src = unsafe { slot_f32(seg, r, which, theirs.start, theirs.len()) };
+            chunk[theirs].copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
+/// Every rank's block into `out`: rank r's block is `out[displs[r]..displs[r + 1]]`, and
+/// this rank's is `mine`. The caller checked that the counts add up.
+pub(crate) fn allgatherv(
+    seg: &SharedSegment,
+    mine: &[u8],
+    out: &mut [u8],
+    displs: &[usize],
+) -> Result<()> {
+    let (p, me) = (seg.size(), seg.rank());
+    out[displs[me]..displs[me + 1]].copy_from_slice(mine);
+    let longest = (0..p).map(|r| displs[r + 1] - displs[r]).max().unwrap_or(0);
+    if p == 1 {
+        return Ok(());
+    }
+    for from in (0..longest).step_by(SLOT_BYTES) {
+        let which = seg.next_round();
+        let piece = |r: usize| {
+            let len = displs[r + 1] - displs[r];
+            from.min(len)..(from + SLOT_BYTES).min(len)
+        };
+        put(seg, which, 0, &mine[piece(me)]);
+        seg.sync()?;
+        for r in (0..p).filter(|&r| r != me) {
+            let Range { start, end } = piece(r);
+            // SAFETY: rank r's piece of this round, written before the synchronisation
+            // and not rewritten before the next one.
+            let src = unsafe {
+                std::slice::from_raw_parts(seg.slot(r, which) as *const u8, end - start)
+            };
+            out[displs[r] + start..displs[r] + end].copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
+/// Sums `buf` over the ranks and leaves this rank's block, [`block_range`]`(n, P, rank)`,
+/// reduced in place; returns that range. The rest of `buf` is left as it was.
+pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Range<usize>> {
+    let (p, me, n) = (seg.size(), seg.rank(), buf.len());
+    let mine = block_range(n, p, me);
+    if p == 1 {
+        return Ok(mine);
+    }
+    // Each slot holds P sub-slots of `sub` floats: sub-slot r carries a piece of block r.
+    let sub = (SLOT_BYTES / 4 / p).max(1);
+    let longest = n.div_ceil(p);
+    for from in (0..longest).step_by(sub) {
+        let which = seg.next_round();
+        let piece = |r: usize| {
+            let b = block_range(n, p, r);
+            b.start + from.min(b.len())..b.start + (from + sub).min(b.len())
+        };
+        for r in 0..p {
+            put(seg, which, r * sub * 4, bytemuck::cast_slice(&buf[piece(r)]));
+        }
+        seg.sync()?;
+        let here = piece(me);
+        // SAFETY: sub-slot `me` of every rank holds this round's piece of this rank's
+        // block, written before the synchronisation and not rewritten before the next.
+        unsafe { sum_slots(seg, which, me * sub, &mut buf[here]) };
+    }
+    Ok(mine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dense::{
+        allgather, allgatherv, allreduce as dense_allreduce, reduce_scatter as dense_rs,
+        AllgatherAlgo, AllreduceAlgo, DenseOptions, ReduceScatterAlgo,
+    };
+    use crate::ThreadComm;
+
+    /// Rank r's input: values whose sums differ in rounding with the order of addition.
+    fn input(r: usize, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.1 + r as f32 * 1e-3)
+            .collect()
+    }
+
+    /// Sizes across the direct path, the split path and several rounds.
+    const SIZES: [usize; 7] = [0, 1, 5, 1000, 8193, 300_000, 600_001];
+
+    #[test]
+    fn allreduce_matches_ring_sums_and_agrees_bitwise() {
+        for p in [1, 2, 3, 5] {
+            let out = ThreadComm::run(p, |comm| -> Result<Vec<Vec<f32>>> {
+                let opts = DenseOptions::default();
+                let mut all = Vec::new();
+                for n in SIZES {
+                    let mut buf = input(comm.rank(), n);
+                    dense_allreduce(&comm, &mut buf, AllreduceAlgo::SharedMemory, &opts)?;
+                    all.push(buf);
+                }
+                Ok(all)
+            })
+            .unwrap();
+            for (i, n) in SIZES.into_iter().enumerate() {
+                let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, n)).collect();
+                let want: Vec<f32> = (0..n)
+                    .map(|j| inputs.iter().map(|x| x[j] as f64).sum::<f64>() as f32)
+                    .collect();
+                for rank in 0..p {
+                    assert_eq!(out[rank][i].len(), n);
+                    for (a, b) in out[rank][i].iter().zip(&want) {
+                        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "p {p} n {n}");
+                    }
+                    // Bit-identical on every rank.
+                    assert_eq!(
+                        bytemuck::cast_slice::<f32, u32>(&out[rank][i]),
+                        bytemuck::cast_slice::<f32, u32>(&out[0][i]),
+                        "p {p} n {n} rank {rank}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn allgather_and_allgatherv_match_ring() {
+        for p in [2, 3, 4, 7] {
+            ThreadComm::run(p, |comm| -> Result<()> {
+                let opts = DenseOptions::default();
+                for n in [0usize, 3, 70_000, 300_001] {
+                    let mine = input(comm.rank(), n);
+                    let mut got = vec![0.0f32; n * p];
+                    let mut want = got.clone();
+                    allgather(&comm, &mine, &mut got, AllgatherAlgo::SharedMemory, &opts)?;
+                    allgather(&comm, &mine, &mut want, AllgatherAlgo::Ring, &opts)?;
+                    assert_eq!(got, want, "p {p} n {n}");
+                    // Variable counts, one rank with nothing, one longer than a slot.
+                    let len = match comm.rank() {
+                        0 => 0,
+                        1 => n + SLOT_BYTES / 4 + 3,
+                        r => n / r,
+                    };
+                    let mine = input(comm.rank(), len);
+                    let got = allgatherv(&comm, &mine, AllgatherAlgo::SharedMemory)?;
+                    let want = allgatherv(&comm, &mine, AllgatherAlgo::Ring)?;
+                    assert_eq!(got, want, "p {p} n {n} (v)");
+                }
+                Ok(())
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn reduce_scatter_leaves_each_block_reduced_and_the_rest_untouched() {
+        for p in [1, 2, 3, 6] {
+            let out = ThreadComm::run(p, |comm| -> Result<Vec<(Vec<f32>, Range<usize>)>> {
+                let mut all = Vec::new();
+                for n in SIZES {
+                    let mut buf = input(comm.rank(), n);
+                    let range = dense_rs(
+                        &comm,
+                        &mut buf,
+                        ReduceScatterAlgo::SharedMemory,
+                        &DenseOptions::default(),
+                    )?;
+                    all.push((buf, range));
+                }
+                Ok(all)
+            })
+            .unwrap();
+            for (i, n) in SIZES.into_iter().enumerate() {
+                let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, n)).collect();
+                for (rank, rows) in out.iter().enumerate() {
+                    let (buf, range) = &rows[i];
+                    assert_eq!(*range, block_range(n, p, rank));
+                    let own = &inputs[rank];
+                    for j in 0..n {
+                        if range.contains(&j) {
+                            let want: f64 = inputs.iter().map(|x| x[j] as f64).sum();
+                            assert!((buf[j] as f64 - want).abs() <= 1e-4 * want.abs().max(1.0));
+                        } else {
+                            assert_eq!(buf[j].to_bits(), own[j].to_bits(), "p {p} n {n}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refused_with_a_typed_error_where_there_is_no_segment_or_a_narrow_wire() {
+        use crate::comm::thread::ThreadConfig;
+        // A world standing for two nodes of two ranks has no shared segment.
+        let two_nodes = ThreadConfig::default().with_ranks_per_node(2);
+        let out = ThreadComm::run_with(4, two_nodes, |comm| -> Result<_> {
+            let mut buf = vec![1.0f32; 8];
+            let opts = DenseOptions::default();
+            let ar = dense_allreduce(&comm, &mut buf, AllreduceAlgo::SharedMemory, &opts);
+            let split = comm.split(0, 0)?;
+            let on_split = dense_rs(&*split, &mut buf, ReduceScatterAlgo::SharedMemory, &opts);
+            Ok((ar.err(), on_split.err()))
+        })
+        .unwrap();
+        for (ar, split) in out {
+            assert!(matches!(&ar, Some(Error::InvalidArgument(m)) if m.contains("has none")));
+            assert!(matches!(&split, Some(Error::InvalidArgument(m)) if m.contains("has none")));
+        }
+        let out = ThreadComm::run(2, |comm| -> Result<_> {
+            let mut buf = vec![1.0f32; 8];
+            let narrow = DenseOptions {
+                wire: WireType::Bf16,
+                ..DenseOptions::default()
+            };
+            Ok(dense_allreduce(&comm, &mut buf, AllreduceAlgo::SharedMemory, &narrow).err())
+        })
+        .unwrap();
+        for e in out {
+            assert!(matches!(&e, Some(Error::InvalidArgument(m)) if m.contains("bf16")));
+        }
+    }
+}
