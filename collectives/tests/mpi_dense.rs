@@ -100,9 +100,17 @@ fn main() {
             _ => 2f64.powi(-8),
         };
         // The library's own all-reduce sums f32 on the wire only (checked below).
+        // So do the shared-memory ones (one node under mpirun here); their larger sizes
+        // take the split path and several rounds.
         let library = (wire == WireType::F32).then_some(AllreduceAlgo::Library);
-        for &algo in algos.iter().chain(&library) {
-            for n in [0usize, 1, p + 1, 1000 + p] {
+        let shared = (wire == WireType::F32).then_some(AllreduceAlgo::SharedMemory);
+        for &algo in algos.iter().chain(&library).chain(&shared) {
+            let large: &[usize] = if algo == AllreduceAlgo::SharedMemory {
+                &[9000 + p, 300_001]
+            } else {
+                &[]
+            };
+            for &n in [0usize, 1, p + 1, 1000 + p].iter().chain(large) {
                 let seed = 42 + n as u64;
                 let mut buf = input(seed, r, n);
                 let res = allreduce(&comm, &mut buf, algo, &DenseOptions::with_wire(wire))
@@ -118,11 +126,19 @@ fn main() {
             }
         }
     }
+    c.check(
+        format!("one node: the world has a shared segment p={p}"),
+        Ok(comm.shared_segment().is_some()),
+    );
     for algo in AllgatherAlgo::ALL
         .into_iter()
-        .chain([AllgatherAlgo::Library])
+        .chain([AllgatherAlgo::Library, AllgatherAlgo::SharedMemory])
     {
-        let n = 7;
+        let n = if algo == AllgatherAlgo::SharedMemory {
+            300_007
+        } else {
+            7
+        };
         let mut out = vec![0f32; n * p];
         let res = allgather(
             &comm,
@@ -140,9 +156,13 @@ fn main() {
     }
     for algo in ReduceScatterAlgo::ALL
         .into_iter()
-        .chain([ReduceScatterAlgo::Library])
+        .chain([ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory])
     {
-        let n = 3 * p + 2;
+        let n = if algo == ReduceScatterAlgo::SharedMemory {
+            300_000 * p + 2
+        } else {
+            3 * p + 2
+        };
         let mut buf = input(3, r, n);
         let res = reduce_scatter(&comm, &mut buf, algo, &DenseOptions::default()).map(|range| {
             let full: Vec<f32> = buf[range.clone()].to_vec();

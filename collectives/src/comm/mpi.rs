@@ -676,8 +676,8 @@ impl Drop for SharedWindow {
 /// the same node group size) when the ranks span several nodes or the library cannot
 /// allocate one.
 fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<SharedSegment> {
-    use mpi::raw::AsRaw as _;
     use super::shm::REGION_BYTES;
+    use mpi::raw::AsRaw as _;
     let node = comm.split_shared(0);
     if node.size() != comm.size() || node.rank() != comm.rank() {
         return None;

@@ -8,7 +8,8 @@
 //! reduction, where a message-passing library makes log₂ P round trips through its
 //! transport's queues.
 //!
-//! Layout: one region per rank, a header (the rank's sequence flag, on its own page) and
+//! Layout: one region per rank, a header (the rank's sequence flag and the count of ranks
+//! sleeping on it, on its own page) and
 //! two slots of [`SLOT_BYTES`]. A rank only writes its own region. Each synchronisation
 //! ([`SharedSegment::sync`]) publishes the rank's next sequence number and waits until every
 //! rank has published it, so that what was written before is visible after. Successive
@@ -16,7 +17,7 @@
 //! passed the next round's synchronisation, by which time all of them are done reading it.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -25,8 +26,8 @@ use crate::{Error, Result};
 /// moves per rank (larger buffers go in several rounds).
 pub const SLOT_BYTES: usize = 1 << 20;
 
-/// Bytes before a region's slots: the sequence flag, alone on its page so that polling it
-/// never contends with data.
+/// Bytes before a region's slots: the sequence flag and its sleepers' count, alone on
+/// their page so that polling never contends with data.
 const HEADER_BYTES: usize = 4096;
 
 /// Bytes of one rank's region (header and two slots); a multiple of the page size.
@@ -35,17 +36,25 @@ pub const REGION_BYTES: usize = HEADER_BYTES + 2 * SLOT_BYTES;
 /// The reserved tag a [`Error::Timeout`] of a shared-memory wait names.
 pub const TAG_SHARED_MEMORY: u32 = 0x7F02;
 
-/// Failed polls of a peer's flag before each further poll also yields the core, so that a
-/// rank sharing its core with the one it waits for lets it run.
-const SPINS_BEFORE_YIELD: u32 = 200;
+/// Polls of a peer's flag before a wait starts yielding the core between polls, when
+/// every rank of the node can have a core of its own: a peer due within tens of
+/// microseconds is caught without a system call.
+const SPINS_OWN_CORE: u32 = 4_000;
 
-/// How long a wait yields between polls before it sleeps between them instead: yielding
-/// hands the core only to threads ready to run, and when many ranks wait on few cores the
-/// one they wait for still gets a small share.
-const YIELD_FOR: Duration = Duration::from_millis(1);
+/// The same when ranks outnumber the node's cores: the peer waited for may need this
+/// very core, so the wait hands it over almost at once (a yield lets a rank on the same
+/// core run without waking a sleeping core, which a futex wake-up in a VM costs tens of
+/// microseconds for).
+const SPINS_SHARED_CORE: u32 = 20;
 
-/// Sleep between polls of a wait longer than [`YIELD_FOR`].
-const POLL_SLEEP: Duration = Duration::from_micros(20);
+/// How long a wait polls (spinning, then yielding) before it sleeps in the kernel on the
+/// peer's flag (a futex, woken by the peer's publish): waits longer than this are a rank
+/// working alone while the others wait, and those should leave the cores to it.
+const POLL_FOR: Duration = Duration::from_millis(1);
+
+/// Longest single sleep of a wait, after which it checks for a failed peer and its
+/// timeout (and polls again, should a wake-up have been missed).
+const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Tells a waiting rank that a peer has failed (its rank), so that it stops early.
 pub type PeerFailure = Box<dyn Fn() -> Option<usize> + Send>;
@@ -56,11 +65,13 @@ pub struct SharedSegment {
     regions: Vec<*mut u8>,
     rank: usize,
     /// The last sequence number this rank published.
-    published: Cell<u64>,
+    published: Cell<u32>,
     /// Rounds started, whose parity picks the slot.
     rounds: Cell<u64>,
     timeout: Duration,
     failed: Option<PeerFailure>,
+    /// Polls before a wait sleeps ([`SPINS_OWN_CORE`] or [`SPINS_SHARED_CORE`]).
+    spins: u32,
     /// Keeps the memory mapped (and frees it on drop).
     _memory: Box<dyn Send>,
 }
@@ -95,6 +106,11 @@ impl SharedSegment {
         failed: Option<PeerFailure>,
         memory: Box<dyn Send>,
     ) -> Self {
+        let spins = if regions.len() > online_cores() {
+            SPINS_SHARED_CORE
+        } else {
+            SPINS_OWN_CORE
+        };
         SharedSegment {
             regions,
             rank,
@@ -102,6 +118,7 @@ impl SharedSegment {
             rounds: Cell::new(0),
             timeout,
             failed,
+            spins,
             _memory: memory,
         }
     }
@@ -116,10 +133,17 @@ impl SharedSegment {
         self.rank
     }
 
-    fn flag(&self, r: usize) -> &AtomicU64 {
-        // SAFETY: the header of every region is valid for the segment's life, 8-aligned
+    /// Rank `r`'s sequence flag: the last sequence number it published (wrapping).
+    fn flag(&self, r: usize) -> &AtomicU32 {
+        // SAFETY: the header of every region is valid for the segment's life, aligned
         // (the region is page-aligned) and only ever accessed atomically.
-        unsafe { &*(self.regions[r] as *const AtomicU64) }
+        unsafe { &*(self.regions[r] as *const AtomicU32) }
+    }
+
+    /// How many ranks sleep on rank `r`'s flag: its publish wakes them only when some do.
+    fn sleepers(&self, r: usize) -> &AtomicU32 {
+        // SAFETY: as for `flag`, 64 bytes further on (its own cache line).
+        unsafe { &*(self.regions[r].add(64) as *const AtomicU32) }
     }
 
     /// Starts a round: which of the two slots it uses.
@@ -141,44 +165,125 @@ impl SharedSegment {
     /// theirs. A typed [`Error::Timeout`] when a peer does not arrive within the timeout,
     /// [`Error::PeerFailed`] when the transport knows it failed.
     pub(crate) fn sync(&self) -> Result<()> {
-        let seq = self.published.get() + 1;
+        let seq = self.published.get().wrapping_add(1);
         self.published.set(seq);
-        self.flag(self.rank).store(seq, Ordering::Release);
+        // Sequentially consistent with the sleepers' count (and theirs with the flag), so
+        // that either this rank sees a sleeper and wakes it, or the sleeper sees the flag.
+        self.flag(self.rank).store(seq, Ordering::SeqCst);
+        if self.sleepers(self.rank).load(Ordering::SeqCst) > 0 {
+            futex::wake_all(self.flag(self.rank));
+        }
         let start = Instant::now();
-        for r in 0..self.size() {
-            let mut spins = 0u32;
-            while self.flag(r).load(Ordering::Acquire) < seq {
-                spins += 1;
-                if spins < SPINS_BEFORE_YIELD {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                if start.elapsed() < YIELD_FOR {
-                    std::thread::yield_now();
-                } else {
-                    std::thread::sleep(POLL_SLEEP);
-                }
-                if spins % 64 == 0 {
-                    if let Some(failed) = self.failed.as_ref().and_then(|f| f()) {
-                        return Err(Error::PeerFailed {
-                            rank: self.rank,
-                            failed,
-                        });
-                    }
-                    let waited = start.elapsed();
-                    if waited >= self.timeout {
-                        return Err(Error::Timeout {
-                            rank: self.rank,
-                            src: r,
-                            tag: TAG_SHARED_MEMORY,
-                            waited,
-                        });
-                    }
-                }
-            }
+        for r in (0..self.size()).filter(|&r| r != self.rank) {
+            self.wait_for(r, seq, start)?;
         }
         Ok(())
     }
+
+    /// Waits until rank `r` has published `seq` (flags wrap; peers are never more than a
+    /// few rounds apart).
+    fn wait_for(&self, r: usize, seq: u32, start: Instant) -> Result<()> {
+        let flag = self.flag(r);
+        let reached = |v: u32| v.wrapping_sub(seq) as i32 >= 0;
+        for _ in 0..self.spins {
+            if reached(flag.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        while start.elapsed() < POLL_FOR {
+            if reached(flag.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        let sleepers = self.sleepers(r);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        let out = loop {
+            let v = flag.load(Ordering::SeqCst);
+            if reached(v) {
+                break Ok(());
+            }
+            if let Some(failed) = self.failed.as_ref().and_then(|f| f()) {
+                break Err(Error::PeerFailed {
+                    rank: self.rank,
+                    failed,
+                });
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                break Err(Error::Timeout {
+                    rank: self.rank,
+                    src: r,
+                    tag: TAG_SHARED_MEMORY,
+                    waited,
+                });
+            }
+            futex::wait(flag, v, SLEEP_SLICE);
+        };
+        sleepers.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+/// Cores of this machine that are online (not this process's affinity: MPI launchers bind
+/// each rank to one core).
+fn online_cores() -> usize {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        if n > 0 {
+            return n as usize;
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Sleeping on a flag shared between processes until it changes.
+mod futex {
+    use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
+
+    /// Sleeps while `flag` holds `seen`, at most `limit` (spurious returns are fine: the
+    /// caller polls again).
+    #[cfg(target_os = "linux")]
+    pub(super) fn wait(flag: &AtomicU32, seen: u32, limit: Duration) {
+        let ts = libc::timespec {
+            tv_sec: limit.as_secs() as libc::time_t,
+            tv_nsec: limit.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a valid, aligned 32-bit word (shared, hence not the
+        // private variant) with a relative timeout; it only reads the word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                flag.as_ptr(),
+                libc::FUTEX_WAIT,
+                seen,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+
+    /// Wakes every rank sleeping on `flag`.
+    #[cfg(target_os = "linux")]
+    pub(super) fn wake_all(flag: &AtomicU32) {
+        // SAFETY: FUTEX_WAKE on a valid, aligned 32-bit word.
+        unsafe {
+            libc::syscall(libc::SYS_futex, flag.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
+
+    /// Elsewhere: yield and poll again.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn wait(_: &AtomicU32, _: u32, _: Duration) {
+        std::thread::yield_now();
+    }
+
+    /// Elsewhere: nothing sleeps in the kernel.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn wake_all(_: &AtomicU32) {}
 }
 
 /// Page-aligned, zeroed heap memory for the regions of an in-process group (threads).

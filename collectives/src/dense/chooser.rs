@@ -106,11 +106,7 @@ pub fn choose_allreduce_for<C: Communicator + ?Sized>(
     let mut ours = AllreduceAlgo::all(p);
     ours.extend(comm.shared_segment().map(|_| AllreduceAlgo::SharedMemory));
     calibration
-        .and_then(|pred| {
-            ours_or_library(ours, library, |a| {
-                pred.allreduce_s(a, p, bytes)
-            })
-        })
+        .and_then(|pred| ours_or_library(ours, library, |a| pred.allreduce_s(a, p, bytes)))
         .unwrap_or_else(|| choose_allreduce(p, bytes, None))
 }
 
@@ -142,12 +138,16 @@ pub fn choose_reduce_scatter_for<C: Communicator + ?Sized>(
 ) -> ReduceScatterAlgo {
     let p = comm.size();
     let library = comm.library().map(|_| ReduceScatterAlgo::Library);
-    let shared = comm.shared_segment().map(|_| ReduceScatterAlgo::SharedMemory);
+    let shared = comm
+        .shared_segment()
+        .map(|_| ReduceScatterAlgo::SharedMemory);
     calibration
         .and_then(|pred| {
-            ours_or_library(ReduceScatterAlgo::ALL.into_iter().chain(shared), library, |a| {
-                pred.reduce_scatter_s(a, p, bytes)
-            })
+            ours_or_library(
+                ReduceScatterAlgo::ALL.into_iter().chain(shared),
+                library,
+                |a| pred.reduce_scatter_s(a, p, bytes),
+            )
         })
         .unwrap_or_else(|| choose_reduce_scatter(p, bytes, None))
 }

@@ -10,8 +10,9 @@
 //! all-reduce work.
 //!
 //! - **All-reduce**: rounds of up to [`SLOT_BYTES`] per rank. A round of at most
-//!   [`DIRECT_BYTES`] is reduced whole by every rank (one flag exchange); a larger one is
-//!   reduced a 1/P part per rank and the parts copied out after a second exchange.
+//!   [`DIRECT_BYTES`] (any round on two ranks) is reduced whole by every rank (one flag
+//!   exchange); a larger one is reduced a 1/P part per rank and the parts copied out after
+//!   a second exchange.
 //! - **All-gather**: each round copies a piece of every rank's block out of the peers'
 //!   slots (variable counts alike).
 //! - **Reduce-scatter**: each round puts a piece of every rank's block in a sub-slot, and
@@ -27,8 +28,11 @@ use crate::dense::util::block_range;
 use crate::dense::WireType;
 use crate::{Communicator, Error, Result};
 
-/// Largest all-reduce round (bytes) that every rank reduces whole: below it, one flag
-/// exchange and P reads of a buffer that is in cache beat two exchanges.
+/// Largest all-reduce round (bytes) that every rank reduces whole on more than two ranks:
+/// below it, one flag exchange and P reads of a buffer that is in cache beat two
+/// exchanges. Two ranks always reduce whole rounds: per element, the whole-round path
+/// moves 5 words (copy in, read both, write) and the split path 5.5 (copy in, read both
+/// halves, write, put back, copy out half), besides its second exchange.
 pub const DIRECT_BYTES: usize = 32 << 10;
 
 /// The shared segment of `comm`, or a typed error: the transport has none (the ranks span
@@ -107,7 +111,7 @@ pub(crate) fn allreduce(seg: &SharedSegment, buf: &mut [f32]) -> Result<()> {
         put(seg, which, 0, bytemuck::cast_slice(chunk));
         seg.sync()?;
         let n = chunk.len();
-        if n * 4 <= DIRECT_BYTES {
+        if n * 4 <= DIRECT_BYTES || p == 2 {
             // SAFETY: every slot holds this round's `n` floats; none is written before
             // the next round's synchronisation.
             unsafe { sum_slots(seg, which, 0, chunk) };
@@ -162,9 +166,8 @@ pub(crate) fn allgatherv(
             let Range { start, end } = piece(r);
             // SAFETY: rank r's piece of this round, written before the synchronisation
             // and not rewritten before the next one.
-            let src = unsafe {
-                std::slice::from_raw_parts(seg.slot(r, which) as *const u8, end - start)
-            };
+            let src =
+                unsafe { std::slice::from_raw_parts(seg.slot(r, which) as *const u8, end - start) };
             out[displs[r] + start..displs[r] + end].copy_from_slice(src);
         }
     }
@@ -189,7 +192,12 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
             b.start + from.min(b.len())..b.start + (from + sub).min(b.len())
         };
         for r in 0..p {
-            put(seg, which, r * sub * 4, bytemuck::cast_slice(&buf[piece(r)]));
+            put(
+                seg,
+                which,
+                r * sub * 4,
+                bytemuck::cast_slice(&buf[piece(r)]),
+            );
         }
         seg.sync()?;
         let here = piece(me);
