@@ -961,7 +961,10 @@ mod tests {
             6 + 3 + 2,
             "every algorithm the chooser ranks is swept"
         );
+        // A thread world is one machine: the shared-memory algorithms join the sweep.
+        let swept = swept + 3;
         let cals = ThreadComm::run(3, |c| -> Result<Calibration> {
+            assert!(c.shared_segment().is_some());
             let cal = calibrate(&c, &opts, &mut |_, _, _| {})?;
             let v = validate(&c, &cal, &opts, &[1 << 14])?;
             assert_eq!(v.len(), swept);
