@@ -328,6 +328,63 @@ mod tests {
         }
     }
 
+    /// A peer that never arrives is a typed error, not a hang: a timeout when it is late,
+    /// `PeerFailed` as soon as the transport knows it failed.
+    #[test]
+    fn a_missing_peer_is_a_timeout_or_peer_failed() {
+        use crate::comm::shm::TAG_SHARED_MEMORY;
+        use crate::comm::thread::ThreadConfig;
+        use std::time::{Duration, Instant};
+        let timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let res = ThreadComm::run_all(2, ThreadConfig::with_timeout(timeout), |c| {
+            if c.rank() == 0 {
+                let mut buf = vec![1.0f32; 100];
+                shared(&c)?.sync()?;
+                allreduce(shared(&c)?, &mut buf)
+            } else {
+                // Arrives at the first synchronisation only, and late for nothing else.
+                shared(&c)?.sync()?;
+                std::thread::sleep(timeout * 4);
+                Ok(())
+            }
+        })
+        .unwrap();
+        match &res[0] {
+            Err(Error::Timeout {
+                rank: 0,
+                src: 1,
+                tag,
+                waited,
+            }) => assert!(*tag == TAG_SHARED_MEMORY && *waited >= timeout),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(start.elapsed() < timeout * 20);
+        let res = ThreadComm::run_all(
+            3,
+            ThreadConfig::with_timeout(Duration::from_secs(30)),
+            |c| {
+                if c.rank() == 2 {
+                    return Err(Error::InvalidArgument("rank 2 gives up".into()));
+                }
+                let mut buf = vec![1.0f32; 100];
+                allreduce(shared(&c)?, &mut buf)
+            },
+        )
+        .unwrap();
+        for r in 0..2 {
+            assert!(
+                matches!(res[r], Err(Error::PeerFailed { failed: 2, .. })),
+                "{:?}",
+                res[r]
+            );
+        }
+    }
+
+    fn shared(c: &ThreadComm) -> Result<&SharedSegment> {
+        segment_of(c, "test", WireType::F32)
+    }
+
     #[test]
     fn refused_with_a_typed_error_where_there_is_no_segment_or_a_narrow_wire() {
         use crate::comm::thread::ThreadConfig;
