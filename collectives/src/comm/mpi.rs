@@ -173,9 +173,13 @@ impl MpiComm {
         }
     }
 
-    /// Sets how long a receive waits before it returns [`Error::Timeout`].
+    /// Sets how long a receive (or a shared-memory wait) waits before it returns
+    /// [`Error::Timeout`].
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+        if let Some(s) = &mut self.shared {
+            s.set_timeout(timeout);
+        }
         if let Some(w) = self.watchdog.get() {
             w.set_timeout(timeout);
         }

@@ -133,6 +133,12 @@ impl SharedSegment {
         self.rank
     }
 
+    /// Sets how long a wait for a peer lasts before it is an [`Error::Timeout`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// Rank `r`'s sequence flag: the last sequence number it published (wrapping).
     fn flag(&self, r: usize) -> &AtomicU32 {
         // SAFETY: the header of every region is valid for the segment's life, aligned

@@ -95,61 +95,78 @@ pub fn choose_reduce_scatter(
 /// [`choose_allreduce`] for `comm`'s size, with the transport library's all-reduce
 /// ([`AllreduceAlgo::Library`]) among the candidates when `comm` has one and the predictor
 /// prices it: ours is chosen only when predicted [`LIBRARY_MARGIN`] faster than the
-/// library. Without a predictor this is [`choose_allreduce`].
+/// library. Ours include [`AllreduceAlgo::SharedMemory`] when `comm` has a shared segment.
+/// Without a predictor this is [`choose_allreduce`].
 pub fn choose_allreduce_for<C: Communicator + ?Sized>(
     comm: &C,
     bytes: usize,
     calibration: Option<&dyn Predictor>,
 ) -> AllreduceAlgo {
     let p = comm.size();
-    let library = comm.library().map(|_| AllreduceAlgo::Library);
-    let mut ours = AllreduceAlgo::all(p);
-    ours.extend(comm.shared_segment().map(|_| AllreduceAlgo::SharedMemory));
-    calibration
-        .and_then(|pred| ours_or_library(ours, library, |a| pred.allreduce_s(a, p, bytes)))
-        .unwrap_or_else(|| choose_allreduce(p, bytes, None))
+    let (library, shared) = (AllreduceAlgo::Library, AllreduceAlgo::SharedMemory);
+    choose_for(
+        comm,
+        AllreduceAlgo::all(p),
+        [library, shared],
+        calibration,
+        |pred, a| pred.allreduce_s(a, p, bytes),
+    )
+    .unwrap_or_else(|| choose_allreduce(p, bytes, None))
 }
 
-/// [`choose_allgather`] for `comm`'s size, with [`AllgatherAlgo::Library`] among the
-/// candidates as in [`choose_allreduce_for`].
+/// [`choose_allgather`] for `comm`'s size, with [`AllgatherAlgo::Library`] and
+/// [`AllgatherAlgo::SharedMemory`] among the candidates as in [`choose_allreduce_for`].
 pub fn choose_allgather_for<C: Communicator + ?Sized>(
     comm: &C,
     bytes: usize,
     calibration: Option<&dyn Predictor>,
 ) -> AllgatherAlgo {
     let p = comm.size();
-    let library = comm.library().map(|_| AllgatherAlgo::Library);
-    let shared = comm.shared_segment().map(|_| AllgatherAlgo::SharedMemory);
-    calibration
-        .and_then(|pred| {
-            ours_or_library(AllgatherAlgo::ALL.into_iter().chain(shared), library, |a| {
-                pred.allgather_s(a, p, bytes)
-            })
-        })
-        .unwrap_or_else(|| choose_allgather(p, bytes, None))
+    let (library, shared) = (AllgatherAlgo::Library, AllgatherAlgo::SharedMemory);
+    choose_for(
+        comm,
+        AllgatherAlgo::ALL,
+        [library, shared],
+        calibration,
+        |pred, a| pred.allgather_s(a, p, bytes),
+    )
+    .unwrap_or_else(|| choose_allgather(p, bytes, None))
 }
 
-/// [`choose_reduce_scatter`] for `comm`'s size, with [`ReduceScatterAlgo::Library`] among
-/// the candidates as in [`choose_allreduce_for`].
+/// [`choose_reduce_scatter`] for `comm`'s size, with [`ReduceScatterAlgo::Library`] and
+/// [`ReduceScatterAlgo::SharedMemory`] among the candidates as in [`choose_allreduce_for`].
 pub fn choose_reduce_scatter_for<C: Communicator + ?Sized>(
     comm: &C,
     bytes: usize,
     calibration: Option<&dyn Predictor>,
 ) -> ReduceScatterAlgo {
     let p = comm.size();
-    let library = comm.library().map(|_| ReduceScatterAlgo::Library);
-    let shared = comm
-        .shared_segment()
-        .map(|_| ReduceScatterAlgo::SharedMemory);
-    calibration
-        .and_then(|pred| {
-            ours_or_library(
-                ReduceScatterAlgo::ALL.into_iter().chain(shared),
-                library,
-                |a| pred.reduce_scatter_s(a, p, bytes),
-            )
-        })
-        .unwrap_or_else(|| choose_reduce_scatter(p, bytes, None))
+    let (library, shared) = (ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory);
+    choose_for(
+        comm,
+        ReduceScatterAlgo::ALL,
+        [library, shared],
+        calibration,
+        |pred, a| pred.reduce_scatter_s(a, p, bytes),
+    )
+    .unwrap_or_else(|| choose_reduce_scatter(p, bytes, None))
+}
+
+/// The choice among `ours` (plus the shared-memory algorithm when `comm` has a segment)
+/// and the library's algorithm (when `comm` has one), by the predictor's `time`;
+/// `None` without a predictor or when it prices none.
+fn choose_for<C: Communicator + ?Sized, A: Copy>(
+    comm: &C,
+    ours: impl IntoIterator<Item = A>,
+    [library, shared]: [A; 2],
+    calibration: Option<&dyn Predictor>,
+    time: impl Fn(&dyn Predictor, &A) -> Option<f64>,
+) -> Option<A> {
+    let library = comm.library().map(|_| library);
+    let shared = comm.shared_segment().map(|_| shared);
+    calibration.and_then(|pred| {
+        ours_or_library(ours.into_iter().chain(shared), library, |a| time(pred, a))
+    })
 }
 
 /// How much faster than the library one of our algorithms must be predicted before the

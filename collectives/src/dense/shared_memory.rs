@@ -335,18 +335,17 @@ mod tests {
         use crate::comm::shm::TAG_SHARED_MEMORY;
         use crate::comm::thread::ThreadConfig;
         use std::time::{Duration, Instant};
-        let timeout = Duration::from_millis(200);
-        let start = Instant::now();
-        let res = ThreadComm::run_all(2, ThreadConfig::with_timeout(timeout), |c| {
-            if c.rank() == 0 {
-                let mut buf = vec![1.0f32; 100];
-                shared(&c)?.sync()?;
-                allreduce(shared(&c)?, &mut buf)
-            } else {
-                // Arrives at the first synchronisation only, and late for nothing else.
-                shared(&c)?.sync()?;
-                std::thread::sleep(timeout * 4);
-                Ok(())
+        let (timeout, start) = (Duration::from_millis(200), Instant::now());
+        let config = ThreadConfig::with_timeout(timeout);
+        let res = ThreadComm::run_all(2, config, |c| {
+            shared(&c)?.sync()?;
+            match c.rank() {
+                0 => allreduce(shared(&c)?, &mut [1.0f32; 100]),
+                // Arrives at the first synchronisation only.
+                _ => {
+                    std::thread::sleep(timeout * 4);
+                    Ok(())
+                }
             }
         })
         .unwrap();
@@ -372,11 +371,10 @@ mod tests {
             },
         )
         .unwrap();
-        for r in 0..2 {
+        for r in &res[..2] {
             assert!(
-                matches!(res[r], Err(Error::PeerFailed { failed: 2, .. })),
-                "{:?}",
-                res[r]
+                matches!(r, Err(Error::PeerFailed { failed: 2, .. })),
+                "{r:?}"
             );
         }
     }
