@@ -674,36 +674,59 @@ impl Drop for SharedWindow {
     }
 }
 
+/// Set to `0` on every rank to run without the shared segment (the `SharedMemory`
+/// algorithms then refuse with a typed error and the choosers leave them out).
+pub const SHARED_MEMORY_ENV: &str = "COLLECTIVES_SHARED_MEMORY";
+
+/// Whether every rank of `node` says yes (`MPI_Allreduce` of the minimum), so that all
+/// take the same branch.
+fn all_agree(node: &SimpleCommunicator, yes: bool) -> bool {
+    let mut all = 0i32;
+    node.all_reduce_into(&i32::from(yes), &mut all, SystemOperation::min());
+    all == 1
+}
+
 /// The shared segment of `comm` when all its ranks run on one node: a window of
 /// [`REGION_BYTES`](super::shm::REGION_BYTES) per rank from `MPI_Win_allocate_shared`, each
-/// rank's region zeroed before any rank's first use. `None` (on every rank alike: each sees
-/// the same node group size) when the ranks span several nodes or the library cannot
-/// allocate one.
+/// rank's region zeroed before any rank's first use. `None` on every rank alike when the
+/// ranks span several nodes, when any rank has [`SHARED_MEMORY_ENV`] set to `0`, or when
+/// the library cannot allocate or map the window on any rank (its errors return instead of
+/// ending the job).
 fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<SharedSegment> {
     use super::shm::REGION_BYTES;
     use mpi::raw::AsRaw as _;
     let node = comm.split_shared(0);
+    // Every rank sees the same node size, and with it all, the same order.
     if node.size() != comm.size() || node.rank() != comm.rank() {
         return None;
+    }
+    let wanted = std::env::var(SHARED_MEMORY_ENV).map_or(true, |v| v.trim() != "0");
+    if !all_agree(&node, wanted) {
+        return None;
+    }
+    // SAFETY: a valid communicator and the predefined handler.
+    unsafe {
+        mpi::ffi::MPI_Comm_set_errhandler(node.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
     }
     let mut base: *mut u8 = std::ptr::null_mut();
     // SAFETY: the window handle is written by the call; the base pointer is an out
     // parameter of pointer size; the info and communicator handles are valid.
     let (rc, win) = unsafe {
-        let mut win = std::mem::MaybeUninit::<mpi::ffi::MPI_Win>::uninit();
+        let mut win = mpi::ffi::RSMPI_WIN_NULL;
         let rc = mpi::ffi::MPI_Win_allocate_shared(
             REGION_BYTES as mpi::ffi::MPI_Aint,
             1,
             mpi::ffi::RSMPI_INFO_NULL,
             node.as_raw(),
             (&mut base as *mut *mut u8).cast(),
-            win.as_mut_ptr(),
+            &mut win,
         );
-        (rc, win.assume_init())
+        (rc, win)
     };
-    // Every rank reaches the same verdict: a failed allocation fails on all of them (the
-    // call is collective and MPI's default error handler ends the job otherwise).
-    if rc != 0 || base.is_null() {
+    let allocated = rc == 0 && !base.is_null();
+    if !all_agree(&node, allocated) {
+        // A collective allocation fails on every rank alike; a window that some rank did
+        // get would need a collective free that the others would not join.
         return None;
     }
     let window = SharedWindow(win);
@@ -723,10 +746,12 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
             )
         };
         if rc != 0 || ptr.is_null() || (size as usize) < REGION_BYTES || ptr as usize % 8 != 0 {
-            // Agreement: whether the query succeeds is the same on every rank.
-            return None;
+            break;
         }
         regions.push(ptr);
+    }
+    if !all_agree(&node, regions.len() == comm.size() as usize) {
+        return None;
     }
     // SAFETY: this rank's own region, REGION_BYTES long.
     unsafe { std::ptr::write_bytes(base, 0, REGION_BYTES) };
