@@ -464,24 +464,25 @@ mod tests {
     }
 
     #[test]
-    fn library_fits_load_for_the_operations_a_library_offers() {
-        let mut c = cal();
-        let mut lib = c.collectives[0].clone();
-        lib.algo = Algorithm::Library;
-        c.collectives.push(lib.clone());
-        let back = Calibration::from_json(&c.to_json(), "mem").unwrap();
-        assert_eq!(back, c);
-        assert!(c
-            .collective_fit(Collective::Allreduce, Algorithm::Library)
-            .is_some());
-        // Broadcast has no library variant here: a file claiming one is refused.
-        lib.op = Collective::Broadcast;
-        c.collectives.push(lib);
-        assert!(Calibration::from_json(&c.to_json(), "m").is_err());
-        // No schedule prices the library: only a measured fit does.
-        let t = Topology::flat(4, Link::new(1e-6, 1e-9)).unwrap();
-        let case = DenseCase::new(Collective::Allreduce, Algorithm::Library, 1024);
-        assert!(predict_dense(&case, &t).is_err());
+    fn measured_only_fits_load_for_the_operations_they_offer() {
+        // The library's collectives and the shared-memory ones: priced by a fit only.
+        for algo in [Algorithm::Library, Algorithm::SharedMemory] {
+            let mut c = cal();
+            let mut fit = c.collectives[0].clone();
+            fit.algo = algo;
+            c.collectives.push(fit.clone());
+            let back = Calibration::from_json(&c.to_json(), "mem").unwrap();
+            assert_eq!(back, c);
+            assert!(c.collective_fit(Collective::Allreduce, algo).is_some());
+            // Broadcast has no such variant: a file claiming one is refused.
+            fit.op = Collective::Broadcast;
+            c.collectives.push(fit);
+            assert!(Calibration::from_json(&c.to_json(), "m").is_err(), "{algo}");
+            // No schedule prices it: only a measured fit does.
+            let t = Topology::flat(4, Link::new(1e-6, 1e-9)).unwrap();
+            let case = DenseCase::new(Collective::Allreduce, algo, 1024);
+            assert!(predict_dense(&case, &t).is_err(), "{algo}");
+        }
     }
 
     #[test]

@@ -463,12 +463,9 @@ fn report(
             .filter(|c| ![NATIVE, NATIVE_AGAIN, LIBRARY, AUTO].contains(&c.as_str()))
             .filter_map(|c| get(c, bytes).map(|t| (c.clone(), t)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
-        if let Some((bc, bt)) = &best {
+        if let Some((bc, _)) = &best {
             row.push(bc.clone());
-            row.push(match get(NATIVE, bytes) {
-                Some(nt) => format!("{:.2}", nt / bt),
-                None => "–".into(),
-            });
+            row.push(to_native(bc, bytes).map_or("–".into(), |r| format!("{r:.2}")));
         }
         row.push(
             chosen
