@@ -187,6 +187,23 @@ fn owner_reduce_round(seg: &SharedSegment, which: usize, chunk: &mut [f32]) -> R
     Ok(())
 }
 
+/// Bytes per rank of an all-gather round when the longest block is `longest` bytes: a
+/// slot, except that a block from [`PIPELINE_BYTES`] up to two slots goes in two rounds, so
+/// that one rank's copy-out overlaps the other's copy-in. At P = 2 on a 2-core VM a
+/// 512 KiB block took 1.4× longer in one round than in two.
+fn allgather_round_bytes(longest: usize) -> usize {
+    if longest >= PIPELINE_BYTES {
+        SLOT_BYTES.min(longest.div_ceil(2).next_multiple_of(64))
+    } else {
+        SLOT_BYTES
+    }
+}
+
+/// Smallest all-gather block that goes in at least two rounds (see
+/// [`allgather_round_bytes`]); below it a second flag exchange costs more than the overlap
+/// saves.
+const PIPELINE_BYTES: usize = 256 << 10;
+
 /// Every rank's block into `out`: rank r's block is `out[displs[r]..displs[r + 1]]`, and
 /// this rank's is `mine`. The caller checked that the counts add up.
 pub(crate) fn allgatherv(
@@ -201,11 +218,12 @@ pub(crate) fn allgatherv(
     if p == 1 {
         return Ok(());
     }
-    for from in (0..longest).step_by(SLOT_BYTES) {
+    let round = allgather_round_bytes(longest);
+    for from in (0..longest).step_by(round) {
         let which = seg.next_round();
         let piece = |r: usize| {
             let len = displs[r + 1] - displs[r];
-            from.min(len)..(from + SLOT_BYTES).min(len)
+            from.min(len)..(from + round).min(len)
         };
         put(seg, which, 0, &mine[piece(me)]);
         seg.sync()?;
