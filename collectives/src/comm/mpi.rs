@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mpi::collective::{CommunicatorCollectives, SystemOperation};
+use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
 use mpi::point_to_point::{Destination, Message, Source};
@@ -654,26 +654,6 @@ impl Communicator for MpiComm {
     }
 }
 
-/// An `MPI_Win_allocate_shared` window: the memory of a [`SharedSegment`] among MPI
-/// processes. Freed (collectively) when the world communicator drops, unless a panic is
-/// unwinding (the job is being aborted then, and a collective free could wait forever).
-struct SharedWindow(mpi::ffi::MPI_Win);
-
-// SAFETY: a window handle is a plain handle, freed once, by its owner.
-unsafe impl Send for SharedWindow {}
-
-impl Drop for SharedWindow {
-    fn drop(&mut self) {
-        if !std::thread::panicking() && !mpi::environment::is_finalized() {
-            // SAFETY: the window was allocated on the world's node communicator, which
-            // every rank drops at the same point of the program.
-            unsafe {
-                mpi::ffi::MPI_Win_free(&mut self.0);
-            }
-        }
-    }
-}
-
 /// Set to `0` on every rank to run without the shared segment (the `SharedMemory`
 /// algorithms then refuse with a typed error and the choosers leave them out).
 pub const SHARED_MEMORY_ENV: &str = "COLLECTIVES_SHARED_MEMORY";
@@ -686,15 +666,17 @@ fn all_agree(node: &SimpleCommunicator, yes: bool) -> bool {
     all == 1
 }
 
-/// The shared segment of `comm` when all its ranks run on one node: a window of
-/// [`REGION_BYTES`](super::shm::REGION_BYTES) per rank from `MPI_Win_allocate_shared`, each
-/// rank's region zeroed before any rank's first use. `None` on every rank alike when the
-/// ranks span several nodes, when any rank has [`SHARED_MEMORY_ENV`] set to `0`, or when
-/// the library cannot allocate or map the window on any rank (its errors return instead of
-/// ending the job).
+/// The shared segment of `comm` when all its ranks run on one node: a POSIX
+/// shared-memory object ([`SharedMapping`]) of [`REGION_BYTES`](super::shm::REGION_BYTES)
+/// per rank, which rank 0 creates and names to the others, and removes once every rank
+/// has mapped it (the memory goes with the last mapping, even when a process dies).
+/// `None` on every rank alike when the ranks span several nodes, when any rank has
+/// [`SHARED_MEMORY_ENV`] set to `0`, or when any rank cannot create, open or map it.
 fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<SharedSegment> {
-    use super::shm::REGION_BYTES;
-    use mpi::raw::AsRaw as _;
+    use super::shm::{SharedMapping, REGION_BYTES};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    /// Segments this process created, so that every name is new.
+    static CREATED: AtomicU64 = AtomicU64::new(0);
     let node = comm.split_shared(0);
     // Every rank sees the same node size, and with it all, the same order.
     if node.size() != comm.size() || node.rank() != comm.rank() {
@@ -704,67 +686,47 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
     if !all_agree(&node, wanted) {
         return None;
     }
-    // SAFETY: a valid communicator and the predefined handler.
-    unsafe {
-        mpi::ffi::MPI_Comm_set_errhandler(node.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN);
-    }
-    let mut base: *mut u8 = std::ptr::null_mut();
-    // SAFETY: the window handle is written by the call; the base pointer is an out
-    // parameter of pointer size; the info and communicator handles are valid.
-    let (rc, win) = unsafe {
-        let mut win = mpi::ffi::RSMPI_WIN_NULL;
-        let rc = mpi::ffi::MPI_Win_allocate_shared(
-            REGION_BYTES as mpi::ffi::MPI_Aint,
-            1,
-            mpi::ffi::RSMPI_INFO_NULL,
-            node.as_raw(),
-            (&mut base as *mut *mut u8).cast(),
-            &mut win,
+    let len = REGION_BYTES.checked_mul(node.size() as usize)?;
+    let mut name = [0u8; 64];
+    let mut mapping = None;
+    if node.rank() == 0 {
+        let id = format!(
+            "/collectives-{}-{}",
+            std::process::id(),
+            CREATED.fetch_add(1, Ordering::Relaxed)
         );
-        (rc, win)
-    };
-    let allocated = rc == 0 && !base.is_null();
-    if !all_agree(&node, allocated) {
-        // A collective allocation fails on every rank alike; a window that some rank did
-        // get would need a collective free that the others would not join.
+        name[..id.len()].copy_from_slice(id.as_bytes());
+        mapping = SharedMapping::create(&id, len).ok();
+    }
+    node.process_at_rank(0).broadcast_into(&mut name[..]);
+    if !all_agree(&node, node.rank() != 0 || mapping.is_some()) {
         return None;
     }
-    let window = SharedWindow(win);
-    let mut regions = Vec::with_capacity(comm.size() as usize);
-    for r in 0..node.size() {
-        let mut size: mpi::ffi::MPI_Aint = 0;
-        let mut unit: std::os::raw::c_int = 0;
-        let mut ptr: *mut u8 = std::ptr::null_mut();
-        // SAFETY: out parameters of the documented types; `r` is a rank of the window.
-        let rc = unsafe {
-            mpi::ffi::MPI_Win_shared_query(
-                window.0,
-                r,
-                &mut size,
-                &mut unit,
-                (&mut ptr as *mut *mut u8).cast(),
-            )
-        };
-        if rc != 0 || ptr.is_null() || (size as usize) < REGION_BYTES || ptr as usize % 8 != 0 {
-            break;
-        }
-        regions.push(ptr);
+    let id = String::from_utf8_lossy(&name)
+        .trim_end_matches('\0')
+        .to_string();
+    if node.rank() != 0 {
+        mapping = SharedMapping::open(&id, len).ok();
     }
-    if !all_agree(&node, regions.len() == comm.size() as usize) {
-        return None;
+    let mapped = all_agree(&node, mapping.is_some());
+    if node.rank() == 0 {
+        // Every rank has opened it, or failed to, by now.
+        SharedMapping::unlink(&id);
     }
-    // SAFETY: this rank's own region, REGION_BYTES long.
-    unsafe { std::ptr::write_bytes(base, 0, REGION_BYTES) };
-    node.barrier();
+    let mapping = mapping.filter(|_| mapped)?;
+    let base = mapping.as_ptr();
     // SAFETY: one region per rank of `comm` (its node group, in the same order), each
-    // REGION_BYTES long and zeroed, mapped until `window` is freed.
+    // REGION_BYTES long inside the mapping, zeroed (a new object reads as zeros), mapped
+    // until `mapping` drops with the segment.
     Some(unsafe {
         SharedSegment::new(
-            regions,
+            (0..node.size() as usize)
+                .map(|r| base.add(r * REGION_BYTES))
+                .collect(),
             comm.rank() as usize,
             timeout,
             None,
-            Box::new(window),
+            Box::new(mapping),
         )
     })
 }
