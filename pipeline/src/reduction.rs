@@ -287,6 +287,59 @@ impl Exchange for TorusExchange {
     }
 }
 
+/// The calibration at `path`.
+fn load_calibration(path: &std::path::Path) -> Result<cost_model::Calibration> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::Json(format!("{}: {e}", path.display())))
+}
+
+/// The dense all-reduce of a group by the automatic choice: with a calibration taken on
+/// this transport at this P, `collectives::dense::choose_allreduce_for` ranks every
+/// algorithm by its fits (MPI's own call and, on one node, the shared-memory algorithm
+/// included); without one, the built-in rule (`choose_allreduce`), which leaves the
+/// shared-memory algorithm out. The exchange overlaps the backward pass, and the
+/// shared-memory waits poll: on 2 cores, 2 ranks, ResNet-20, they took the backward pass's
+/// cores (non-overlapped communication 7–25 ms per iteration against 4–7 ms), so only a
+/// calibration that measured it ahead brings it in. Resolved on the group's first
+/// exchange, when the communicator is known; every rank resolves alike (the same
+/// calibration, segment and size).
+struct ChosenExchange {
+    bytes: usize,
+    calibration: Option<std::sync::Arc<cost_model::Calibration>>,
+    chosen: Option<DenseExchange>,
+}
+
+impl Exchange for ChosenExchange {
+    fn exchange(
+        &mut self,
+        comm: &dyn collectives::Communicator,
+        ctx: crate::schemes::ExchangeCtx,
+        payload: crate::schemes::Payload,
+    ) -> Result<Vec<f32>> {
+        let inner = match &mut self.chosen {
+            Some(x) => x,
+            None => {
+                let cal = self
+                    .calibration
+                    .as_deref()
+                    .filter(|c| c.backend == comm.backend() && c.ranks == comm.size());
+                let algo = match cal {
+                    Some(c) => collectives::dense::choose_allreduce_for(comm, self.bytes, Some(c)),
+                    None => collectives::dense::choose_allreduce(comm.size(), self.bytes, None),
+                };
+                tracing::debug!(
+                    bytes = self.bytes,
+                    algo = algo.name(),
+                    "dense all-reduce chosen"
+                );
+                self.chosen.insert(DenseExchange { algo })
+            }
+        };
+        inner.exchange(comm, ctx, payload)
+    }
+}
+
 /// Compression time `a + b·n` of the top-k compressor on this machine: a two-point fit
 /// (the smallest and the total layer size, best of three runs each).
 fn measure_topk(sizes: &[usize], density: f64) -> Result<(f64, f64)> {
@@ -348,12 +401,19 @@ pub fn for_epoch(
                 })
             })
         } else if cfg.scheme == SchemeKind::Dense && topology.is_none() {
-            // The cost model chooses the algorithm per group size
-            // (`collectives::dense::choose_allreduce`). On an emulated link the ring is
-            // what the runtime costs price.
-            uncompressed("dense-chosen", |numel, ranks| {
-                let algo = collectives::dense::choose_allreduce(ranks, 4 * numel, None);
-                Box::new(DenseExchange { algo })
+            // The automatic choice per group size (`collectives::dense::choose_allreduce_for`
+            // on the group's communicator, ranked by the calibration when one is given). On
+            // an emulated link the ring is what the runtime costs price.
+            let calibration = match &cfg.calibration {
+                Some(path) => Some(std::sync::Arc::new(load_calibration(path)?)),
+                None => None,
+            };
+            uncompressed("dense-chosen", move |numel, _| {
+                Box::new(ChosenExchange {
+                    bytes: 4 * numel,
+                    calibration: calibration.clone(),
+                    chosen: None,
+                })
             })
         } else if cfg.scheme == SchemeKind::Switch {
             uncompressed("dense-torus2d", |_, _| Box::new(TorusExchange(None)))
@@ -412,11 +472,10 @@ pub fn for_epoch(
             Box::new(runtime)
         }
     } else if let (Some(path), false) = (&cfg.calibration, dense) {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        let cal: cost_model::Calibration = serde_json::from_str(&text)
-            .map_err(|e| Error::Json(format!("{}: {e}", path.display())))?;
-        Box::new(CalibratedCosts::from_calibration(&cal, cfg.density)?)
+        Box::new(CalibratedCosts::from_calibration(
+            &load_calibration(path)?,
+            cfg.density,
+        )?)
     } else if dense {
         Box::new(DenseCosts::preset(
             p.clamp(2, 16).next_power_of_two().min(16),

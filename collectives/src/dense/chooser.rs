@@ -96,7 +96,8 @@ pub fn choose_reduce_scatter(
 /// ([`AllreduceAlgo::Library`]) among the candidates when `comm` has one and the predictor
 /// prices it: ours is chosen only when predicted [`LIBRARY_MARGIN`] faster than the
 /// library. Ours include [`AllreduceAlgo::SharedMemory`] when `comm` has a shared segment.
-/// Without a predictor this is [`choose_allreduce`].
+/// Without a predictor (or one that prices none of them) this is
+/// [`AllreduceAlgo::SharedMemory`] where `comm` has a segment, else [`choose_allreduce`].
 pub fn choose_allreduce_for<C: Communicator + ?Sized>(
     comm: &C,
     bytes: usize,
@@ -153,8 +154,12 @@ pub fn choose_reduce_scatter_for<C: Communicator + ?Sized>(
 }
 
 /// The choice among `ours` (plus the shared-memory algorithm when `comm` has a segment)
-/// and the library's algorithm (when `comm` has one), by the predictor's `time`;
-/// `None` without a predictor or when it prices none.
+/// and the library's algorithm (when `comm` has one), by the predictor's `time`. Without
+/// a predictor, or one that prices none of them, the shared-memory algorithm where `comm`
+/// has a segment: on one node it was ahead of or level with MPI's own call and every
+/// message-passing algorithm here at every size from 4 KiB to 64 MiB at P = 2, 3 and 4
+/// (`docs/results/shared-memory-2core.md`), while the built-in rules know only links.
+/// `None` otherwise (the caller's built-in rule).
 fn choose_for<C: Communicator + ?Sized, A: Copy>(
     comm: &C,
     ours: impl IntoIterator<Item = A>,
@@ -164,9 +169,11 @@ fn choose_for<C: Communicator + ?Sized, A: Copy>(
 ) -> Option<A> {
     let library = comm.library().map(|_| library);
     let shared = comm.shared_segment().map(|_| shared);
-    calibration.and_then(|pred| {
-        ours_or_library(ours.into_iter().chain(shared), library, |a| time(pred, a))
-    })
+    calibration
+        .and_then(|pred| {
+            ours_or_library(ours.into_iter().chain(shared), library, |a| time(pred, a))
+        })
+        .or(shared)
 }
 
 /// How much faster than the library one of our algorithms must be predicted before the
@@ -301,6 +308,44 @@ mod tests {
             (*a == AllreduceAlgo::Library).then_some(1.0)
         });
         assert_eq!(only, Some(AllreduceAlgo::Library));
+    }
+
+    /// Without a calibration a one-node communicator gets the shared-memory algorithm, and
+    /// one without a segment the built-in rule.
+    #[test]
+    fn without_a_calibration_one_node_gets_shared_memory() {
+        use crate::comm::thread::ThreadConfig;
+        let pick = |config: ThreadConfig| {
+            ThreadComm::run_with(4, config, |comm| -> crate::Result<_> {
+                Ok((
+                    choose_allreduce_for(&comm, 1 << 20, None),
+                    choose_allgather_for(&comm, 1 << 20, None),
+                    choose_reduce_scatter_for(&comm, 1 << 20, None),
+                ))
+            })
+            .unwrap()
+        };
+        for chosen in pick(ThreadConfig::default()) {
+            assert_eq!(
+                chosen,
+                (
+                    AllreduceAlgo::SharedMemory,
+                    AllgatherAlgo::SharedMemory,
+                    ReduceScatterAlgo::SharedMemory
+                )
+            );
+        }
+        for chosen in pick(ThreadConfig::default().with_ranks_per_node(2)) {
+            assert_eq!(
+                chosen,
+                (
+                    choose_allreduce(4, 1 << 20, None),
+                    choose_allgather(4, 1 << 20, None),
+                    choose_reduce_scatter(4, 1 << 20, None)
+                )
+            );
+            assert_ne!(chosen.0, AllreduceAlgo::SharedMemory);
+        }
     }
 
     #[test]
