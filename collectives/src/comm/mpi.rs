@@ -669,7 +669,8 @@ fn all_agree(node: &SimpleCommunicator, yes: bool) -> bool {
 /// The shared segment of `comm` when all its ranks run on one node: a POSIX
 /// shared-memory object ([`SharedMapping`]) of [`REGION_BYTES`](super::shm::REGION_BYTES)
 /// per rank, which rank 0 creates and names to the others, and removes once every rank
-/// has mapped it (the memory goes with the last mapping, even when a process dies).
+/// has mapped it (the memory goes with the last mapping, even when a process dies). Each
+/// rank allocates its own region's pages, so they sit on its NUMA node.
 /// `None` on every rank alike when the ranks span several nodes, when any rank has
 /// [`SHARED_MEMORY_ENV`] set to `0`, or when any rank cannot create, open or map it.
 fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<SharedSegment> {
@@ -708,6 +709,9 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
     if node.rank() != 0 {
         mapping = SharedMapping::open(&id, len).ok();
     }
+    // Each rank allocates its own region's pages (on its own NUMA node).
+    let rank = node.rank() as usize;
+    let mapping = mapping.filter(|m| m.reserve(rank * REGION_BYTES, REGION_BYTES).is_ok());
     let mapped = all_agree(&node, mapping.is_some());
     if node.rank() == 0 {
         // Every rank has opened it, or failed to, by now.

@@ -302,18 +302,19 @@ mod futex {
 pub(crate) struct SharedMapping {
     ptr: *mut u8,
     len: usize,
+    /// The object's descriptor, kept to reserve pages ([`SharedMapping::reserve`]).
+    fd: libc::c_int,
 }
 
-// SAFETY: a plain mapping, unmapped once, by its owner.
+// SAFETY: a plain mapping and descriptor, released once, by their owner.
 #[cfg(feature = "mpi")]
 unsafe impl Send for SharedMapping {}
 
 #[cfg(feature = "mpi")]
 impl SharedMapping {
     /// Creates the object `name` (`/` and a name without another `/`), `len` bytes of
-    /// zeros whose pages are reserved at once (so that a full `/dev/shm` is an error here,
-    /// not a `SIGBUS` at a later write), and maps it. The object exists until
-    /// [`SharedMapping::unlink`], so that the other processes can open it.
+    /// zeros, and maps it. The object exists until [`SharedMapping::unlink`], so that the
+    /// other processes can open it.
     pub(crate) fn create(name: &str, len: usize) -> std::io::Result<SharedMapping> {
         let cname = std::ffi::CString::new(name)?;
         // SAFETY: a valid C string; the flags create a new object readable by this user.
@@ -328,18 +329,15 @@ impl SharedMapping {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: a descriptor this function owns; the length fits an off_t.
-        let sized = unsafe {
-            if libc::ftruncate(fd, len as libc::off_t) != 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                match libc::posix_fallocate(fd, 0, len as libc::off_t) {
-                    0 => Ok(()),
-                    e => Err(std::io::Error::from_raw_os_error(e)),
-                }
-            }
+        let sized = if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
         };
         let mapped = sized.and_then(|()| Self::map(fd, len));
         if mapped.is_err() {
+            // SAFETY: the descriptor is this function's to close (`map` failed).
+            unsafe { libc::close(fd) };
             Self::unlink(name);
         }
         mapped
@@ -353,10 +351,15 @@ impl SharedMapping {
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        Self::map(fd, len)
+        let mapped = Self::map(fd, len);
+        if mapped.is_err() {
+            // SAFETY: the descriptor is this function's to close (`map` failed).
+            unsafe { libc::close(fd) };
+        }
+        mapped
     }
 
-    /// Maps `len` bytes of `fd` shared, and closes `fd` (the mapping keeps the object).
+    /// Maps `len` bytes of `fd` shared; the mapping owns `fd` from then on.
     fn map(fd: libc::c_int, len: usize) -> std::io::Result<SharedMapping> {
         // SAFETY: a fresh mapping of an open descriptor; the kernel picks the address.
         let ptr = unsafe {
@@ -369,17 +372,25 @@ impl SharedMapping {
                 0,
             )
         };
-        let out = if ptr == libc::MAP_FAILED {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(SharedMapping {
-                ptr: ptr.cast(),
-                len,
-            })
-        };
-        // SAFETY: the descriptor is this function's to close.
-        unsafe { libc::close(fd) };
-        out
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SharedMapping {
+            ptr: ptr.cast(),
+            len,
+            fd,
+        })
+    }
+
+    /// Allocates the pages of bytes `offset..offset + len` now, by the calling process:
+    /// a full `/dev/shm` is an error here rather than a `SIGBUS` at a later write, and
+    /// each rank reserving its own region puts its pages on its own NUMA node.
+    pub(crate) fn reserve(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        // SAFETY: an open descriptor of this mapping's object; the range lies inside it.
+        match unsafe { libc::posix_fallocate(self.fd, offset as libc::off_t, len as libc::off_t) } {
+            0 => Ok(()),
+            e => Err(std::io::Error::from_raw_os_error(e)),
+        }
     }
 
     /// Removes the name `name` (the memory lives on while some process maps it).
@@ -399,8 +410,11 @@ impl SharedMapping {
 #[cfg(feature = "mpi")]
 impl Drop for SharedMapping {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        // SAFETY: the mapping and descriptor made in `map`, released once.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+            libc::close(self.fd);
+        }
     }
 }
 
