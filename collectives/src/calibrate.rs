@@ -153,13 +153,28 @@ pub fn calls_per_timing(bytes: usize) -> usize {
     (PINGPONG_TIMED_BYTES / bytes.max(1)).clamp(1, PINGPONG_MAX_TRIPS)
 }
 
+/// The order of `n` cases in round `round` of a measurement in turns: a permutation drawn
+/// afresh for every round from a seed that `round` fixes, so every rank runs the same
+/// order. No case always runs first (right after a barrier or a reduction of the times)
+/// or right after the same neighbour, whose traffic leaves the caches in a state of its
+/// own: rotating the order kept every case's neighbour, and the bench's automatic choice,
+/// always timed right after the library's call, measured up to 1.3× slower than the very
+/// same algorithm's own row.
+pub fn turn_order(n: usize, round: usize) -> Vec<usize> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(round as u64));
+    order
+}
+
 /// One-way time between ranks 0 and 1 (half the round trip) for each size; every rank
 /// returns the samples, meaningful on rank 0. Needs P ≥ 2.
 ///
 /// Short messages make several round trips per timing ([`calls_per_timing`], as the OSU
 /// latency test does), so that the barrier around each timing and the clock's resolution
 /// do not dominate a round trip of a few µs. Each size takes [`reps_for`] timings, the
-/// sizes timed in turns (a round times each once, starting at the next size each round):
+/// sizes timed in turns (a round times each once, in a fresh [`turn_order`]):
 /// timed one size after another, a change in the machine's state during the sweep (on
 /// threads, where the scheduler happened to put the two ranks) moved one stretch of sizes
 /// by 2–3× and left a step no fit should follow. Medians per size.
@@ -202,7 +217,7 @@ pub fn pingpong<C: Communicator + ?Sized>(
     let n = sizes.len();
     let mut t: Vec<Vec<f64>> = rounds.iter().map(|&r| Vec::with_capacity(r)).collect();
     for rep in 0..rounds.iter().copied().max().unwrap_or(0) {
-        for i in (0..n).map(|i| (i + rep) % n) {
+        for i in turn_order(n, rep) {
             if rep >= rounds[i] {
                 continue;
             }
@@ -263,8 +278,8 @@ fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
 }
 
 /// Seconds per run of `op` on each of `states`: medians of `reps` timings, each lasting at
-/// least [`MIN_TIMED_S`], taken in turns (a round times every state once, starting at the
-/// next one each round) so that a change in the machine's load falls on all of them alike
+/// least [`MIN_TIMED_S`], taken in turns (a round times every state once, in a fresh
+/// [`turn_order`]) so that a change in the machine's load falls on all of them alike
 /// instead of bending one stretch of a sweep. Before each timing, untimed: one run (the
 /// previous state's runs evicted this one's buffers; a cold run timed alone, as for the
 /// large sizes, against many warm ones, as for the small, bent the curve where the buffers
@@ -290,7 +305,7 @@ fn time_local_in_turns<S>(
     let reps = reps.max(1);
     let mut t = vec![Vec::with_capacity(reps); n];
     for rep in 0..reps {
-        for i in (0..n).map(|i| (i + rep) % n) {
+        for i in turn_order(n, rep) {
             let st = &mut states[i];
             op(st)?;
             reset(st);
@@ -537,8 +552,8 @@ pub fn reps_for(bytes: usize, reps: usize) -> usize {
 /// Seconds per call of every algorithm of `algos` at every size of `sizes` (bytes),
 /// `[size][algorithm]`, measured in turns: rounds in which each
 /// size still short of its [`reps_for`] timings, and at it each algorithm, runs its
-/// [`calls_per_timing`] calls between barriers, each round starting at the next size and
-/// the next algorithm. Every timing follows one untimed call at its size, so that its
+/// [`calls_per_timing`] calls between barriers, the sizes and the algorithms at each size
+/// in a fresh [`turn_order`] every round. Every timing follows one untimed call at its size, so that its
 /// buffers come from cache as when one size is timed after another. A change in the
 /// machine's load then falls on all sizes and algorithms alike: the chooser, which compares
 /// algorithms, compares like with like (timed one algorithm after another, a load that came
@@ -562,12 +577,12 @@ fn time_swept_in_turns<C: Communicator + ?Sized>(
         .map(|&r| vec![Vec::with_capacity(r); na])
         .collect();
     for rep in 0..rounds.iter().copied().max().unwrap_or(0) {
-        for j in (0..ns).map(|j| (j + rep) % ns) {
+        for j in turn_order(ns, rep) {
             if rep >= rounds[j] {
                 continue;
             }
             let bytes = sizes[j];
-            for i in (0..na).map(|i| (i + rep) % na) {
+            for i in turn_order(na, rep * ns + j) {
                 let c = calls(&algos[i], bytes);
                 // Untimed: another size or algorithm ran last and may have evicted this
                 // one's buffers (and the first call of a run faults its pages in).
@@ -945,6 +960,28 @@ pub fn validate_composite<C: Communicator + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every round's order is a permutation, the same for the same round (so on every
+    /// rank), and a case's predecessor changes between rounds.
+    #[test]
+    fn turn_order_is_a_fresh_permutation_per_round() {
+        let n = 9;
+        let rounds: Vec<Vec<usize>> = (0..20).map(|r| turn_order(n, r)).collect();
+        for (r, order) in rounds.iter().enumerate() {
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+            assert_eq!(*order, turn_order(n, r));
+        }
+        let before = |order: &[usize], c: usize| {
+            let at = order.iter().position(|&x| x == c).unwrap();
+            (at > 0).then(|| order[at - 1])
+        };
+        let predecessors: std::collections::HashSet<_> =
+            rounds.iter().map(|o| before(o, 4)).collect();
+        assert!(predecessors.len() > 3, "{predecessors:?}");
+        assert!(turn_order(0, 3).is_empty() && turn_order(1, 3) == vec![0]);
+    }
     use crate::ThreadComm;
 
     #[test]

@@ -30,8 +30,8 @@ pub fn world_time(
 /// [`world_time`] of several cases at once, interleaved: every repetition runs each case
 /// `calls` times back to back, in turn, so a change in the machine's load during the
 /// measurement falls on all of them alike, and a call of a few µs is not timed alone
-/// against the ranks' skew leaving the barrier (the OSU benchmarks' loop); the order of the
-/// cases is shuffled afresh every repetition. Each timing follows one untimed call of
+/// against the ranks' skew leaving the barrier (the OSU benchmarks' loop), in a fresh order
+/// every repetition ([`collectives::calibrate::turn_order`]). Each timing follows one untimed call of
 /// its case, so its buffers are as warm as in a loop of calls of one case (OSU's and
 /// nccl-tests' loops, and `calibrate`'s sweep, whose fits rank the algorithms of the
 /// automatic choice): without it, a multi-MiB case ran after the other cases had pushed its
@@ -48,23 +48,8 @@ pub fn world_rounds_interleaved(
     let calls = calls.max(1);
     let n = cases.len();
     let mut t = vec![Vec::with_capacity(reps.max(1)); n];
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    for _ in 0..reps.max(1) {
-        // A fresh order every repetition (the same on every rank: a fixed seed), so that no
-        // case always runs first, right after the rank-time reduction, or right after the
-        // same neighbour, whose traffic leaves the caches in a state of its own. (Rotating
-        // the order kept every case's neighbour: the automatic choice always followed the
-        // library's call and measured up to 1.3× slower than the same algorithm's own row.)
-        for i in (1..n).rev() {
-            // xorshift64*
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            let j = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % (i + 1);
-            order.swap(i, j);
-        }
-        for &c in &order {
+    for rep in 0..reps.max(1) {
+        for c in collectives::calibrate::turn_order(n, rep) {
             comm.barrier()?;
             cases[c]()?;
             comm.barrier()?;
