@@ -266,32 +266,41 @@ fn uncompressed(
     })
 }
 
-/// The 2D-torus all-reduce on the transport's nodes (`collectives::comm::nodes::torus2d`),
-/// resolved on the group's first exchange (a collective call, the same on every rank).
-struct TorusExchange(Option<DenseExchange>);
+/// How a [`ResolvedExchange`] picks its all-reduce from the group's communicator.
+type Resolve = Box<dyn FnMut(&dyn collectives::Communicator) -> Result<AllreduceAlgo> + Send>;
 
-impl Exchange for TorusExchange {
+/// A dense all-reduce whose algorithm depends on the group's communicator, resolved on
+/// the group's first exchange (every rank resolves alike: the same transport, size and
+/// inputs) and kept for the next ones.
+struct ResolvedExchange {
+    resolve: Resolve,
+    resolved: Option<DenseExchange>,
+}
+
+impl ResolvedExchange {
+    fn boxed(resolve: Resolve) -> Box<dyn Exchange> {
+        Box::new(ResolvedExchange {
+            resolve,
+            resolved: None,
+        })
+    }
+}
+
+impl Exchange for ResolvedExchange {
     fn exchange(
         &mut self,
         comm: &dyn collectives::Communicator,
         ctx: crate::schemes::ExchangeCtx,
         payload: crate::schemes::Payload,
     ) -> Result<Vec<f32>> {
-        let inner = match &mut self.0 {
+        let inner = match &mut self.resolved {
             Some(x) => x,
-            None => self.0.insert(DenseExchange {
-                algo: collectives::comm::nodes::torus2d(comm)?,
+            None => self.resolved.insert(DenseExchange {
+                algo: (self.resolve)(comm)?,
             }),
         };
         inner.exchange(comm, ctx, payload)
     }
-}
-
-/// The calibration at `path`.
-fn load_calibration(path: &std::path::Path) -> Result<cost_model::Calibration> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    serde_json::from_str(&text).map_err(|e| Error::Json(format!("{}: {e}", path.display())))
 }
 
 /// The dense all-reduce of a group by the automatic choice: with a calibration taken on
@@ -301,43 +310,25 @@ fn load_calibration(path: &std::path::Path) -> Result<cost_model::Calibration> {
 /// shared-memory algorithm out. The exchange overlaps the backward pass, and the
 /// shared-memory waits poll: on 2 cores, 2 ranks, ResNet-20, they took the backward pass's
 /// cores (non-overlapped communication 7–25 ms per iteration against 4–7 ms), so only a
-/// calibration that measured it ahead brings it in. Resolved on the group's first
-/// exchange, when the communicator is known; every rank resolves alike (the same
-/// calibration, segment and size).
-struct ChosenExchange {
+/// calibration that measured it ahead brings it in.
+fn chosen_allreduce(
+    comm: &dyn collectives::Communicator,
     bytes: usize,
-    calibration: Option<std::sync::Arc<cost_model::Calibration>>,
-    chosen: Option<DenseExchange>,
+    calibration: Option<&cost_model::Calibration>,
+) -> AllreduceAlgo {
+    let algo = match calibration.filter(|c| c.backend == comm.backend() && c.ranks == comm.size()) {
+        Some(c) => collectives::dense::choose_allreduce_for(comm, bytes, Some(c)),
+        None => collectives::dense::choose_allreduce(comm.size(), bytes, None),
+    };
+    tracing::debug!(bytes, algo = algo.name(), "dense all-reduce chosen");
+    algo
 }
 
-impl Exchange for ChosenExchange {
-    fn exchange(
-        &mut self,
-        comm: &dyn collectives::Communicator,
-        ctx: crate::schemes::ExchangeCtx,
-        payload: crate::schemes::Payload,
-    ) -> Result<Vec<f32>> {
-        let inner = match &mut self.chosen {
-            Some(x) => x,
-            None => {
-                let cal = self
-                    .calibration
-                    .as_deref()
-                    .filter(|c| c.backend == comm.backend() && c.ranks == comm.size());
-                let algo = match cal {
-                    Some(c) => collectives::dense::choose_allreduce_for(comm, self.bytes, Some(c)),
-                    None => collectives::dense::choose_allreduce(comm.size(), self.bytes, None),
-                };
-                tracing::debug!(
-                    bytes = self.bytes,
-                    algo = algo.name(),
-                    "dense all-reduce chosen"
-                );
-                self.chosen.insert(DenseExchange { algo })
-            }
-        };
-        inner.exchange(comm, ctx, payload)
-    }
+/// The calibration at `path`.
+fn load_calibration(path: &std::path::Path) -> Result<cost_model::Calibration> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::Json(format!("{}: {e}", path.display())))
 }
 
 /// Compression time `a + b·n` of the top-k compressor on this machine: a two-point fit
@@ -409,14 +400,18 @@ pub fn for_epoch(
                 None => None,
             };
             uncompressed("dense-chosen", move |numel, _| {
-                Box::new(ChosenExchange {
-                    bytes: 4 * numel,
-                    calibration: calibration.clone(),
-                    chosen: None,
-                })
+                let calibration = calibration.clone();
+                ResolvedExchange::boxed(Box::new(move |comm| {
+                    Ok(chosen_allreduce(comm, 4 * numel, calibration.as_deref()))
+                }))
             })
         } else if cfg.scheme == SchemeKind::Switch {
-            uncompressed("dense-torus2d", |_, _| Box::new(TorusExchange(None)))
+            uncompressed("dense-torus2d", |_, _| {
+                // The 2D torus on the transport's nodes (a collective call).
+                ResolvedExchange::boxed(Box::new(|comm| {
+                    Ok(collectives::comm::nodes::torus2d(comm)?)
+                }))
+            })
         } else {
             Box::new(DenseAllreduce)
         }

@@ -156,9 +156,10 @@ pub fn choose_reduce_scatter_for<C: Communicator + ?Sized>(
 /// The choice among `ours` (plus the shared-memory algorithm when `comm` has a segment)
 /// and the library's algorithm (when `comm` has one), by the predictor's `time`. Without
 /// a predictor, or one that prices none of them, the shared-memory algorithm where `comm`
-/// has a segment: on one node it was ahead of or level with MPI's own call and every
-/// message-passing algorithm here at every size from 4 KiB to 64 MiB at P = 2, 3 and 4
-/// (`docs/results/shared-memory-2core.md`), while the built-in rules know only links.
+/// has a segment: on one node it beat MPI's own call and every message-passing algorithm
+/// here at most sizes from 4 KiB to 64 MiB at P = 2, 3 and 4, and lost only at some large
+/// sizes in some runs (`docs/results/shared-memory-2core.md`), while the built-in rules
+/// know only links.
 /// `None` otherwise (the caller's built-in rule).
 fn choose_for<C: Communicator + ?Sized, A: Copy>(
     comm: &C,
