@@ -7,7 +7,7 @@
 //! value. A threshold never exceeds [`INF_BITS`], so every non-finite value lands among
 //! the candidates, which is how a NaN or infinity is found within the same pass at no cost.
 
-use crate::{Error, Result};
+use crate::{order, Error, Result};
 
 /// Bit pattern of `+inf`; magnitudes at or above it are non-finite.
 pub(crate) const INF_BITS: i32 = 0x7f80_0000;
@@ -1410,9 +1410,7 @@ pub(crate) fn sampled_threshold(
     let h = runs / 2;
     rayon::join(|| half(0, h, a), || half(h, runs - h, b));
     a.extend_from_slice(b);
-    let at = a.len() - m;
-    let v = *a.select_nth_unstable(at).1;
-    (v.min(INF_BITS), len)
+    (order::kth_largest(a, m).min(INF_BITS), len)
 }
 
 /// The rank from the top, `k·n/d + z·sqrt(k·n/d) + 1`, of the threshold
@@ -1433,36 +1431,7 @@ pub(crate) fn threshold_from_sample(sample: &mut [i32], d: usize, k: usize, z: f
     let Some(m) = sample_rank(n, d, k, z) else {
         return 0;
     };
-    if m <= SMALL_M {
-        return mth_largest_small(sample, m).min(INF_BITS);
-    }
-    // m-th largest = position n - m in ascending order.
-    let pos = n - m;
-    let (_, v, _) = sample.select_nth_unstable(pos);
-    (*v).min(INF_BITS)
-}
-
-/// Largest order statistic [`threshold_from_sample`] finds by [`mth_largest_small`].
-const SMALL_M: usize = 32;
-
-/// The `m`-th largest of `v` (`1 <= m <= min(SMALL_M, v.len())`) by one scan keeping the
-/// `m` largest seen in a sorted buffer: almost every element costs one comparison with
-/// the buffer's smallest, several times cheaper than a full selection on the few hundred
-/// elements of a small input's sample.
-fn mth_largest_small(v: &[i32], m: usize) -> i32 {
-    let mut top = [0i32; SMALL_M];
-    let top = &mut top[..m];
-    top.copy_from_slice(&v[..m]);
-    top.sort_unstable();
-    for &x in &v[m..] {
-        if x > top[0] {
-            // Insert `x`, dropping the smallest; `top` stays ascending.
-            let at = top.partition_point(|&y| y < x);
-            top.copy_within(1..at, 0);
-            top[at - 1] = x;
-        }
-    }
-    top[0]
+    order::kth_largest(sample, m).min(INF_BITS)
 }
 
 /// Cap on the candidates of a pass whose threshold came from [`threshold_from_sample`]
@@ -1492,9 +1461,8 @@ pub(crate) fn select_k_of(cand: &Cand, k: usize, scratch: &mut Vec<i32>) -> (Vec
     }
     scratch.clear();
     scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
-    let (_, kth, above) = scratch.select_nth_unstable(n - k);
-    let kth = *kth;
-    let ties = k - above.iter().filter(|&&m| m > kth).count();
+    let kth = order::kth_largest(scratch, k);
+    let ties = k - cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
     // Above the k-th magnitude: taken; at it: the first `ties` in index order.
     let picks = cand.idx.iter().zip(&cand.val).map(|(&i, &v)| {
         let m = abs_bits(v);
@@ -1715,27 +1683,6 @@ mod tests {
             // Close to an f64 sum in index order: the f32 lanes lose a few ulps per chunk.
             let naive: f64 = r.iter().map(|v| f64::from(v.abs())).sum();
             assert!((naive - out.abs_sum).abs() <= 1e-5 * naive, "n {n}");
-        }
-    }
-
-    #[test]
-    fn small_order_statistic_matches_sorting() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        for n in [1usize, 2, 33, 500, 3_000] {
-            let v: Vec<i32> = (0..n)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    // Few distinct values, so ties are common.
-                    (s % 97) as i32
-                })
-                .collect();
-            let mut sorted = v.clone();
-            sorted.sort_unstable_by(|a, b| b.cmp(a));
-            for m in 1..=SMALL_M.min(n) {
-                assert_eq!(mth_largest_small(&v, m), sorted[m - 1], "n {n} m {m}");
-            }
         }
     }
 

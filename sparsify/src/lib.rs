@@ -26,6 +26,7 @@ mod grouped;
 mod kernel;
 pub mod kind;
 pub mod mstopk;
+mod order;
 pub mod selector;
 pub mod sparse;
 mod split;

@@ -16,6 +16,7 @@ use std::mem::MaybeUninit;
 use rayon::prelude::*;
 
 use crate::kernel::{abs_bits, Cand};
+use crate::order;
 
 /// Below this many candidates in all, a split pass's lists are joined and selected
 /// among in serial ([`Cand::join_if_fewer`]).
@@ -217,12 +218,11 @@ pub(crate) fn select_k(
         // One list (a serial pass, not prepared): select among all its magnitudes.
         w.members.clear();
         w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
-        let n = w.members.len();
-        let kth = *w.members.select_nth_unstable(n - k).1;
-        let gt = w
-            .members
+        let kth = order::kth_largest(&mut w.members, k);
+        let gt = cand
+            .val
             .iter()
-            .map(|&m| usize::from(m > kth))
+            .map(|v| usize::from(abs_bits(*v) > kth))
             .sum::<usize>();
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
@@ -240,19 +240,21 @@ pub(crate) fn select_k(
     }
     let (kb, above) = boundary(np, b, k, 0, w);
     let need = k - above;
-    let n = w.members.len();
-    let (_, kth, _) = w.members.select_nth_unstable(n - need);
-    let kth = *kth;
+    let kth = order::kth_largest(&mut w.members, need);
     // Ties at the k-th magnitude go to the lowest indices: in piece order.
-    let gt_all = w.members.iter().filter(|&&m| m > kth).count();
-    let mut ties = need - gt_all;
+    let (mut ties, mut taken) = (need, 0);
     for p in &mut w.pieces[..np] {
         let mb = p.bucket(kb);
         let gt = mb.iter().filter(|&&m| m > kth).count();
         let eq = mb.iter().filter(|&&m| m == kth).count();
-        let take = eq.min(ties);
-        ties -= take;
         p.sure = p.sorted.len() - p.starts[kb + 1] as usize + gt;
+        ties -= gt;
+        p.ranked = (0, eq);
+    }
+    // `ties` is now the count of the k-th magnitude still to take, lowest pieces first.
+    for p in &mut w.pieces[..np] {
+        let take = p.ranked.1.min(ties - taken);
+        taken += take;
         p.ranked = (0, take);
         p.count = p.sure + take;
     }

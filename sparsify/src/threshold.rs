@@ -273,7 +273,7 @@ impl DgcSampling {
         let mut t = if ns == 0 {
             0
         } else {
-            *self.sample.select_nth_unstable(ns - ks).1
+            crate::order::kth_largest(&mut self.sample, ks)
         };
         pass(
             x,
