@@ -1463,47 +1463,102 @@ pub(crate) fn select_k_of(cand: &Cand, k: usize, scratch: &mut Vec<i32>) -> (Vec
     scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
     let kth = order::kth_largest(scratch, k);
     let ties = k - cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
-    // Above the k-th magnitude: taken; at it: the first `ties` in index order.
-    let picks = cand.idx.iter().zip(&cand.val).map(|(&i, &v)| {
-        let m = abs_bits(v);
-        (i, v, m > kth, m == kth)
-    });
-    compact(k, picks, 0, ties)
+    keep_top(&cand.idx, &cand.val, kth, ties, k)
 }
 
-/// Keeps, in order, the entries `(index, value, sure, ranked)` that are `sure`, plus those
-/// `ranked` whose rank among the ranked ones lies in `start..end`; at most `k` are kept.
-/// Branch-free: every entry is written at the end of the lists and the length advances
-/// only for a kept one, which for a kept fraction near one half is several times faster
-/// than a branch per entry.
-pub(crate) fn compact(
+/// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
+/// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case).
+pub(crate) fn keep_top(
+    idx: &[u32],
+    val: &[f32],
+    kth: i32,
+    ties: usize,
     k: usize,
-    entries: impl Iterator<Item = (u32, f32, bool, bool)>,
-    start: usize,
-    end: usize,
 ) -> (Vec<u32>, Vec<f32>) {
-    let mut idx: Vec<u32> = Vec::with_capacity(k + 1);
-    let mut val: Vec<f32> = Vec::with_capacity(k + 1);
-    let (pi, pv) = (idx.as_mut_ptr(), val.as_mut_ptr());
-    let (mut len, mut rank) = (0usize, 0usize);
-    for (i, v, sure, ranked) in entries {
+    // Room for a whole vector's store past the `k`-th entry.
+    let mut out_i: Vec<u32> = Vec::with_capacity(k + BLOCK);
+    let mut out_v: Vec<f32> = Vec::with_capacity(k + BLOCK);
+    let (pi, pv) = (out_i.as_mut_ptr(), out_v.as_mut_ptr());
+    let n = idx.len().min(val.len());
+    let (mut len, mut ties_left, mut done) = (0usize, ties, 0usize);
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 {
+        // SAFETY: AVX-512 checked just above; both outputs have room for `k + BLOCK`.
+        (len, ties_left, done) = unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) };
+    }
+    // The rest (all of it without AVX-512), branch-free: every entry is written at the
+    // end of the lists and the length advances only for a kept one, which for a kept
+    // fraction near one half is several times faster than a branch per entry.
+    for (&i, &v) in idx[done..n].iter().zip(&val[done..n]) {
         let at = len.min(k);
-        // SAFETY: `at <= k < k + 1`, the capacity of both lists.
+        // SAFETY: `at <= k`, within the capacity of both lists.
         unsafe {
             pi.add(at).write(i);
             pv.add(at).write(v);
         }
-        let keep = sure | (ranked & (rank >= start) & (rank < end));
-        len = (len + usize::from(keep)).min(k);
-        rank += usize::from(ranked);
+        let m = abs_bits(v);
+        let tie = (m == kth) & (ties_left > 0);
+        ties_left -= usize::from(tie);
+        len = (len + usize::from((m > kth) | tie)).min(k);
     }
-    // SAFETY: every position below `len` was written (the entry kept there), and
-    // `len <= k` is within capacity.
+    // SAFETY: every position below `len <= k` was written (the entry kept there).
     unsafe {
-        idx.set_len(len);
-        val.set_len(len);
+        out_i.set_len(len);
+        out_v.set_len(len);
     }
-    (idx, val)
+    (out_i, out_v)
+}
+
+/// [`keep_top`]'s whole blocks with AVX-512: a mask of the kept lanes, compressed into
+/// the outputs sixteen at a time.
+#[cfg(target_arch = "x86_64")]
+mod avx512_keep {
+    use super::BLOCK;
+    use std::arch::x86_64::*;
+
+    /// Keeps from the whole blocks of `idx`/`val`; returns (entries written, ties left,
+    /// entries read).
+    ///
+    /// # Safety
+    /// AVX-512F; `pi` and `pv` valid for `k + BLOCK` writes.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn keep_top(
+        idx: &[u32],
+        val: &[f32],
+        kth: i32,
+        ties: usize,
+        k: usize,
+        pi: *mut u32,
+        pv: *mut f32,
+    ) -> (usize, usize, usize) {
+        let n = idx.len().min(val.len());
+        let whole = n / BLOCK * BLOCK;
+        let (vk, abs) = (_mm512_set1_epi32(kth), _mm512_set1_epi32(0x7fff_ffff));
+        let (mut len, mut ties_left) = (0usize, ties);
+        let mut at = 0;
+        while at < whole && len <= k {
+            // SAFETY: `at + BLOCK <= n` reads; `len <= k` so the stores end within
+            // `k + BLOCK`.
+            unsafe {
+                let vi = _mm512_loadu_si512(idx.as_ptr().add(at).cast());
+                let vv = _mm512_loadu_si512(val.as_ptr().add(at).cast());
+                let m = _mm512_and_si512(vv, abs);
+                let mut keep = _mm512_cmpgt_epi32_mask(m, vk);
+                let mut eq = _mm512_cmpeq_epi32_mask(m, vk);
+                while eq != 0 && ties_left > 0 {
+                    // The lowest lane at the k-th magnitude still to take.
+                    keep |= eq & eq.wrapping_neg();
+                    eq &= eq - 1;
+                    ties_left -= 1;
+                }
+                _mm512_storeu_si512(pi.add(len).cast(), _mm512_maskz_compress_epi32(keep, vi));
+                _mm512_storeu_si512(pv.add(len).cast(), _mm512_maskz_compress_epi32(keep, vv));
+                len += keep.count_ones() as usize;
+            }
+            at += BLOCK;
+        }
+        (len.min(k), ties_left, at)
+    }
 }
 
 /// Exact top-`k` of an already accumulated vector `x` (read only), using a sampled
@@ -1683,6 +1738,41 @@ mod tests {
             // Close to an f64 sum in index order: the f32 lanes lose a few ulps per chunk.
             let naive: f64 = r.iter().map(|v| f64::from(v.abs())).sum();
             assert!((naive - out.abs_sum).abs() <= 1e-5 * naive, "n {n}");
+        }
+    }
+
+    #[test]
+    fn keep_top_takes_the_first_ties_in_index_order() {
+        // Few distinct magnitudes, both signs, so ties span several blocks and the tail.
+        for n in [5usize, 16, 47, 300, 1001] {
+            let idx: Vec<u32> = (0..n as u32).map(|i| 3 * i + 1).collect();
+            let val: Vec<f32> = (0..n)
+                .map(|i| ((i * 7 % 5) as f32) * if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            for kth in [0.0f32, 1.0, 2.0, 4.0] {
+                let kb = abs_bits(kth);
+                let gt = val.iter().filter(|v| abs_bits(**v) > kb).count();
+                let eq = val.iter().filter(|v| abs_bits(**v) == kb).count();
+                for ties in [0, 1, eq / 2, eq] {
+                    let k = gt + ties;
+                    let mut left = ties;
+                    let want: Vec<(u32, f32)> = idx
+                        .iter()
+                        .zip(&val)
+                        .filter(|(_, v)| {
+                            let m = abs_bits(**v);
+                            let tie = m == kb && left > 0;
+                            left -= usize::from(tie);
+                            m > kb || tie
+                        })
+                        .map(|(i, v)| (*i, *v))
+                        .collect();
+                    let (gi, gv) = keep_top(&idx, &val, kb, ties, k);
+                    let got: Vec<(u32, f32)> = gi.into_iter().zip(gv).collect();
+                    assert_eq!(got, want, "n {n} kth {kth} ties {ties}");
+                    assert!(eq == 0 || ties == 0 || got.iter().any(|p| abs_bits(p.1) == kb));
+                }
+            }
         }
     }
 
