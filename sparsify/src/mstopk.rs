@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::exact::{check_dense_len, finish, finish_bits, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
-use crate::{grouped, split, Result, Selection, Selector};
+use crate::{grouped, order, split, Result, Selection, Selector};
 
 /// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
@@ -138,26 +138,23 @@ impl MsTopK {
                 // Above the boundary bucket at most k pass, below it more than k.
                 (buckets.of(tb) > kb, tb <= max_bits)
             } else if !narrows {
-                let nnz = above + live.iter().filter(|&&m| m >= tb).count();
+                let nnz = above + kernel::count_ge(live, tb);
                 (nnz <= k, nnz > 0)
             } else {
-                // Move the live magnitudes `>= tb` to the front, branch-free: every
-                // element is swapped to the boundary, which advances only past a hit.
-                let mut hi = 0;
-                for j in 0..live.len() {
-                    let v = live[j];
-                    live.swap(hi, j);
-                    hi += usize::from(v >= tb);
-                }
+                // Count the live magnitudes `>= tb`, then keep only the side later
+                // rounds can still count.
+                let hi = kernel::count_ge(live, tb);
                 let nnz = above + hi;
                 let rest = std::mem::take(&mut live);
                 live = if nnz <= k {
-                    // Later thresholds are at most `tb`: the front counts from now on.
+                    // Later thresholds are at most `tb`: those above count from now on.
                     above = nnz;
-                    &mut rest[hi..]
+                    let n = if hi == 0 { rest.len() } else { order::retain(rest, tb, false) };
+                    &mut rest[..n]
                 } else {
-                    // Later thresholds are at least `tb`: the back never counts again.
-                    &mut rest[..hi]
+                    // Later thresholds are at least `tb`: those below never count again.
+                    let n = if hi == rest.len() { hi } else { order::retain(rest, tb, true) };
+                    &mut rest[..n]
                 };
                 (nnz <= k, nnz > 0)
             };

@@ -67,6 +67,24 @@ fn pivots(sample: &[i32], n: usize, m: usize) -> (i32, i32) {
     (lo, hi)
 }
 
+/// Keeps at the front of `v`, in any order, its elements `>= t` (`at_or_above`) or those
+/// `< t`; returns how many. The rest of `v` is left unspecified. A selector's search
+/// narrows its live candidates this way once per round.
+pub(crate) fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { avx512::retain(v, t, at_or_above) };
+    }
+    let mut kept = 0;
+    for j in 0..v.len() {
+        let x = v[j];
+        v[kept] = x;
+        kept += usize::from((x >= t) == at_or_above);
+    }
+    kept
+}
+
 thread_local! {
     /// The other buffer of the rounds (each reads one and writes the other, so a round
     /// whose pivots missed can be rerun on intact data). Grows to the largest list seen.
@@ -116,6 +134,39 @@ mod avx512 {
             i += 1;
         }
         (above, kept)
+    }
+
+    /// [`super::retain`]: sixteen at a time, compacted in place (the store at the kept
+    /// count never passes the block just read).
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
+        let n = v.len();
+        let whole = n / 16 * 16;
+        let p = v.as_mut_ptr();
+        let vt = _mm512_set1_epi32(t);
+        let flip: u16 = if at_or_above { 0 } else { u16::MAX };
+        let mut kept = 0usize;
+        let mut i = 0;
+        while i < whole {
+            // SAFETY: `i + 16 <= n` reads; `kept <= i`, so the 16 stored end at or below
+            // `i + 16`, within the block already loaded.
+            unsafe {
+                let x = _mm512_loadu_si512(p.add(i).cast());
+                let keep = _mm512_cmpge_epi32_mask(x, vt) ^ flip;
+                _mm512_storeu_si512(p.add(kept).cast(), _mm512_maskz_compress_epi32(keep, x));
+                kept += keep.count_ones() as usize;
+            }
+            i += 16;
+        }
+        for j in whole..n {
+            let x = v[j];
+            v[kept] = x;
+            kept += usize::from((x >= t) == at_or_above);
+        }
+        kept
     }
 
     /// [`super::kth_largest`] by rounds of two-pivot compaction.
@@ -227,6 +278,25 @@ mod tests {
                         reference(&v, m),
                         "n {n} m {m}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn retain_keeps_exactly_one_side() {
+        for n in [0usize, 5, 16, 33, 1000] {
+            let v: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % 101 - 50).collect();
+            for t in [-51, -3, 0, 17, 51] {
+                for side in [true, false] {
+                    let mut w = v.clone();
+                    let kept = retain(&mut w, t, side);
+                    let mut got = w[..kept].to_vec();
+                    let mut want: Vec<i32> =
+                        v.iter().copied().filter(|&x| (x >= t) == side).collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(got, want, "n {n} t {t} side {side}");
                 }
             }
         }
