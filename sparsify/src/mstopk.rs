@@ -149,11 +149,19 @@ impl MsTopK {
                 live = if nnz <= k {
                     // Later thresholds are at most `tb`: those above count from now on.
                     above = nnz;
-                    let n = if hi == 0 { rest.len() } else { order::retain(rest, tb, false) };
+                    let n = if hi == 0 {
+                        rest.len()
+                    } else {
+                        order::retain(rest, tb, false)
+                    };
                     &mut rest[..n]
                 } else {
                     // Later thresholds are at least `tb`: those below never count again.
-                    let n = if hi == rest.len() { hi } else { order::retain(rest, tb, true) };
+                    let n = if hi == rest.len() {
+                        hi
+                    } else {
+                        order::retain(rest, tb, true)
+                    };
                     &mut rest[..n]
                 };
                 (nnz <= k, nnz > 0)

@@ -226,7 +226,7 @@ pub(crate) fn select_k(
             .sum::<usize>();
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
-        let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
+        let (idx, val) = write(lists, piece, residual, w, Class::above_then_ties(kth));
         return (idx, val, kth);
     }
     if k == cand.len() {
@@ -234,7 +234,7 @@ pub(crate) fn select_k(
         for (p, l) in w.pieces.iter_mut().zip(lists) {
             (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
         }
-        let (idx, val) = write(lists, piece, residual, w, |_| (true, false));
+        let (idx, val) = write(lists, piece, residual, w, Class::ALL);
         let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
         return (idx, val, min.unwrap_or(0));
     }
@@ -258,7 +258,7 @@ pub(crate) fn select_k(
         p.ranked = (0, take);
         p.count = p.sure + take;
     }
-    let (idx, val) = write(lists, piece, residual, w, |m| (m > kth, m == kth));
+    let (idx, val) = write(lists, piece, residual, w, Class::above_then_ties(kth));
     (idx, val, kth)
 }
 
@@ -308,7 +308,7 @@ fn write(
     piece: usize,
     residual: Residual<'_>,
     w: &mut Work,
-    class: impl Fn(i32) -> (bool, bool) + Sync + Send,
+    class: Class,
 ) -> (Vec<u32>, Vec<f32>) {
     let pieces = &mut w.pieces[..lists.len()];
     let total: usize = pieces.iter().map(|p| p.count).sum();
@@ -336,29 +336,8 @@ fn write(
         }
         each(lists, &mut outs, |i, l, o| {
             let lo = i.saturating_mul(piece);
-            let (start, end) = o.piece.ranked;
-            let (mut at, mut rank, mut min) = (0usize, 0usize, i32::MAX);
             let count = o.idx.len();
-            for (&j, &v) in l.idx.iter().zip(&l.val) {
-                let m = abs_bits(v);
-                let (sure, ranked) = class(m);
-                let keep = sure | (ranked & (rank >= start) & (rank < end));
-                rank += usize::from(ranked);
-                // Branch-free: every entry is written at `at`, which advances only past a
-                // kept one (a later kept entry overwrites a dropped one; once all `count`
-                // are written, only dropped ones are left).
-                if at < count {
-                    o.idx[at].write(j);
-                    o.val[at].write(v);
-                }
-                at += usize::from(keep);
-                min = if keep { min.min(m) } else { min };
-                if !keep {
-                    if let Residual::Restore(r) = &mut o.residual {
-                        r[j as usize - lo] = v;
-                    }
-                }
-            }
+            let (at, min) = write_piece(l, class, o, lo);
             assert_eq!(at, o.idx.len(), "a piece wrote other than its share");
             o.piece.min_bits = min;
             if let Residual::Zero(r) = &mut o.residual {
@@ -376,6 +355,168 @@ fn write(
         val.set_len(total);
     }
     (idx, val)
+}
+
+/// How [`write`] classes a candidate by its magnitude bits `m`: kept for sure when
+/// `m > gt`, ranked when `band.0 <= m <= band.1` (the two never overlap).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Class {
+    gt: i32,
+    band: (i32, i32),
+}
+
+impl Class {
+    /// Every candidate, for sure (magnitude bits are never negative).
+    const ALL: Class = Class {
+        gt: -1,
+        band: (1, 0),
+    };
+
+    /// Above the `k`-th magnitude for sure, ranked at it.
+    fn above_then_ties(kth: i32) -> Class {
+        Class {
+            gt: kth,
+            band: (kth, kth),
+        }
+    }
+
+    /// At or above `t1` for sure, ranked in `t2..t1` (MSTopK's two bands).
+    fn bands(t1: i32, t2: i32) -> Class {
+        Class {
+            gt: t1.saturating_sub(1),
+            band: (t2, t1.saturating_sub(1)),
+        }
+    }
+
+    /// At or above `x` for sure, nothing ranked.
+    fn at_or_above(x: i32) -> Class {
+        Class {
+            gt: x.saturating_sub(1),
+            band: (1, 0),
+        }
+    }
+
+    /// (sure, ranked) for magnitude bits `m`.
+    #[inline(always)]
+    fn of(self, m: i32) -> (bool, bool) {
+        (m > self.gt, m >= self.band.0 && m <= self.band.1)
+    }
+}
+
+/// One piece's part of [`write`]: its kept candidates into its share, its residual range
+/// finished (for `Restore`; `Zero` is done by the caller). Whole blocks go sixteen at a
+/// time with AVX-512 while a full vector store fits in the share; the rest one by one.
+/// Returns (entries written, smallest magnitude written).
+fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i32) {
+    let (start, end) = o.piece.ranked;
+    let count = o.idx.len();
+    let (mut at, mut rank, mut min, mut done) = (0usize, 0usize, i32::MAX, 0usize);
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F checked just above.
+        (at, rank, min, done) = unsafe { avx512_write::blocks(l, class, o, lo) };
+    }
+    for (&j, &v) in l.idx[done..].iter().zip(&l.val[done..]) {
+        let m = abs_bits(v);
+        let (sure, ranked) = class.of(m);
+        let keep = sure | (ranked & (rank >= start) & (rank < end));
+        rank += usize::from(ranked);
+        // Branch-free: every entry is written at `at`, which advances only past a kept
+        // one (a later kept entry overwrites a dropped one; once all `count` are written,
+        // only dropped ones are left).
+        if at < count {
+            o.idx[at].write(j);
+            o.val[at].write(v);
+        }
+        at += usize::from(keep);
+        min = if keep { min.min(m) } else { min };
+        if !keep {
+            if let Residual::Restore(r) = &mut o.residual {
+                r[j as usize - lo] = v;
+            }
+        }
+    }
+    (at, min)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512_write {
+    use super::{Class, Out, Residual};
+    use crate::kernel::Cand;
+    use std::arch::x86_64::*;
+
+    /// [`super::write_piece`]'s whole blocks, while `at + 16` fits the share. Returns
+    /// (entries written, ranked entries seen, smallest magnitude written, entries read).
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn blocks(
+        l: &Cand,
+        class: Class,
+        o: &mut Out<'_>,
+        lo: usize,
+    ) -> (usize, usize, i32, usize) {
+        let (start, end) = o.piece.ranked;
+        let n = l.idx.len().min(l.val.len());
+        let count = o.idx.len();
+        let abs = _mm512_set1_epi32(0x7fff_ffff);
+        let (gt, b0, b1) = (
+            _mm512_set1_epi32(class.gt),
+            _mm512_set1_epi32(class.band.0),
+            _mm512_set1_epi32(class.band.1),
+        );
+        let mut vmin = _mm512_set1_epi32(i32::MAX);
+        let (mut at, mut rank, mut i) = (0usize, 0usize, 0usize);
+        let (pi, pv) = (
+            o.idx.as_mut_ptr().cast::<u32>(),
+            o.val.as_mut_ptr().cast::<f32>(),
+        );
+        while i + 16 <= n && at + 16 <= count {
+            // SAFETY: `i + 16 <= n` reads; `at + 16 <= count` writes within the share.
+            unsafe {
+                let vi = _mm512_loadu_si512(l.idx.as_ptr().add(i).cast());
+                let vv = _mm512_loadu_si512(l.val.as_ptr().add(i).cast());
+                let m = _mm512_and_si512(vv, abs);
+                let sure = _mm512_cmpgt_epi32_mask(m, gt);
+                let band = _mm512_cmpge_epi32_mask(m, b0) & _mm512_cmple_epi32_mask(m, b1);
+                let nb = band.count_ones() as usize;
+                let ranked = if nb == 0 || rank >= end || rank + nb <= start {
+                    0
+                } else if rank >= start && rank + nb <= end {
+                    band
+                } else {
+                    // The block straddles the ranked range: lane by lane.
+                    let (mut bits, mut r, mut keep) = (band, rank, 0u16);
+                    while bits != 0 {
+                        let lane = bits & bits.wrapping_neg();
+                        if r >= start && r < end {
+                            keep |= lane;
+                        }
+                        r += 1;
+                        bits &= bits - 1;
+                    }
+                    keep
+                };
+                rank += nb;
+                let keep = sure | ranked;
+                _mm512_storeu_si512(pi.add(at).cast(), _mm512_maskz_compress_epi32(keep, vi));
+                _mm512_storeu_si512(pv.add(at).cast(), _mm512_maskz_compress_epi32(keep, vv));
+                at += keep.count_ones() as usize;
+                vmin = _mm512_mask_min_epi32(vmin, keep, vmin, m);
+                if let Residual::Restore(r) = &mut o.residual {
+                    let mut dropped = !keep;
+                    while dropped != 0 {
+                        let lane = dropped.trailing_zeros() as usize;
+                        r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
+                        dropped &= dropped - 1;
+                    }
+                }
+            }
+            i += 16;
+        }
+        (at, rank, _mm512_reduce_min_epi32(vmin), i)
+    }
 }
 
 /// One piece's share of the result and of the residual.
@@ -459,7 +600,7 @@ pub(crate) fn select_ms(
         q.count = q.sure + (hi - lo);
     }
     let (t1, t2) = (p.t1, p.t2);
-    let (idx, val) = write(lists, piece, residual, w, |m| (m >= t1, m >= t2 && m < t1));
+    let (idx, val) = write(lists, piece, residual, w, Class::bands(t1, t2));
     let min = w.pieces[..lists.len()]
         .iter()
         .map(|q| q.min_bits)
@@ -512,7 +653,7 @@ pub(crate) fn select_ge(
         q.sure = q.ge[i];
         (q.ranked, q.count) = ((0, 0), q.sure);
     }
-    write(lists, piece, residual, w, |m| (m >= x, false))
+    write(lists, piece, residual, w, Class::at_or_above(x))
 }
 
 /// All the candidates, in index order: the one list of a serial pass as it is, the
@@ -528,7 +669,7 @@ pub(crate) fn take_all(cand: &mut Cand, w: &mut Work) -> (Vec<u32>, Vec<f32>) {
     for (p, l) in w.pieces.iter_mut().zip(lists) {
         (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
     }
-    write(lists, piece, Residual::None, w, |_| (true, false))
+    write(lists, piece, Residual::None, w, Class::ALL)
 }
 
 impl Work {
