@@ -190,7 +190,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     out.markdown = format!(
         "Fastest of {reps_small} (d ≤ 2^18) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
          zero the selected entries of `r`) per selector on {threads} threads (the rayon pool; \
-         inputs under 2^17 elements run on the calling thread), next to `stream` (one pass of \
+         inputs under 2^20 elements run on the calling thread), next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
          on a copy of |x|, one thread). In brackets: the ratio to `stream`. Goal: every \
@@ -342,6 +342,9 @@ fn reps_for(d: usize, quick: bool) -> usize {
 /// warm-up round), in case order. The cases are timed in turns, one run of each per round,
 /// so that the floor and every selector see the same interference from other jobs on a
 /// shared machine; the minimum, not the median, because interference only ever adds time.
+/// Each round runs the cases in a fresh order ([`collectives::calibrate::turn_order`]): in a
+/// fixed order the case after the serial `naive` always found the pool's second thread
+/// asleep and paid its wake-up (exact at 2^18: 52–69 µs in the suite against 36 µs alone).
 /// Each selector's residual is reset (untimed) before each of its runs, so every run sees
 /// the same input: a zero residual plus `grad`.
 fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec<f64>, BoxErr> {
@@ -356,7 +359,8 @@ fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec
     }
     let mut best = vec![f64::INFINITY; cases.len()];
     for round in 0..=reps.max(1) {
-        for (ci, &case) in cases.iter().enumerate() {
+        for ci in collectives::calibrate::turn_order(cases.len(), round) {
+            let case = cases[ci];
             let t = match (case, &mut sels[ci]) {
                 ("stream", _) => {
                     let s = Instant::now();
