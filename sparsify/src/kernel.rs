@@ -535,32 +535,14 @@ mod avx512_emit {
                 }
             }
             // The last, partial chunk and span, as in the portable body.
-            let mut chunk = f64::from(tree16_zmm(lanes));
-            if !blocks.is_multiple_of(BLOCK) || !n.is_multiple_of(BLOCK) {
-                let mut mm = [0i32; BLOCK];
-                _mm512_storeu_si512(mm.as_mut_ptr().cast(), m);
-                let (full, tail) = (blocks % BLOCK, n % BLOCK);
-                for (j, mj) in mm.iter_mut().enumerate() {
-                    if full == 0 && j >= tail {
-                        *mj = -1;
-                    }
-                }
-                let lo = blocks * BLOCK;
-                for (j, (a, b)) in r[lo..n].iter_mut().zip(&g[lo..n]).enumerate() {
-                    let v = *a + *b;
-                    *a = v;
-                    mm[j] = mm[j].max(abs_bits(v));
-                    if STATS {
-                        chunk += f64::from(v.abs());
-                    }
-                }
-                let at = blocks / BLOCK * BLOCK;
-                maxes[at..at + BLOCK].copy_from_slice(&mm);
-                top = _mm512_max_epi32(top, _mm512_loadu_si512(mm.as_ptr().cast()));
-            }
-            if STATS && !n.is_multiple_of(CHUNK) {
-                total += chunk;
-            }
+            let (mut mm, mut tops) = ([0i32; BLOCK], [0i32; BLOCK]);
+            _mm512_storeu_si512(mm.as_mut_ptr().cast(), m);
+            _mm512_storeu_si512(tops.as_mut_ptr().cast(), top);
+            let chunk = f64::from(tree16_zmm(lanes));
+            let lo = blocks * BLOCK;
+            let (r, g) = (&mut r[lo..n], &g[lo..n]);
+            total += add_max_end::<STATS>(r, g, n, mm, maxes, &mut tops, chunk);
+            let top = _mm512_loadu_si512(tops.as_ptr().cast());
             (_mm512_reduce_max_epi32(top).max(-1), total)
         }
     }
@@ -810,10 +792,29 @@ fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) 
     }
     // The blocks of the last, partial chunk (none when `n` is a whole number of chunks);
     // its tail follows.
-    let mut chunk = f64::from(tree16(&lanes));
+    let chunk = f64::from(tree16(&lanes));
+    let (r, g) = (rc.into_remainder(), gc.remainder());
+    total += add_max_end::<STATS>(r, g, n, m, maxes, &mut top, chunk);
+    (top.iter().copied().fold(-1, i32::max), total)
+}
+
+/// The end of [`add_max_body`] (and of its AVX-512 build) after the whole blocks: adds the
+/// elements past them (`r`, `g`: fewer than [`BLOCK`], of `n` in all) into the last,
+/// partial span's lane maxima `m`, whose lanes that got no element become `-1`, writes
+/// them and raises `top`. Returns what the last, partial chunk adds to the `|x|` sum
+/// (`chunk`, the sum of its whole blocks, plus the tail's magnitudes), 0 without one.
+#[inline(always)]
+fn add_max_end<const STATS: bool>(
+    r: &mut [f32],
+    g: &[f32],
+    n: usize,
+    mut m: [i32; BLOCK],
+    maxes: &mut [i32],
+    top: &mut [i32; BLOCK],
+    mut chunk: f64,
+) -> f64 {
     let blocks = n / BLOCK;
     if !blocks.is_multiple_of(BLOCK) || !n.is_multiple_of(BLOCK) {
-        // The last, partial span: lanes that got no element stay at -1.
         let full = blocks % BLOCK;
         let tail = n % BLOCK;
         for (j, mj) in m.iter_mut().enumerate() {
@@ -821,12 +822,7 @@ fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) 
                 *mj = -1;
             }
         }
-        for (j, (a, b)) in rc
-            .into_remainder()
-            .iter_mut()
-            .zip(gc.remainder())
-            .enumerate()
-        {
+        for (j, (a, b)) in r.iter_mut().zip(g).enumerate() {
             let v = *a + *b;
             *a = v;
             m[j] = m[j].max(abs_bits(v));
@@ -841,9 +837,10 @@ fn add_max_body<const STATS: bool>(r: &mut [f32], g: &[f32], maxes: &mut [i32]) 
         }
     }
     if STATS && !n.is_multiple_of(CHUNK) {
-        total += chunk;
+        chunk
+    } else {
+        0.0
     }
-    (top.iter().copied().fold(-1, i32::max), total)
 }
 
 /// Number of entries of `x` at or above `t` (vectorises to a compare and a subtract).
