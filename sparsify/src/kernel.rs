@@ -514,7 +514,32 @@ mod avx512_emit {
             let mut top = _mm512_set1_epi32(-1);
             let mut lanes = _mm512_setzero_ps();
             let mut total = 0.0f64;
-            for b in 0..blocks {
+            // Whole spans: sixteen blocks without a test between them.
+            let spans = blocks / BLOCK;
+            for s in 0..spans {
+                for j in 0..BLOCK {
+                    let i = (s * BLOCK + j) * BLOCK;
+                    let a =
+                        _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
+                    _mm512_storeu_ps(pr.add(i), a);
+                    let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
+                    m = _mm512_max_epi32(m, bits);
+                    if STATS {
+                        lanes = _mm512_add_ps(lanes, _mm512_castsi512_ps(bits));
+                    }
+                }
+                let at = s * BLOCK;
+                _mm512_storeu_si512(maxes[at..at + BLOCK].as_mut_ptr().cast(), m);
+                top = _mm512_max_epi32(top, m);
+                m = _mm512_setzero_si512();
+                if STATS && s % (CHUNK / GROUP_SPAN) == CHUNK / GROUP_SPAN - 1 {
+                    total += f64::from(tree16_zmm(lanes));
+                    lanes = _mm512_setzero_ps();
+                }
+            }
+            // The whole blocks of the last, partial span (a chunk is a whole number of
+            // spans, so none of them ends one).
+            for b in spans * BLOCK..blocks {
                 let i = b * BLOCK;
                 let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
                 _mm512_storeu_ps(pr.add(i), a);
@@ -522,16 +547,6 @@ mod avx512_emit {
                 m = _mm512_max_epi32(m, bits);
                 if STATS {
                     lanes = _mm512_add_ps(lanes, _mm512_castsi512_ps(bits));
-                    if b % (CHUNK / BLOCK) == CHUNK / BLOCK - 1 {
-                        total += f64::from(tree16_zmm(lanes));
-                        lanes = _mm512_setzero_ps();
-                    }
-                }
-                if b % BLOCK == BLOCK - 1 {
-                    let at = b / BLOCK * BLOCK;
-                    _mm512_storeu_si512(maxes[at..at + BLOCK].as_mut_ptr().cast(), m);
-                    top = _mm512_max_epi32(top, m);
-                    m = _mm512_setzero_si512();
                 }
             }
             // The last, partial chunk and span, as in the portable body.
