@@ -519,8 +519,7 @@ mod avx512_emit {
             for s in 0..spans {
                 for j in 0..BLOCK {
                     let i = (s * BLOCK + j) * BLOCK;
-                    let a =
-                        _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
+                    let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
                     _mm512_storeu_ps(pr.add(i), a);
                     let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
                     m = _mm512_max_epi32(m, bits);
