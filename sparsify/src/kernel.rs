@@ -1431,9 +1431,17 @@ pub(crate) fn sample_acc(r: &[f32], g: &[f32], n: usize, out: &mut Vec<i32>) {
     out.clear();
     let d = r.len().min(g.len());
     for s in run_starts(d, n) {
-        for (a, b) in r[s..s + RUN].iter().zip(&g[s..s + RUN]) {
-            out.push(abs_bits(*a + *b));
+        // A whole run at once (fixed length, so it vectorises; one push per element did
+        // not).
+        let (a, b): (&[f32; RUN], &[f32; RUN]) = (
+            r[s..s + RUN].try_into().expect("run"),
+            g[s..s + RUN].try_into().expect("run"),
+        );
+        let mut m = [0i32; RUN];
+        for j in 0..RUN {
+            m[j] = abs_bits(a[j] + b[j]);
         }
+        out.extend_from_slice(&m);
     }
 }
 
