@@ -514,18 +514,21 @@ mod avx512_emit {
             let mut top = _mm512_set1_epi32(-1);
             let mut lanes = _mm512_setzero_ps();
             let mut total = 0.0f64;
+            // One block at `i`: accumulated, stored, into the span's maxima and the lanes.
+            let block = |i: usize, m: &mut __m512i, lanes: &mut __m512| {
+                let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
+                _mm512_storeu_ps(pr.add(i), a);
+                let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
+                *m = _mm512_max_epi32(*m, bits);
+                if STATS {
+                    *lanes = _mm512_add_ps(*lanes, _mm512_castsi512_ps(bits));
+                }
+            };
             // Whole spans: sixteen blocks without a test between them.
             let spans = blocks / BLOCK;
             for s in 0..spans {
                 for j in 0..BLOCK {
-                    let i = (s * BLOCK + j) * BLOCK;
-                    let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
-                    _mm512_storeu_ps(pr.add(i), a);
-                    let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
-                    m = _mm512_max_epi32(m, bits);
-                    if STATS {
-                        lanes = _mm512_add_ps(lanes, _mm512_castsi512_ps(bits));
-                    }
+                    block((s * BLOCK + j) * BLOCK, &mut m, &mut lanes);
                 }
                 let at = s * BLOCK;
                 _mm512_storeu_si512(maxes[at..at + BLOCK].as_mut_ptr().cast(), m);
@@ -539,14 +542,7 @@ mod avx512_emit {
             // The whole blocks of the last, partial span (a chunk is a whole number of
             // spans, so none of them ends one).
             for b in spans * BLOCK..blocks {
-                let i = b * BLOCK;
-                let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
-                _mm512_storeu_ps(pr.add(i), a);
-                let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
-                m = _mm512_max_epi32(m, bits);
-                if STATS {
-                    lanes = _mm512_add_ps(lanes, _mm512_castsi512_ps(bits));
-                }
+                block(b * BLOCK, &mut m, &mut lanes);
             }
             // The last, partial chunk and span, as in the portable body.
             let (mut mm, mut tops) = ([0i32; BLOCK], [0i32; BLOCK]);
@@ -1366,10 +1362,13 @@ pub(crate) fn scan_pass<const STATS: bool>(
     gather(cand, outs, room, false)
 }
 
+/// Lists shorter than this are zeroed on the calling thread by [`zero_at`].
+const PAR_ZERO: usize = 1 << 15;
+
 /// Zeroes `residual[i]` for every `i` of the increasing list `idx` (out-of-range indices
 /// are skipped), in parallel pieces of the residual for long lists.
 pub(crate) fn zero_at(residual: &mut [f32], idx: &[u32]) {
-    let np = if idx.len() < 1 << 15 {
+    let np = if idx.len() < PAR_ZERO {
         1
     } else {
         pieces(residual.len())
