@@ -188,7 +188,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     let peer_heads: Vec<String> = peers.found.iter().map(|p| peer_label(p)).collect();
     header.extend(peer_heads.iter().map(|s| s.as_str()));
     out.markdown = format!(
-        "Fastest of {reps_small} (d ≤ 2^18) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
+        "Fastest of {reps_small} (d ≤ 2^16) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
          zero the selected entries of `r`) per selector on {threads} threads (the rayon pool; \
          inputs under 2^20 elements run on the calling thread), next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
