@@ -15,6 +15,9 @@
 //! rank has published it, so that what was written before is visible after. Successive
 //! rounds alternate between the two slots: a rank rewrites a slot only after every rank has
 //! passed the next round's synchronisation, by which time all of them are done reading it.
+//!
+//! Writes into a slot ([`SharedSegment::put`]) use plain stores while they are fast, and
+//! non-temporal stores while they are measured slow: see [`TIMED_PUT_BYTES`].
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,6 +59,92 @@ const POLL_FOR: Duration = Duration::from_millis(1);
 /// timeout (and polls again, should a wake-up have been missed).
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
+/// Smallest write into a slot that is timed, and that goes with non-temporal stores while
+/// plain ones are slow (see [`SharedSegment::put`]); smaller rounds stay in cache.
+pub const TIMED_PUT_BYTES: usize = 16 << 10;
+
+/// A plain write into a slot slower than this (bytes per second) counts as slow. On a
+/// 2-vCPU VM plain writes into slots ran at 6–22 GB/s while the host kept the two vCPUs
+/// close (a 0.1 µs flag round trip), and at 2.2–2.5 GB/s while it placed them apart
+/// (0.5 µs): each store first takes the line back from the peer's cache, which read it in
+/// an earlier round. Non-temporal stores skip that read and ran at 10–27 GB/s in both.
+const SLOW_PUT_BYTES_PER_S: f64 = 4e9;
+
+/// Timed writes in a row that must be slow before the rank switches to non-temporal
+/// stores: one slow write can be a preemption.
+const SLOW_PUTS_TO_STREAM: u32 = 2;
+
+/// While streaming, a plain write probes whether plain stores have become fast again:
+/// first after this many timed writes (a false start, such as the first rounds on cold
+/// buffers, ends soon), then after twice as many each time a probe is slow, up to
+/// [`PROBE_AT_MOST`].
+const PROBE_FIRST: u32 = 8;
+
+/// The longest gap between probes: in the slow placement a probe costs about 1 % of the
+/// rounds' time at this gap.
+const PROBE_AT_MOST: u32 = 128;
+
+/// How this rank writes its slots: plain stores (the reader then takes the lines from this
+/// core's cache, the fast way while the cores are close), or non-temporal stores while
+/// plain ones are measured slow (the reader then takes them from memory). Each rank
+/// decides alone: the bytes written are the same either way.
+struct StorePolicy {
+    streaming: Cell<bool>,
+    /// Slow plain writes in a row.
+    slow: Cell<u32>,
+    /// Timed writes since the last probe (while streaming).
+    since_probe: Cell<u32>,
+    /// Timed writes between probes now.
+    probe_gap: Cell<u32>,
+}
+
+impl Default for StorePolicy {
+    fn default() -> Self {
+        StorePolicy {
+            streaming: Cell::new(false),
+            slow: Cell::new(0),
+            since_probe: Cell::new(0),
+            probe_gap: Cell::new(PROBE_FIRST),
+        }
+    }
+}
+
+impl StorePolicy {
+    /// Whether the next timed write uses non-temporal stores (false: plain, and timed).
+    fn stream_next(&self) -> bool {
+        if !self.streaming.get() {
+            return false;
+        }
+        let n = self.since_probe.get() + 1;
+        if n < self.probe_gap.get() {
+            self.since_probe.set(n);
+            return true;
+        }
+        self.since_probe.set(0);
+        false
+    }
+
+    /// A plain write of `bytes` took `secs`.
+    fn observe(&self, bytes: usize, secs: f64) {
+        if (bytes as f64) >= SLOW_PUT_BYTES_PER_S * secs {
+            self.slow.set(0);
+            self.streaming.set(false);
+            self.since_probe.set(0);
+            self.probe_gap.set(PROBE_FIRST);
+            return;
+        }
+        let slow = self.slow.get() + 1;
+        self.slow.set(slow);
+        if self.streaming.get() {
+            // A slow probe: wait longer before the next one.
+            self.probe_gap
+                .set((self.probe_gap.get() * 2).min(PROBE_AT_MOST));
+        } else if slow >= SLOW_PUTS_TO_STREAM {
+            self.streaming.set(true);
+        }
+    }
+}
+
 /// Tells a waiting rank that a peer has failed (its rank), so that it stops early.
 pub type PeerFailure = Box<dyn Fn() -> Option<usize> + Send>;
 
@@ -72,6 +161,8 @@ pub struct SharedSegment {
     failed: Option<PeerFailure>,
     /// Polls before a wait sleeps ([`SPINS_OWN_CORE`] or [`SPINS_SHARED_CORE`]).
     spins: u32,
+    /// Plain or non-temporal writes into this rank's slots.
+    stores: StorePolicy,
     /// Keeps the memory mapped (and frees it on drop).
     _memory: Box<dyn Send>,
 }
@@ -119,6 +210,7 @@ impl SharedSegment {
             timeout,
             failed,
             spins,
+            stores: StorePolicy::default(),
             _memory: memory,
         }
     }
@@ -164,6 +256,58 @@ impl SharedSegment {
         debug_assert!(which < 2);
         // SAFETY: the offset stays inside rank r's region.
         unsafe { self.regions[r].add(HEADER_BYTES + which * SLOT_BYTES) }
+    }
+
+    /// Copies `data` into this rank's slot `which` at byte `at`. A write of at least
+    /// [`TIMED_PUT_BYTES`] is timed, and after slow plain writes (the host placed the
+    /// cores apart: [`SLOW_PUT_BYTES_PER_S`]) goes with non-temporal stores, probing plain
+    /// ones again now and then. The caller must not write the range while a peer may read
+    /// it (between a round's synchronisation and the next round's on the same slot).
+    pub(crate) fn put(&self, which: usize, at: usize, data: &[u8]) {
+        if data.len() < TIMED_PUT_BYTES {
+            return self.write_own(which, at, data, false);
+        }
+        if self.stores.stream_next() {
+            return self.write_own(which, at, data, true);
+        }
+        let start = Instant::now();
+        self.write_own(which, at, data, false);
+        self.stores
+            .observe(data.len(), start.elapsed().as_secs_f64());
+    }
+
+    /// Makes this rank write with non-temporal stores, as after slow plain writes (tests
+    /// of that path, which a machine whose cores stay close never takes).
+    #[cfg(test)]
+    pub(crate) fn force_streaming(&self) {
+        self.stores.streaming.set(true);
+    }
+
+    /// Whether this rank now writes its slots with non-temporal stores (see [`Self::put`]).
+    pub(crate) fn streams(&self) -> bool {
+        self.stores.streaming.get()
+    }
+
+    /// `data` into this rank's slot `which` at byte `at` with non-temporal stores, untimed:
+    /// for pieces of a round written one by one while [`Self::streams`].
+    pub(crate) fn put_streaming(&self, which: usize, at: usize, data: &[u8]) {
+        self.write_own(which, at, data, true);
+    }
+
+    /// `data` into this rank's slot `which` at byte `at`, with non-temporal stores when
+    /// `streaming`.
+    fn write_own(&self, which: usize, at: usize, data: &[u8], streaming: bool) {
+        assert!(at + data.len() <= SLOT_BYTES, "a round overflows its slot");
+        let dst = self.slot(self.rank, which).wrapping_add(at);
+        // SAFETY: this rank's own slot, in bounds (checked above); the caller does not
+        // write a range a peer may be reading.
+        unsafe {
+            if streaming {
+                copy_streaming(dst, data)
+            } else {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len())
+            }
+        }
     }
 
     /// Publishes this rank's next sequence number and waits until every rank has
@@ -229,6 +373,40 @@ impl SharedSegment {
         };
         sleepers.fetch_sub(1, Ordering::SeqCst);
         out
+    }
+}
+
+/// `dst[..src.len()] = src` with non-temporal stores (SSE2, every x86-64 CPU) for the
+/// 16-byte aligned middle, fenced so that the data is visible before the next flag store;
+/// a plain copy elsewhere.
+///
+/// # Safety
+/// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
+unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let len = src.len();
+        let head = dst.align_offset(16).min(len);
+        let end = head + (len - head) / 16 * 16;
+        // SAFETY: every access is inside `src` / `dst` (the caller's contract); the stream
+        // stores are to 16-byte aligned addresses.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+            let mut i = head;
+            while i < end {
+                let v = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                _mm_stream_si128(dst.add(i) as *mut __m128i, v);
+                i += 16;
+            }
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(end), dst.add(end), len - end);
+            _mm_sfence();
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
     }
 }
 
@@ -449,5 +627,55 @@ impl Drop for HeapRegions {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout, freed once.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_copy_matches_a_plain_copy_at_every_alignment() {
+        let src: Vec<u8> = (0..300u32).map(|i| (i * 37 % 251) as u8).collect();
+        for offset in 0..17 {
+            for len in [0, 1, 15, 16, 17, 31, 64, 100, 283] {
+                let mut dst = vec![0xAAu8; 320];
+                // SAFETY: offset + len ≤ 300 < 320 bytes of `dst`, distinct from `src`.
+                unsafe { copy_streaming(dst.as_mut_ptr().add(offset), &src[..len]) };
+                assert_eq!(&dst[offset..offset + len], &src[..len], "{offset} {len}");
+                assert!(dst[..offset].iter().all(|&b| b == 0xAA));
+                assert!(dst[offset + len..].iter().all(|&b| b == 0xAA));
+            }
+        }
+    }
+
+    #[test]
+    fn slow_plain_writes_switch_to_streaming_and_a_fast_probe_switches_back() {
+        let policy = StorePolicy::default();
+        let (bytes, fast, slow) = (1 << 20, 1e-5, 1e-3);
+        assert!(!policy.stream_next());
+        // One slow write (a preemption) is not enough.
+        policy.observe(bytes, slow);
+        assert!(!policy.stream_next());
+        policy.observe(bytes, fast);
+        policy.observe(bytes, slow);
+        assert!(!policy.stream_next());
+        policy.observe(bytes, slow);
+        // Streaming now, with a plain probe after PROBE_FIRST timed writes, then after
+        // twice as many for every slow probe, up to PROBE_AT_MOST.
+        let mut gaps = Vec::new();
+        for _ in 0..7 {
+            let streamed = (0..).take_while(|_| policy.stream_next()).count() as u32;
+            gaps.push(streamed + 1);
+            policy.observe(bytes, slow);
+        }
+        assert_eq!(gaps, [8, 16, 32, 64, 128, 128, 128]);
+        assert_eq!(PROBE_FIRST, 8);
+        assert_eq!(PROBE_AT_MOST, 128);
+        // A slow probe keeps it streaming; a fast one ends it.
+        policy.observe(bytes, slow);
+        assert!(policy.stream_next());
+        policy.observe(bytes, fast);
+        assert!(!policy.stream_next());
     }
 }
