@@ -11,6 +11,7 @@ use sparsify::{ErrorFeedback, ExactTopK, HardThreshold, Selector, SelectorKind};
 
 use super::super::plot::{self, Series};
 use super::super::report::{secs, table};
+use super::super::timing::paired_ratio;
 use super::{gradient, j};
 use crate::bench::{BoxErr, Ctx, SuiteOutput};
 
@@ -72,7 +73,16 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         for (di, &density) in densities.iter().enumerate() {
             let k = ks[di];
             pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
-            let times = time_cases(&cases, &grad, k, reps)?;
+            let rounds = time_cases(&cases, &grad, k, reps)?;
+            let times: Vec<f64> = rounds.iter().map(|r| fastest(r)).collect();
+            let stream_ci = cases.iter().position(|c| *c == "stream").unwrap_or(0);
+            // Each case's ratio to `stream`: the median of the per-round ratios (each round
+            // timed both under the same load; the ratio of two separate minima compares
+            // each case's luckiest round, and moved a cell by ±30 % between runs).
+            let ratios: Vec<f64> = rounds
+                .iter()
+                .map(|r| paired_ratio(r, &rounds[stream_ci]))
+                .collect();
             for (ci, (&case, &t)) in cases.iter().zip(&times).enumerate() {
                 out.record(
                     SUITE,
@@ -88,15 +98,24 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                     t,
                     "s",
                 );
+                out.record(
+                    SUITE,
+                    case,
+                    &[("d", j(d)), ("density", j(density)), ("k", j(k))],
+                    "ratio_to_stream",
+                    ratios[ci],
+                    "ratio",
+                );
                 if density == 0.001 {
                     by_case[ci].points.push((d as f64, t));
                 }
                 pb.inc(1);
             }
             let at = |n: &str| times[cases.iter().position(|c| *c == n).unwrap_or(0)];
+            let ratio_of = |n: &str| ratios[cases.iter().position(|c| *c == n).unwrap_or(0)];
             let stream = at("stream");
             for w in worst.iter_mut() {
-                let ratio = at(w.0) / stream;
+                let ratio = ratio_of(w.0);
                 if ratio > w.1 {
                     *w = (w.0, ratio, d, density);
                 }
@@ -112,7 +131,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             row.extend(
                 times
                     .iter()
-                    .map(|&t| format!("{} ({:.2}×)", secs(t), t / stream)),
+                    .zip(&ratios)
+                    .map(|(&t, &r)| format!("{} ({r:.2}×)", secs(t))),
             );
             for p in &peers.found {
                 match peer_times.iter().find(|r| r.0 == *p && r.1 == k) {
@@ -193,7 +213,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
          inputs under 2^20 elements run on the calling thread), next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
-         on a copy of |x|, one thread). In brackets: the ratio to `stream`. Goal: every \
+         on a copy of |x|, one thread). In brackets: the ratio to `stream`, the median over \
+         the rounds of the ratio within each round (every round times every case once, in \
+         a fresh order, so a round's ratio compares runs that saw the same machine). Goal: every \
          selector but Gaussian-k within 1.25× of `stream` from 2^20 up and within 2× below; \
          Gaussian-k within 2×. The residual is reset (untimed) before each repetition, and \
          the threshold selectors start from the threshold they converge to in steady state \
@@ -202,8 +224,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
          OMGS-SGD (Shi et al., INFOCOM 2020) models top-k cost as `γ·ρ·d·log d`; its GPU \
          figures are not comparable to a CPU.\n\n\
          Peers, same data, same step (`r += g`, top-k of |r|, zero the selected entries of \
-         `r`), timed in the same process run: {}. Their cells give the time, the ratio to \
-         `stream`, and how many times faster our exact selector is.\n\n{}\n![top-k time]({plot_name})\n",
+         `r`), timed in the same process run: {}. Their cells give the time, the ratio of their \
+         fastest run to `stream`'s fastest (they run in their own process, in their own \
+         rounds), and how many times faster our exact selector is.\n\n{}\n![top-k time]({plot_name})\n",
         peers.describe(),
         table(&header, &rows)
     );
@@ -341,16 +364,25 @@ fn reps_for(d: usize, quick: bool) -> usize {
     }
 }
 
-/// The fastest of `reps` timings of every case on `grad` with `k` (after one untimed
-/// warm-up round), in case order. The cases are timed in turns, one run of each per round,
-/// so that the floor and every selector see the same interference from other jobs on a
-/// shared machine; the minimum, not the median, because interference only ever adds time.
-/// Each round runs the cases in a fresh order ([`collectives::calibrate::turn_order`]): in a
+/// The fastest of `times` (seconds).
+fn fastest(times: &[f64]) -> f64 {
+    times.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// `reps` timings (seconds) of every case on `grad` with `k` (after one untimed warm-up
+/// round), in case order. The cases are timed in turns, one run of each per round, so that
+/// the floor and every selector see the same interference from other jobs on a shared
+/// machine. Each round runs the cases in a fresh order ([`collectives::calibrate::turn_order`]): in a
 /// fixed order the case after the serial `naive` always found the pool's second thread
 /// asleep and paid its wake-up (exact at 2^18: 52–69 µs in the suite against 36 µs alone).
 /// Each selector's residual is reset (untimed) before each of its runs, so every run sees
 /// the same input: a zero residual plus `grad`.
-fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec<f64>, BoxErr> {
+fn time_cases(
+    cases: &[&str],
+    grad: &[f32],
+    k: usize,
+    reps: usize,
+) -> Result<Vec<Vec<f64>>, BoxErr> {
     let d = grad.len();
     let mut stream = vec![0.0f32; d];
     let mut sels = Vec::with_capacity(cases.len());
@@ -360,7 +392,7 @@ fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec
             name => Some((steady_state_selector(name, grad, k)?, ErrorFeedback::new(d))),
         });
     }
-    let mut best = vec![f64::INFINITY; cases.len()];
+    let mut rounds = vec![Vec::with_capacity(reps); cases.len()];
     for round in 0..=reps.max(1) {
         for ci in collectives::calibrate::turn_order(cases.len(), round) {
             let case = cases[ci];
@@ -389,11 +421,11 @@ fn time_cases(cases: &[&str], grad: &[f32], k: usize, reps: usize) -> Result<Vec
                 (name, None) => return Err(format!("no selector for {name}").into()),
             };
             if round > 0 {
-                best[ci] = best[ci].min(t.as_secs_f64());
+                rounds[ci].push(t.as_secs_f64());
             }
         }
     }
-    Ok(best)
+    Ok(rounds)
 }
 
 /// The selector `name`, with the threshold-based ones set to the threshold they settle on
