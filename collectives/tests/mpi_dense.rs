@@ -10,8 +10,8 @@ mod mpi;
 
 use collectives::dense::{
     allgather, allgatherv, allreduce, block_range, broadcast, reduce, reduce_scatter,
-    AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, ReduceAlgo, ReduceScatterAlgo,
-    WireType,
+    AllgatherAlgo, AllreduceAlgo, BroadcastAlgo, DenseOptions, OnlineChoice, ReduceAlgo,
+    ReduceScatterAlgo, WireType,
 };
 use collectives::{Communicator, Error, MpiComm};
 use dense_ref::{input, reference};
@@ -253,6 +253,47 @@ fn main() {
     c.check(
         format!("torus topology not dividing P rejected p={p}"),
         Ok(matches!(res, Err(Error::Topology(_)))),
+    );
+
+    // The online choice: every call right, and every rank on the same algorithms after
+    // the ranks have agreed on both candidates' times several times (the library's
+    // collective is the runner-up of ours under MPI).
+    let mut online = OnlineChoice::new();
+    let mut res = Ok(true);
+    for call in 0..300 {
+        let n = [5 + p, 20_000 + p][call % 2];
+        let seed = 7 + n as u64;
+        let mut buf = input(seed, r, n);
+        let ok = online
+            .allreduce(&comm, &mut buf, None, &DenseOptions::default())
+            .map(|_| within(&buf, seed, p, 2f64.powi(-24)));
+        if !matches!(ok, Ok(true)) {
+            res = ok;
+            break;
+        }
+    }
+    // FNV-1a of the names of the algorithms in use.
+    let in_use: Vec<u64> = [5 + p, 20_000 + p]
+        .iter()
+        .map(|&n| {
+            let name = online.allreduce_in_use(4 * n).map_or("none", |a| a.name());
+            name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100000001b3)
+            })
+        })
+        .collect();
+    let mut all = vec![0u64; 2 * p];
+    let agree = allgather(
+        &comm,
+        &in_use,
+        &mut all,
+        AllgatherAlgo::Ring,
+        &DenseOptions::default(),
+    )
+    .map(|_| all.chunks(2).all(|x| x == in_use.as_slice()));
+    c.check(
+        format!("online choice: sums right, same algorithms on every rank p={p}"),
+        res.and_then(|ok| Ok(ok && agree?)),
     );
 
     let failed = c.failed.len();

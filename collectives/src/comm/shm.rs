@@ -60,8 +60,11 @@ const POLL_FOR: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Smallest write into a slot that is timed, and that goes with non-temporal stores while
-/// plain ones are slow (see [`SharedSegment::put`]); smaller rounds stay in cache.
-pub const TIMED_PUT_BYTES: usize = 16 << 10;
+/// plain ones are slow (see [`SharedSegment::put`]). From 16 KiB down to 4 KiB, the 16 KiB
+/// all-gather at P = 2 (8 KiB per rank) went from 1.4–1.8 to 4.2–4.4 GB/s while the host
+/// kept the vCPUs apart, and stayed at 4–7 GB/s while it kept them close; two clock reads
+/// are a few per cent of a 4 KiB write.
+pub const TIMED_PUT_BYTES: usize = 4 << 10;
 
 /// A plain write into a slot slower than this (bytes per second) counts as slow. On a
 /// 2-vCPU VM plain writes into slots ran at 6–22 GB/s while the host kept the two vCPUs

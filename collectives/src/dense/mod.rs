@@ -40,6 +40,7 @@ mod bcast;
 mod chooser;
 mod exec;
 mod library;
+mod online;
 mod reduce_scatter;
 pub mod shared_memory;
 pub(crate) mod util;
@@ -51,6 +52,10 @@ pub use bcast::{broadcast, reduce, BroadcastAlgo, ReduceAlgo};
 pub use chooser::{
     choose_allgather, choose_allgather_for, choose_allreduce, choose_allreduce_for,
     choose_reduce_scatter, choose_reduce_scatter_for, Predictor, LIBRARY_MARGIN,
+};
+pub use online::{
+    OnlineChoice, CLOSE, EXPLORE_CLOSE, EXPLORE_EARLY, EXPLORE_EVERY, LEARNING_AGREEMENTS,
+    SWITCH_MARGIN,
 };
 pub use reduce_scatter::{reduce_scatter, ReduceScatterAlgo};
 pub use util::{block_range, block_start};

@@ -1,13 +1,17 @@
 //! `allreduce`, `allgather` and `reduce_scatter`: every dense algorithm at every message
-//! size, time and bus bandwidth (nccl-tests convention), plus `auto`, the automatic choice;
+//! size, time and bus bandwidth (nccl-tests convention), plus `auto`, the automatic choice
+//! (`OnlineChoice`: the calibration's pick, re-ranked from its own calls as it runs);
 //! under MPI also `mpi_native`, the MPI library's own collective, and `mpi_native_again`,
 //! the same call on its own buffers: an A/A control whose ratio to `mpi_native` shows how
 //! far two measurements of one function differ in this run. At each size the cases are
 //! timed interleaved, repetition by repetition, so a change in the machine's load affects
 //! every case alike, and the ratios to `mpi_native` are taken repetition by repetition.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use collectives::dense::{
-    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions,
+    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions, OnlineChoice,
     ReduceScatterAlgo,
 };
 use collectives::Communicator;
@@ -240,37 +244,33 @@ fn measure(
         }
         let n = elems(bytes, p);
         let mut runners: Vec<Runner> = Vec::new();
+        // The automatic choice: what a caller gets without naming an algorithm, the online
+        // choice, starting from the calibration's pick and re-ranked from its own calls.
+        let online = Rc::new(RefCell::new(OnlineChoice::new()));
         for (name, algo) in list {
-            let algo = match algo {
-                // The automatic choice: what a caller gets without naming an algorithm.
-                None => {
-                    let a = match op {
-                        Op::Allreduce => Algo::Allreduce(collectives::dense::choose_allreduce_for(
-                            comm,
-                            4 * n,
-                            predictor,
-                        )),
-                        Op::Allgather => Algo::Allgather(collectives::dense::choose_allgather_for(
-                            comm,
-                            4 * n / p,
-                            predictor,
-                        )),
-                        Op::ReduceScatter => Algo::ReduceScatter(
-                            collectives::dense::choose_reduce_scatter_for(comm, 4 * n, predictor),
-                        ),
-                    };
-                    chosen.push((bytes, algo_name(&a)));
-                    a
-                }
-                Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => torus,
-                Some(a) => *a,
+            let runner = match algo {
+                None => online_runner(comm, op, n, predictor, Rc::clone(&online)),
+                Some(Algo::Allreduce(AllreduceAlgo::Torus2d { .. })) => runner(comm, torus, n),
+                Some(a) => runner(comm, *a, n),
             };
-            runners.push((name.clone(), runner(comm, algo, n)));
+            runners.push((name.clone(), runner));
         }
         #[cfg(feature = "mpi")]
         if let Some(c) = native {
             runners.push((NATIVE.into(), native_runner(c, op, n)));
             runners.push((NATIVE_AGAIN.into(), native_runner(c, op, n)));
+        }
+        // The online choice's first calls run both candidates half the time, up to the
+        // ranks' first agreements on their times: untimed, as a training loop's first steps, so that `auto` is
+        // timed in its steady state (which still runs the other candidate now and then).
+        let key = match op {
+            Op::Allgather => 4 * (n / p),
+            Op::Allreduce | Op::ReduceScatter => 4 * n,
+        };
+        for (_, f) in runners.iter_mut().filter(|(name, _)| name == AUTO) {
+            for _ in 0..OnlineChoice::learning_calls(key) {
+                f()?;
+            }
         }
         let reps = reps(bytes, quick);
         let mut fs: Vec<&mut (dyn FnMut() -> Result<(), BoxErr> + '_)> =
@@ -279,6 +279,15 @@ fn measure(
         let t = world_rounds_interleaved(comm, reps, calls, &mut fs)?;
         for ((name, _), t) in runners.iter().zip(t) {
             out.push((name.clone(), bytes, t));
+        }
+        if list.iter().any(|(_, a)| a.is_none()) {
+            let online = online.borrow();
+            let in_use = match op {
+                Op::Allreduce => online.allreduce_in_use(4 * n).map(|a| a.name()),
+                Op::Allgather => online.allgather_in_use(4 * (n / p)).map(|a| a.name()),
+                Op::ReduceScatter => online.reduce_scatter_in_use(4 * n).map(|a| a.name()),
+            };
+            chosen.push((bytes, in_use.unwrap_or("none").to_string()));
         }
         if comm.rank() == 0 {
             pb.inc(list.len() as u64);
@@ -350,6 +359,51 @@ fn runner<'a>(
             let mut buf = Paged::new(1.0 + comm.rank() as f32, n);
             Box::new(move || {
                 reduce_scatter(comm, buf.get_mut(), a, &opts)?;
+                Ok(())
+            })
+        }
+    }
+}
+
+/// The automatic choice ([`OnlineChoice`], shared with the caller, who reads what it ended
+/// on) on a buffer of `n` elements, as [`runner`].
+fn online_runner<'a>(
+    comm: &'a dyn Communicator,
+    op: Op,
+    n: usize,
+    predictor: Option<&'a dyn collectives::dense::Predictor>,
+    online: Rc<RefCell<OnlineChoice>>,
+) -> Box<dyn FnMut() -> Result<(), BoxErr> + 'a> {
+    let p = comm.size();
+    let opts = DenseOptions::default().unchecked();
+    match op {
+        Op::Allreduce => {
+            let mut buf = Paged::new(1.0 + comm.rank() as f32, n);
+            Box::new(move || {
+                Ok(online
+                    .borrow_mut()
+                    .allreduce(comm, buf.get_mut(), predictor, &opts)?)
+            })
+        }
+        Op::Allgather => {
+            let mine = Paged::new(comm.rank() as f32, n / p);
+            let mut all = Paged::new(0.0, n);
+            Box::new(move || {
+                Ok(online.borrow_mut().allgather(
+                    comm,
+                    mine.get(),
+                    all.get_mut(),
+                    predictor,
+                    &opts,
+                )?)
+            })
+        }
+        Op::ReduceScatter => {
+            let mut buf = Paged::new(1.0 + comm.rank() as f32, n);
+            Box::new(move || {
+                online
+                    .borrow_mut()
+                    .reduce_scatter(comm, buf.get_mut(), predictor, &opts)?;
                 Ok(())
             })
         }
@@ -576,8 +630,15 @@ fn report(
         "Bus bandwidth in GB/s (nccl-tests convention: {}) of every {suite} algorithm at P = {p} \
          on the `{}` transport; median of several runs, each the slowest rank's time, the \
          cases timed interleaved at each size. For allgather, `bytes` is the gathered total; \
-         for reduce_scatter, the reduced buffer. `auto` is the automatic choice ({}); \
-         `auto picks` names what it chose. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
+         for reduce_scatter, the reduced buffer. `auto` is the automatic choice, \
+         `OnlineChoice`: it starts from the pick {}, and re-ranks that pick and a \
+         runner-up (the library's collective against ours, the shared-memory algorithm \
+         against the library) from the timings of its own calls, agreed across ranks, \
+         running the other one in two calls of {} (of {} while their times are within \
+         {}×, of {} up to the ranks' {}th agreement). It is timed after those first calls (untimed, as a training loop's \
+         first steps); its time includes the later calls of the other candidate and the \
+         agreements. `auto picks` names what it used at the end. \
+         {native_note}\n\n{}\n![{suite}]({plot_name})\n",
         match op {
             Op::Allreduce => "bytes × 2(P−1)/P / time",
             Op::Allgather | Op::ReduceScatter => "bytes × (P−1)/P / time",
@@ -585,13 +646,18 @@ fn report(
         ctx.backend(),
         if calibrated {
             format!(
-                "ranked by the calibration's fits, the MPI library's own collective among the \
-                 candidates under mpirun; ours is picked only when predicted {:.0} % faster",
+                "of the calibration's fits, the MPI library's own collective among the \
+                 candidates under mpirun, ours picked only when predicted {:.0} % faster",
                 collectives::dense::LIBRARY_MARGIN * 100.0
             )
         } else {
-            "the chooser's built-in rules: no calibration of this transport at this P".into()
+            "of the chooser's built-in rules (no calibration of this transport at this P)".into()
         },
+        collectives::dense::EXPLORE_EVERY,
+        collectives::dense::EXPLORE_CLOSE,
+        collectives::dense::CLOSE,
+        collectives::dense::EXPLORE_EARLY,
+        collectives::dense::LEARNING_AGREEMENTS,
         table(&header, &rows)
     );
     Ok(out)

@@ -1,0 +1,487 @@
+//! [`OnlineChoice`]: the automatic choice of a dense collective that follows the machine
+//! while it runs.
+//!
+//! Why: a calibration ranks the algorithms once, and the machine moves under it. On a
+//! 2-vCPU VM the host placed the two vCPUs close or apart for seconds to minutes at a
+//! time (a flag round trip of 0.1 µs or 0.5 µs); a calibration taken while they sat apart
+//! ranked MPI's all-gather first at 16 KiB–1 MiB, and minutes later, with the vCPUs close,
+//! the shared-memory algorithm ran 1.5–2.3× faster there.
+//!
+//! How: per operation and size, two candidates, the calibrated choice
+//! ([`choose_allreduce_for`] and its siblings) and a runner-up: the transport library's
+//! own collective against ours, the shared-memory algorithm against the library, and the
+//! best message-passing algorithm of ours where the other is missing. Every call is timed.
+//! Most calls run the candidate in use; two calls in a row in every [`EXPLORE_EVERY`] run
+//! the other (in every [`EXPLORE_CLOSE`] while their times are within [`CLOSE`], and in
+//! every [`EXPLORE_EARLY`] for the first [`LEARNING_AGREEMENTS`] agreements). Every few calls the
+//! ranks agree on the two median times with one all-reduce of two floats, and switch when
+//! the other candidate
+//! was [`SWITCH_MARGIN`] faster. The schedule depends on the call count alone and the
+//! decision on the all-reduced figures, so every rank runs the same algorithm in every
+//! call.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Instant;
+
+use crate::dense::{
+    allgather, allreduce, choose_allgather, choose_allgather_for, choose_allreduce,
+    choose_allreduce_for, choose_reduce_scatter, choose_reduce_scatter_for, reduce_scatter,
+    AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor, ReduceScatterAlgo, WireType,
+};
+use crate::{Communicator, Result};
+
+/// Once both candidates have a figure, two calls in a row in this many run the candidate
+/// not in use, so that a change in the machine shows (at most 1/32 of the calls pay for a
+/// worse candidate). Two in a row: a call right after other work finds cold caches, and
+/// the pair gives the other candidate a cold and a warm call, as the one in use has.
+pub const EXPLORE_EVERY: u64 = 64;
+
+/// While the agreed times are within [`CLOSE`] of each other, two calls in this many run
+/// the candidate not in use: the other may well be the faster one, and trying it costs
+/// little when it is not (at most 1/8 of the calls, each at most 25 % slower).
+pub const EXPLORE_CLOSE: u64 = 16;
+
+/// Agreed times closer than this factor count as close ([`EXPLORE_CLOSE`]).
+pub const CLOSE: f64 = 1.25;
+
+/// For the first [`LEARNING_AGREEMENTS`] agreements, two calls in this many run the other
+/// candidate.
+pub const EXPLORE_EARLY: u64 = 4;
+
+/// Agreements with both candidates sampled half the time: one window of a few calls each
+/// on a machine shared by more ranks than cores picked the slower candidate now and then.
+pub const LEARNING_AGREEMENTS: u32 = 2;
+
+/// How much faster the other candidate's agreed time must be before the choice switches:
+/// two timings of the very same call scatter by a few per cent.
+pub const SWITCH_MARGIN: f64 = 0.03;
+
+/// Bytes of calls between two agreements: small calls agree every many calls, so that the
+/// agreement (an all-reduce of 8 bytes) stays a few per cent of their time; bounded by
+/// [`AGREE_CALLS`].
+const AGREE_BYTES: usize = 1 << 20;
+
+/// Fewest and most calls between two agreements.
+const AGREE_CALLS: (u64, u64) = (8, 64);
+
+/// The state of one (operation, size): its two candidates and what the ranks agreed on.
+#[derive(Debug, Clone)]
+struct Candidates<A> {
+    /// The calibrated choice, then the runner-up (`None`: nothing to compare with).
+    algos: (A, Option<A>),
+    /// Which of the two is in use (0 or 1).
+    current: usize,
+    /// Calls so far (the same count on every rank).
+    calls: u64,
+    /// Seconds of each call of each candidate on this rank since the last agreement.
+    local: [Vec<f64>; 2],
+    /// Agreed seconds per call of each candidate (a running mean over agreements).
+    agreed: [Option<f64>; 2],
+    /// Agreements so far.
+    agreements: u32,
+    /// Calls between agreements.
+    agree_every: u64,
+}
+
+/// Calls of `bytes` between two agreements.
+fn agree_every(bytes: usize) -> u64 {
+    ((AGREE_BYTES / bytes.max(1)) as u64).clamp(AGREE_CALLS.0, AGREE_CALLS.1)
+}
+
+impl<A: Copy> Candidates<A> {
+    fn new(choice: A, runner_up: Option<A>, bytes: usize) -> Self {
+        let agree_every = agree_every(bytes);
+        Candidates {
+            algos: (choice, runner_up),
+            current: 0,
+            calls: 0,
+            local: [Vec::new(), Vec::new()],
+            agreed: [None; 2],
+            agreements: 0,
+            agree_every,
+        }
+    }
+
+    /// The candidate (0 or 1) that the next call runs.
+    fn next(&self) -> usize {
+        if self.algos.1.is_none() {
+            return 0;
+        }
+        let every = match self.agreed {
+            _ if self.agreements < LEARNING_AGREEMENTS => EXPLORE_EARLY,
+            [Some(a), Some(b)] if a.max(b) < CLOSE * a.min(b) => EXPLORE_CLOSE,
+            _ => EXPLORE_EVERY,
+        };
+        if self.calls % every >= every - 2 {
+            1 - self.current
+        } else {
+            self.current
+        }
+    }
+
+    fn algo(&self, i: usize) -> A {
+        match (i, self.algos.1) {
+            (1, Some(a)) => a,
+            _ => self.algos.0,
+        }
+    }
+
+    /// Records a call of candidate `i` that took `secs` on this rank; `true` when the ranks
+    /// agree now (after this call).
+    fn record(&mut self, i: usize, secs: f64) -> bool {
+        self.local[i].push(secs);
+        self.calls += 1;
+        self.algos.1.is_some() && self.calls % self.agree_every == 0
+    }
+
+    /// This rank's median seconds per call of each candidate since the last agreement
+    /// (the median: a preempted call must not decide; 0 for a candidate without calls,
+    /// the same on every rank, as the schedule is).
+    fn local_medians(&self) -> [f32; 2] {
+        [0, 1].map(|i| cost_model::median(&self.local[i]) as f32)
+    }
+
+    /// Takes the all-reduced sums of the ranks' medians and decides which candidate to use.
+    fn agree(&mut self, sums: [f32; 2]) {
+        for ((agreed, local), sum) in self.agreed.iter_mut().zip(&self.local).zip(sums) {
+            if !local.is_empty() {
+                let t = sum as f64;
+                *agreed = Some(agreed.map_or(t, |old| 0.5 * (old + t)));
+            }
+        }
+        self.local.iter_mut().for_each(Vec::clear);
+        self.agreements += 1;
+        let other = 1 - self.current;
+        if let (Some(now), Some(alt)) = (self.agreed[self.current], self.agreed[other]) {
+            if alt < now * (1.0 - SWITCH_MARGIN) {
+                self.current = other;
+            }
+        }
+    }
+}
+
+/// The automatic choice of the dense collectives, re-ranked from the calls' own timings
+/// (see the module docs). Keep one per communicator and call it in the same order on
+/// every rank, as the collectives themselves.
+///
+/// ```
+/// use collectives::dense::{DenseOptions, OnlineChoice};
+/// use collectives::{Communicator, ThreadComm};
+/// let out = ThreadComm::run(3, |comm| -> collectives::Result<Vec<f32>> {
+///     let mut online = OnlineChoice::new();
+///     let mut buf = vec![1.0f32; 1000];
+///     for _ in 0..10 {
+///         buf.fill(1.0);
+///         online.allreduce(&comm, &mut buf, None, &DenseOptions::default())?;
+///     }
+///     Ok(buf)
+/// })
+/// .unwrap();
+/// assert!(out.iter().all(|b| b.iter().all(|&x| x == 3.0)));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct OnlineChoice {
+    allreduce: HashMap<(usize, WireType), Candidates<AllreduceAlgo>>,
+    allgather: HashMap<usize, Candidates<AllgatherAlgo>>,
+    reduce_scatter: HashMap<(usize, WireType), Candidates<ReduceScatterAlgo>>,
+}
+
+impl OnlineChoice {
+    /// No figures yet: each size starts from the calibrated choice at its first call.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// [`allreduce`] of `buf` with the algorithm in use for its size, starting from
+    /// [`choose_allreduce_for`]`(comm, bytes, calibration)`.
+    pub fn allreduce<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        buf: &mut [f32],
+        calibration: Option<&dyn Predictor>,
+        opts: &DenseOptions,
+    ) -> Result<()> {
+        let bytes = 4 * buf.len();
+        let state = self.allreduce.entry((bytes, opts.wire)).or_insert_with(|| {
+            if opts.wire != WireType::F32 {
+                // Only our message-passing algorithms carry a narrow wire type.
+                let ours = choose_allreduce(comm.size(), bytes, calibration);
+                return Candidates::new(ours, None, bytes);
+            }
+            let choice = choose_allreduce_for(comm, bytes, calibration);
+            let (library, shared) = (AllreduceAlgo::Library, AllreduceAlgo::SharedMemory);
+            let runner_up = runner_up_of(comm, choice, [library, shared], || {
+                choose_allreduce(comm.size(), bytes, calibration)
+            });
+            Candidates::new(choice, runner_up, bytes)
+        });
+        timed(comm, state, |a| allreduce(comm, buf, a, opts))
+    }
+
+    /// [`allgather`] of `mine` into `out` with the algorithm in use for its size, starting
+    /// from [`choose_allgather_for`].
+    pub fn allgather<C: Communicator + ?Sized, T: bytemuck::Pod>(
+        &mut self,
+        comm: &C,
+        mine: &[T],
+        out: &mut [T],
+        calibration: Option<&dyn Predictor>,
+        opts: &DenseOptions,
+    ) -> Result<()> {
+        let bytes = std::mem::size_of_val(mine);
+        let state = self.allgather.entry(bytes).or_insert_with(|| {
+            let choice = choose_allgather_for(comm, bytes, calibration);
+            let (library, shared) = (AllgatherAlgo::Library, AllgatherAlgo::SharedMemory);
+            let runner_up = runner_up_of(comm, choice, [library, shared], || {
+                choose_allgather(comm.size(), bytes, calibration)
+            });
+            Candidates::new(choice, runner_up, bytes)
+        });
+        timed(comm, state, |a| allgather(comm, mine, out, a, opts))
+    }
+
+    /// [`reduce_scatter`] of `buf` with the algorithm in use for its size, starting from
+    /// [`choose_reduce_scatter_for`]; returns this rank's reduced block.
+    pub fn reduce_scatter<C: Communicator + ?Sized>(
+        &mut self,
+        comm: &C,
+        buf: &mut [f32],
+        calibration: Option<&dyn Predictor>,
+        opts: &DenseOptions,
+    ) -> Result<Range<usize>> {
+        let bytes = 4 * buf.len();
+        let state = self
+            .reduce_scatter
+            .entry((bytes, opts.wire))
+            .or_insert_with(|| {
+                if opts.wire != WireType::F32 {
+                    let ours = choose_reduce_scatter(comm.size(), bytes, calibration);
+                    return Candidates::new(ours, None, bytes);
+                }
+                let choice = choose_reduce_scatter_for(comm, bytes, calibration);
+                let (library, shared) =
+                    (ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory);
+                let runner_up = runner_up_of(comm, choice, [library, shared], || {
+                    choose_reduce_scatter(comm.size(), bytes, calibration)
+                });
+                Candidates::new(choice, runner_up, bytes)
+            });
+        timed(comm, state, |a| reduce_scatter(comm, buf, a, opts))
+    }
+
+    /// Calls of a collective that moves `bytes` before it explores only now and then (the
+    /// first [`LEARNING_AGREEMENTS`] agreements): a benchmark of the steady state runs
+    /// these first.
+    pub fn learning_calls(bytes: usize) -> u64 {
+        agree_every(bytes) * LEARNING_AGREEMENTS as u64
+    }
+
+    /// The all-reduce algorithm in use for `bytes` with `f32` on the wire (`None` before
+    /// its first call).
+    pub fn allreduce_in_use(&self, bytes: usize) -> Option<AllreduceAlgo> {
+        let key = (bytes, WireType::F32);
+        self.allreduce.get(&key).map(|c| c.algo(c.current))
+    }
+
+    /// The all-gather algorithm in use for `bytes` contributed per rank.
+    pub fn allgather_in_use(&self, bytes: usize) -> Option<AllgatherAlgo> {
+        self.allgather.get(&bytes).map(|c| c.algo(c.current))
+    }
+
+    /// The reduce-scatter algorithm in use for a `bytes` buffer with `f32` on the wire.
+    pub fn reduce_scatter_in_use(&self, bytes: usize) -> Option<ReduceScatterAlgo> {
+        let key = (bytes, WireType::F32);
+        self.reduce_scatter.get(&key).map(|c| c.algo(c.current))
+    }
+}
+
+/// The candidate to compare `choice` with: the library's collective against ours and the
+/// shared-memory algorithm against the library (each where `comm` has it), else the best
+/// message-passing algorithm of ours (`ours`); `None` when there is nothing else.
+fn runner_up_of<C: Communicator + ?Sized, A: Copy + PartialEq>(
+    comm: &C,
+    choice: A,
+    [library, shared]: [A; 2],
+    ours: impl FnOnce() -> A,
+) -> Option<A> {
+    let has_library = comm.library().is_some();
+    let has_segment = comm.shared_segment().is_some();
+    let other = if choice == library {
+        if has_segment {
+            shared
+        } else {
+            ours()
+        }
+    } else if choice == shared {
+        if has_library {
+            library
+        } else {
+            ours()
+        }
+    } else if has_library {
+        library
+    } else if has_segment {
+        shared
+    } else {
+        return None;
+    };
+    (other != choice).then_some(other)
+}
+
+/// Runs `call` with the candidate the schedule names, times it, and agrees with the other
+/// ranks when it is time to.
+fn timed<C: Communicator + ?Sized, A: Copy, R>(
+    comm: &C,
+    state: &mut Candidates<A>,
+    call: impl FnOnce(A) -> Result<R>,
+) -> Result<R> {
+    let i = state.next();
+    let start = Instant::now();
+    let out = call(state.algo(i))?;
+    if state.record(i, start.elapsed().as_secs_f64()) {
+        let mut sums = state.local_medians();
+        let algo = choose_allreduce_for(comm, sums.len() * 4, None);
+        allreduce(comm, &mut sums, algo, &DenseOptions::default().unchecked())?;
+        state.agree(sums);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ThreadComm;
+
+    /// Drives the schedule with synthetic times: candidate 1 takes `t1(call)` seconds,
+    /// candidate 0 one millisecond; returns the candidate in use after each agreement.
+    fn drive(calls: u64, t1: impl Fn(u64) -> f64) -> Vec<usize> {
+        let mut c = Candidates::new(0u8, Some(1u8), 64 << 10);
+        let mut in_use = Vec::new();
+        for n in 0..calls {
+            let i = c.next();
+            let t = if i == 0 { 1e-3 } else { t1(n) };
+            if c.record(i, t) {
+                let m = c.local_medians();
+                c.agree(m);
+                in_use.push(c.current);
+            }
+        }
+        in_use
+    }
+
+    #[test]
+    fn switches_to_the_faster_candidate_and_back_when_the_machine_changes() {
+        // Candidate 1 twice as fast for the first 400 calls, then three times slower.
+        let in_use = drive(1200, |n| if n < 400 { 0.5e-3 } else { 3e-3 });
+        assert_eq!(in_use[0], 1, "the first agreement already has both figures");
+        assert_eq!(OnlineChoice::learning_calls(64 << 10), 32);
+        assert!(in_use[..20].iter().all(|&c| c == 1));
+        assert_eq!(
+            *in_use.last().unwrap(),
+            0,
+            "back once candidate 1 slowed down"
+        );
+    }
+
+    #[test]
+    fn keeps_the_choice_within_the_margin_and_explores_rarely() {
+        // 2 % faster is within the margin: no switch.
+        assert!(drive(2000, |_| 0.98e-3).iter().all(|&c| c == 0));
+        // Once both have figures, two calls in EXPLORE_EVERY run the other candidate.
+        let mut c = Candidates::new(0u8, Some(1u8), 64 << 10);
+        c.agreed = [Some(1.0), Some(2.0)];
+        c.agreements = LEARNING_AGREEMENTS;
+        let other = (0..EXPLORE_EVERY * 10).filter(|_| {
+            let i = c.next();
+            c.calls += 1;
+            i == 1
+        });
+        assert_eq!(other.count(), 20);
+        // Close figures: two calls in EXPLORE_CLOSE.
+        c.agreed = [Some(1.0), Some(1.2)];
+        let other = (0..EXPLORE_CLOSE * 10).filter(|_| {
+            let i = c.next();
+            c.calls += 1;
+            i == 1
+        });
+        assert_eq!(other.count(), 20);
+    }
+
+    #[test]
+    fn without_a_runner_up_it_never_explores_nor_agrees() {
+        let mut c = Candidates::new(7u8, None, 4);
+        for _ in 0..1000 {
+            assert_eq!(c.next(), 0);
+            assert!(!c.record(0, 1e-6));
+        }
+    }
+
+    #[test]
+    fn a_narrow_wire_type_runs_our_message_passing_algorithms_only() {
+        let out = ThreadComm::run(3, |comm| -> Result<_> {
+            let mut online = OnlineChoice::new();
+            let opts = DenseOptions::with_wire(WireType::Bf16);
+            for _ in 0..40 {
+                let mut buf = vec![1.0f32; 5000];
+                online.allreduce(&comm, &mut buf, None, &opts)?;
+                assert!(buf.iter().all(|&x| x == 3.0));
+                let mut buf = vec![1.0f32; 5000];
+                let mine = online.reduce_scatter(&comm, &mut buf, None, &opts)?;
+                assert!(buf[mine].iter().all(|&x| x == 3.0));
+            }
+            let ar = &online.allreduce[&(20_000, WireType::Bf16)];
+            let rs = &online.reduce_scatter[&(20_000, WireType::Bf16)];
+            Ok((ar.algos, rs.algos))
+        })
+        .unwrap();
+        let (ar, rs) = out[0];
+        assert!(ar.1.is_none() && ar.0 != AllreduceAlgo::SharedMemory);
+        assert!(rs.1.is_none() && rs.0 != ReduceScatterAlgo::SharedMemory);
+    }
+
+    fn both_agreed<A>(c: &Candidates<A>) -> bool {
+        c.agreed.iter().all(Option::is_some)
+    }
+
+    #[test]
+    fn every_rank_runs_the_same_algorithm_and_the_sums_are_right() {
+        for p in [2, 3, 5] {
+            let out = ThreadComm::run(p, |comm| -> Result<_> {
+                let mut online = OnlineChoice::new();
+                let opts = DenseOptions::default();
+                let mut seen = Vec::new();
+                for round in 0..200 {
+                    let n = [10, 3000, 70_000][round % 3];
+                    let mut buf = vec![comm.rank() as f32 + 1.0; n];
+                    online.allreduce(&comm, &mut buf, None, &opts)?;
+                    let want = (p * (p + 1) / 2) as f32;
+                    assert!(buf.iter().all(|&x| x == want), "p {p} n {n}");
+                    let mine = vec![comm.rank() as u32; n / 10 + 1];
+                    let mut all = vec![0u32; mine.len() * p];
+                    online.allgather(&comm, &mine, &mut all, None, &opts)?;
+                    assert!(all
+                        .chunks(mine.len())
+                        .enumerate()
+                        .all(|(r, c)| c.iter().all(|&x| x == r as u32)));
+                    let mut buf = vec![1.0f32; n];
+                    let mine = online.reduce_scatter(&comm, &mut buf, None, &opts)?;
+                    assert!(buf[mine].iter().all(|&x| x == p as f32));
+                    seen.push((
+                        online.allreduce_in_use(4 * n),
+                        online.allgather_in_use(4 * (n / 10 + 1)),
+                        online.reduce_scatter_in_use(4 * n),
+                    ));
+                }
+                // Not vacuous: both candidates ran and were agreed on at every size.
+                assert!(online.allreduce.values().all(both_agreed), "p {p}");
+                assert!(online.allgather.values().all(both_agreed), "p {p}");
+                assert!(online.reduce_scatter.values().all(both_agreed), "p {p}");
+                Ok(seen)
+            })
+            .unwrap();
+            assert!(out.iter().all(|s| s == &out[0]), "p {p}: ranks disagree");
+            assert!(out[0].iter().all(|s| s.0.is_some()));
+        }
+    }
+}
