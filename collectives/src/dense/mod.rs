@@ -54,8 +54,8 @@ pub use chooser::{
     choose_reduce_scatter, choose_reduce_scatter_for, Predictor, LIBRARY_MARGIN,
 };
 pub use online::{
-    OnlineChoice, CLOSE, EXPLORE_CLOSE, EXPLORE_EARLY, EXPLORE_EVERY, LEARNING_AGREEMENTS,
-    SWITCH_MARGIN,
+    OnlineChoice, CLOSE, EXPLORE_BURST, EXPLORE_CLOSE, EXPLORE_EARLY, EXPLORE_EVERY,
+    LEARNING_AGREEMENTS, SETTLE_CALLS, SWITCH_MARGIN,
 };
 pub use reduce_scatter::{reduce_scatter, ReduceScatterAlgo};
 pub use util::{block_range, block_start};

@@ -11,11 +11,12 @@
 //! ([`choose_allreduce_for`] and its siblings) and a runner-up: the transport library's
 //! own collective against ours, the shared-memory algorithm against the library, and the
 //! best message-passing algorithm of ours where the other is missing. Every call is timed.
-//! Most calls run the candidate in use; two calls in a row in every [`EXPLORE_EVERY`] run
-//! the other (in every [`EXPLORE_CLOSE`] while their times are within [`CLOSE`], and in
-//! every [`EXPLORE_EARLY`] for the first [`LEARNING_AGREEMENTS`] agreements). Every few calls the
-//! ranks agree on the two median times with one all-reduce of two floats, and switch when
-//! the other candidate
+//! Most calls run the candidate in use; a burst of [`EXPLORE_BURST`] calls in every
+//! [`EXPLORE_EVERY`] runs the other (in every [`EXPLORE_CLOSE`] while their times are within
+//! [`CLOSE`], and in every [`EXPLORE_EARLY`] for the first [`LEARNING_AGREEMENTS`]
+//! agreements); the first [`SETTLE_CALLS`] calls after a change of candidate are not
+//! counted. Every few calls the ranks agree on the two median times with one all-reduce of
+//! two floats, and switch when the other candidate
 //! was [`SWITCH_MARGIN`] faster. The schedule depends on the call count alone and the
 //! decision on the all-reduced figures, so every rank runs the same algorithm in every
 //! call.
@@ -31,23 +32,31 @@ use crate::dense::{
 };
 use crate::{Communicator, Result};
 
-/// Once both candidates have a figure, two calls in a row in this many run the candidate
-/// not in use, so that a change in the machine shows (at most 1/32 of the calls pay for a
-/// worse candidate). Two in a row: a call right after other work finds cold caches, and
-/// the pair gives the other candidate a cold and a warm call, as the one in use has.
-pub const EXPLORE_EVERY: u64 = 64;
+/// Calls in a row that run the candidate not in use when it is tried.
+pub const EXPLORE_BURST: u64 = 4;
 
-/// While the agreed times are within [`CLOSE`] of each other, two calls in this many run
-/// the candidate not in use: the other may well be the faster one, and trying it costs
-/// little when it is not (at most 1/8 of the calls, each at most 25 % slower).
-pub const EXPLORE_CLOSE: u64 = 16;
+/// Calls after a change of candidate that are run but not counted: the first calls of one
+/// algorithm after another find its buffers cold. At P = 2, an all-gather of 128 KiB per
+/// rank took 25–27 µs in the two calls after a switch and 14–15 µs after that, and two-call
+/// bursts ranked the slower candidate first.
+pub const SETTLE_CALLS: u32 = 2;
+
+/// Once both candidates have a figure, a burst in this many calls runs the candidate not
+/// in use, so that a change in the machine shows (at most 1/32 of the calls pay for a
+/// worse candidate).
+pub const EXPLORE_EVERY: u64 = 128;
+
+/// While the agreed times are within [`CLOSE`] of each other, a burst in this many calls
+/// runs the candidate not in use: the other may well be the faster one, and trying it
+/// costs little when it is not (at most 1/8 of the calls, each at most 25 % slower).
+pub const EXPLORE_CLOSE: u64 = 32;
 
 /// Agreed times closer than this factor count as close ([`EXPLORE_CLOSE`]).
 pub const CLOSE: f64 = 1.25;
 
-/// For the first [`LEARNING_AGREEMENTS`] agreements, two calls in this many run the other
-/// candidate.
-pub const EXPLORE_EARLY: u64 = 4;
+/// For the first [`LEARNING_AGREEMENTS`] agreements, a burst in this many calls runs the
+/// other candidate (half the calls).
+pub const EXPLORE_EARLY: u64 = 2 * EXPLORE_BURST;
 
 /// Agreements with both candidates sampled half the time: one window of a few calls each
 /// on a machine shared by more ranks than cores picked the slower candidate now and then.
@@ -62,8 +71,9 @@ pub const SWITCH_MARGIN: f64 = 0.03;
 /// [`AGREE_CALLS`].
 const AGREE_BYTES: usize = 1 << 20;
 
-/// Fewest and most calls between two agreements.
-const AGREE_CALLS: (u64, u64) = (8, 64);
+/// Fewest and most calls between two agreements (the fewest: one learning cycle, which
+/// counts two calls of each candidate).
+const AGREE_CALLS: (u64, u64) = (EXPLORE_EARLY, 64);
 
 /// The state of one (operation, size): its two candidates and what the ranks agreed on.
 #[derive(Debug, Clone)]
@@ -74,6 +84,8 @@ struct Candidates<A> {
     current: usize,
     /// Calls so far (the same count on every rank).
     calls: u64,
+    /// The candidate of the last call, and how many calls in a row it has run.
+    last: (usize, u32),
     /// Seconds of each call of each candidate on this rank since the last agreement.
     local: [Vec<f64>; 2],
     /// Agreed seconds per call of each candidate (a running mean over agreements).
@@ -96,6 +108,7 @@ impl<A: Copy> Candidates<A> {
             algos: (choice, runner_up),
             current: 0,
             calls: 0,
+            last: (0, 0),
             local: [Vec::new(), Vec::new()],
             agreed: [None; 2],
             agreements: 0,
@@ -113,7 +126,7 @@ impl<A: Copy> Candidates<A> {
             [Some(a), Some(b)] if a.max(b) < CLOSE * a.min(b) => EXPLORE_CLOSE,
             _ => EXPLORE_EVERY,
         };
-        if self.calls % every >= every - 2 {
+        if self.calls % every >= every - EXPLORE_BURST {
             1 - self.current
         } else {
             self.current
@@ -127,10 +140,18 @@ impl<A: Copy> Candidates<A> {
         }
     }
 
-    /// Records a call of candidate `i` that took `secs` on this rank; `true` when the ranks
-    /// agree now (after this call).
+    /// Records a call of candidate `i` that took `secs` on this rank (counted once it has
+    /// run [`SETTLE_CALLS`] calls in a row); `true` when the ranks agree now (after this
+    /// call).
     fn record(&mut self, i: usize, secs: f64) -> bool {
-        self.local[i].push(secs);
+        self.last = if self.last.0 == i {
+            (i, self.last.1 + 1)
+        } else {
+            (i, 1)
+        };
+        if self.last.1 > SETTLE_CALLS {
+            self.local[i].push(secs);
+        }
         self.calls += 1;
         self.algos.1.is_some() && self.calls % self.agree_every == 0
     }
@@ -388,7 +409,7 @@ mod tests {
     fn keeps_the_choice_within_the_margin_and_explores_rarely() {
         // 2 % faster is within the margin: no switch.
         assert!(drive(2000, |_| 0.98e-3).iter().all(|&c| c == 0));
-        // Once both have figures, two calls in EXPLORE_EVERY run the other candidate.
+        // Once both have figures, a burst in EXPLORE_EVERY runs the other candidate.
         let mut c = Candidates::new(0u8, Some(1u8), 64 << 10);
         c.agreed = [Some(1.0), Some(2.0)];
         c.agreements = LEARNING_AGREEMENTS;
@@ -397,15 +418,15 @@ mod tests {
             c.calls += 1;
             i == 1
         });
-        assert_eq!(other.count(), 20);
-        // Close figures: two calls in EXPLORE_CLOSE.
+        assert_eq!(other.count() as u64, 10 * EXPLORE_BURST);
+        // Close figures: a burst in EXPLORE_CLOSE.
         c.agreed = [Some(1.0), Some(1.2)];
         let other = (0..EXPLORE_CLOSE * 10).filter(|_| {
             let i = c.next();
             c.calls += 1;
             i == 1
         });
-        assert_eq!(other.count(), 20);
+        assert_eq!(other.count() as u64, 10 * EXPLORE_BURST);
     }
 
     #[test]

@@ -261,14 +261,19 @@ fn measure(
             runners.push((NATIVE_AGAIN.into(), native_runner(c, op, n)));
         }
         // The online choice's first calls run both candidates half the time, up to the
-        // ranks' first agreements on their times: untimed, as a training loop's first steps, so that `auto` is
-        // timed in its steady state (which still runs the other candidate now and then).
+        // ranks' first agreements on their times: untimed, as a training loop's first steps,
+        // so that `auto` is timed in its steady state (which still runs the other candidate
+        // now and then). Each after a barrier, as the timed calls below: at P = 2 the
+        // shared-memory all-gather of 256 KiB ran 1.5× faster than MPI's call started from a
+        // barrier, and as fast back to back, so calls back to back taught the choice
+        // another ranking than the one it was timed on.
         let key = match op {
             Op::Allgather => 4 * (n / p),
             Op::Allreduce | Op::ReduceScatter => 4 * n,
         };
         for (_, f) in runners.iter_mut().filter(|(name, _)| name == AUTO) {
             for _ in 0..OnlineChoice::learning_calls(key) {
+                comm.barrier()?;
                 f()?;
             }
         }
@@ -634,11 +639,12 @@ fn report(
          `OnlineChoice`: it starts from the pick {}, and re-ranks that pick and a \
          runner-up (the library's collective against ours, the shared-memory algorithm \
          against the library) from the timings of its own calls, agreed across ranks, \
-         running the other one in two calls of {} (of {} while their times are within \
-         {}×, of {} up to the ranks' {}th agreement). It is timed after those first calls (untimed, as a training loop's \
-         first steps); its time includes the later calls of the other candidate and the \
-         agreements. `auto picks` names what it used at the end. \
-         {native_note}\n\n{}\n![{suite}]({plot_name})\n",
+         running the other one in a burst of {} calls in every {} (every {} while their \
+         times are within {}×, every {} up to the ranks' {}th agreement) and leaving the \
+         first {} calls after each change uncounted. It is timed after those first \
+         agreements (its calls up to them untimed, as a training loop's first steps); its \
+         time includes the later bursts and the agreements. `auto picks` names what it used \
+         at the end. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
         match op {
             Op::Allreduce => "bytes × 2(P−1)/P / time",
             Op::Allgather | Op::ReduceScatter => "bytes × (P−1)/P / time",
@@ -653,11 +659,13 @@ fn report(
         } else {
             "of the chooser's built-in rules (no calibration of this transport at this P)".into()
         },
+        collectives::dense::EXPLORE_BURST,
         collectives::dense::EXPLORE_EVERY,
         collectives::dense::EXPLORE_CLOSE,
         collectives::dense::CLOSE,
         collectives::dense::EXPLORE_EARLY,
         collectives::dense::LEARNING_AGREEMENTS,
+        collectives::dense::SETTLE_CALLS,
         table(&header, &rows)
     );
     Ok(out)
