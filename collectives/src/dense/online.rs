@@ -225,17 +225,14 @@ impl OnlineChoice {
     ) -> Result<()> {
         let bytes = 4 * buf.len();
         let state = self.allreduce.entry((bytes, opts.wire)).or_insert_with(|| {
-            if opts.wire != WireType::F32 {
-                // Only our message-passing algorithms carry a narrow wire type.
-                let ours = choose_allreduce(comm.size(), bytes, calibration);
-                return Candidates::new(ours, None, bytes);
-            }
-            let choice = choose_allreduce_for(comm, bytes, calibration);
-            let (library, shared) = (AllreduceAlgo::Library, AllreduceAlgo::SharedMemory);
-            let runner_up = runner_up_of(comm, choice, [library, shared], || {
-                choose_allreduce(comm.size(), bytes, calibration)
-            });
-            Candidates::new(choice, runner_up, bytes)
+            candidates(
+                comm,
+                opts.wire,
+                [AllreduceAlgo::Library, AllreduceAlgo::SharedMemory],
+                || choose_allreduce_for(comm, bytes, calibration),
+                || choose_allreduce(comm.size(), bytes, calibration),
+                bytes,
+            )
         });
         timed(comm, state, |a| allreduce(comm, buf, a, opts))
     }
@@ -252,12 +249,14 @@ impl OnlineChoice {
     ) -> Result<()> {
         let bytes = std::mem::size_of_val(mine);
         let state = self.allgather.entry(bytes).or_insert_with(|| {
-            let choice = choose_allgather_for(comm, bytes, calibration);
-            let (library, shared) = (AllgatherAlgo::Library, AllgatherAlgo::SharedMemory);
-            let runner_up = runner_up_of(comm, choice, [library, shared], || {
-                choose_allgather(comm.size(), bytes, calibration)
-            });
-            Candidates::new(choice, runner_up, bytes)
+            candidates(
+                comm,
+                WireType::F32,
+                [AllgatherAlgo::Library, AllgatherAlgo::SharedMemory],
+                || choose_allgather_for(comm, bytes, calibration),
+                || choose_allgather(comm.size(), bytes, calibration),
+                bytes,
+            )
         });
         timed(comm, state, |a| allgather(comm, mine, out, a, opts))
     }
@@ -276,17 +275,14 @@ impl OnlineChoice {
             .reduce_scatter
             .entry((bytes, opts.wire))
             .or_insert_with(|| {
-                if opts.wire != WireType::F32 {
-                    let ours = choose_reduce_scatter(comm.size(), bytes, calibration);
-                    return Candidates::new(ours, None, bytes);
-                }
-                let choice = choose_reduce_scatter_for(comm, bytes, calibration);
-                let (library, shared) =
-                    (ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory);
-                let runner_up = runner_up_of(comm, choice, [library, shared], || {
-                    choose_reduce_scatter(comm.size(), bytes, calibration)
-                });
-                Candidates::new(choice, runner_up, bytes)
+                candidates(
+                    comm,
+                    opts.wire,
+                    [ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory],
+                    || choose_reduce_scatter_for(comm, bytes, calibration),
+                    || choose_reduce_scatter(comm.size(), bytes, calibration),
+                    bytes,
+                )
             });
         timed(comm, state, |a| reduce_scatter(comm, buf, a, opts))
     }
@@ -315,6 +311,25 @@ impl OnlineChoice {
         let key = (bytes, WireType::F32);
         self.reduce_scatter.get(&key).map(|c| c.algo(c.current))
     }
+}
+
+/// The candidates of one (operation, size): `choice_for()` (the calibrated choice among
+/// ours and `library`, `shared`) and its runner-up; with a narrow wire type, which only our
+/// message-passing algorithms carry, `ours()` alone.
+fn candidates<C: Communicator + ?Sized, A: Copy + PartialEq>(
+    comm: &C,
+    wire: WireType,
+    [library, shared]: [A; 2],
+    choice_for: impl FnOnce() -> A,
+    ours: impl FnOnce() -> A,
+    bytes: usize,
+) -> Candidates<A> {
+    if wire != WireType::F32 {
+        return Candidates::new(ours(), None, bytes);
+    }
+    let choice = choice_for();
+    let runner_up = runner_up_of(comm, choice, [library, shared], ours);
+    Candidates::new(choice, runner_up, bytes)
 }
 
 /// The candidate to compare `choice` with: the library's collective against ours and the
