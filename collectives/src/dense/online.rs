@@ -144,6 +144,10 @@ impl<A: Copy> Candidates<A> {
     /// run [`SETTLE_CALLS`] calls in a row); `true` when the ranks agree now (after this
     /// call).
     fn record(&mut self, i: usize, secs: f64) -> bool {
+        if self.algos.1.is_none() {
+            // Nothing to compare with: keep no samples (they would pile up unread).
+            return false;
+        }
         self.last = if self.last.0 == i {
             (i, self.last.1 + 1)
         } else {
@@ -153,7 +157,7 @@ impl<A: Copy> Candidates<A> {
             self.local[i].push(secs);
         }
         self.calls += 1;
-        self.algos.1.is_some() && self.calls % self.agree_every == 0
+        self.calls % self.agree_every == 0
     }
 
     /// This rank's median seconds per call of each candidate since the last agreement
@@ -184,7 +188,8 @@ impl<A: Copy> Candidates<A> {
 
 /// The automatic choice of the dense collectives, re-ranked from the calls' own timings
 /// (see the module docs). Keep one per communicator and call it in the same order on
-/// every rank, as the collectives themselves.
+/// every rank, as the collectives themselves. It keeps one small state per distinct size
+/// (a training loop's sizes repeat).
 ///
 /// ```
 /// use collectives::dense::{DenseOptions, OnlineChoice};
@@ -372,6 +377,9 @@ fn timed<C: Communicator + ?Sized, A: Copy, R>(
     state: &mut Candidates<A>,
     call: impl FnOnce(A) -> Result<R>,
 ) -> Result<R> {
+    if state.algos.1.is_none() {
+        return call(state.algos.0);
+    }
     let i = state.next();
     let start = Instant::now();
     let out = call(state.algo(i))?;
@@ -451,6 +459,7 @@ mod tests {
             assert_eq!(c.next(), 0);
             assert!(!c.record(0, 1e-6));
         }
+        assert!(c.local.iter().all(Vec::is_empty), "no samples kept");
     }
 
     #[test]

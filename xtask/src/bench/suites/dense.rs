@@ -267,6 +267,7 @@ fn measure(
         // shared-memory all-gather of 256 KiB ran 1.5× faster than MPI's call started from a
         // barrier, and as fast back to back, so calls back to back taught the choice
         // another ranking than the one it was timed on.
+        // The bytes the online choice keys this size by (per rank for the all-gather).
         let key = match op {
             Op::Allgather => 4 * (n / p),
             Op::Allreduce | Op::ReduceScatter => 4 * n,
@@ -288,9 +289,9 @@ fn measure(
         if list.iter().any(|(_, a)| a.is_none()) {
             let online = online.borrow();
             let in_use = match op {
-                Op::Allreduce => online.allreduce_in_use(4 * n).map(|a| a.name()),
-                Op::Allgather => online.allgather_in_use(4 * (n / p)).map(|a| a.name()),
-                Op::ReduceScatter => online.reduce_scatter_in_use(4 * n).map(|a| a.name()),
+                Op::Allreduce => online.allreduce_in_use(key).map(|a| a.name()),
+                Op::Allgather => online.allgather_in_use(key).map(|a| a.name()),
+                Op::ReduceScatter => online.reduce_scatter_in_use(key).map(|a| a.name()),
             };
             chosen.push((bytes, in_use.unwrap_or("none").to_string()));
         }
