@@ -84,6 +84,10 @@ pub enum Error {
     /// A topology that does not fit the communicator.
     #[error("topology: {0}")]
     Topology(String),
+    /// A shared-memory operation the operating system refused (a single-copy read of a
+    /// peer's buffer, for one).
+    #[error("shared memory: {0}")]
+    SharedMemory(String),
     /// An error from the MPI library or its wrapper.
     #[error("mpi: {0}")]
     Mpi(String),

@@ -10,6 +10,7 @@ use bytemuck::Pod;
 use crate::{Error, Result};
 
 pub mod nodes;
+pub mod peer_memory;
 pub mod shm;
 pub mod sim;
 pub mod tap;

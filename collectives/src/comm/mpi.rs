@@ -722,7 +722,7 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
     // SAFETY: one region per rank of `comm` (its node group, in the same order), each
     // REGION_BYTES long inside the mapping, zeroed (a new object reads as zeros), mapped
     // until `mapping` drops with the segment.
-    Some(unsafe {
+    let mut segment = unsafe {
         SharedSegment::new(
             (0..node.size() as usize)
                 .map(|r| base.add(r * REGION_BYTES))
@@ -732,7 +732,16 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
             None,
             Box::new(mapping),
         )
-    })
+    };
+    // Single-copy reads of the peers' buffers where the kernel allows them to every rank
+    // (`all_agree` is also the barrier between publishing and probing).
+    segment.publish_identity();
+    if all_agree(&node, super::peer_memory::wanted())
+        && all_agree(&node, segment.probe_cross_memory_attach())
+    {
+        segment.set_cross_memory_attach();
+    }
+    Some(segment)
 }
 
 /// `MPI_IN_PLACE` of the MPI library this process runs on, where it is known: rsmpi does

@@ -20,9 +20,10 @@
 //! non-temporal stores while they are measured slow: see [`TIMED_PUT_BYTES`].
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::peer_memory::{self, PeerMemory};
 use crate::{Error, Result};
 
 /// Bytes of each of a rank's two slots: the most one round of a shared-memory collective
@@ -30,8 +31,20 @@ use crate::{Error, Result};
 pub const SLOT_BYTES: usize = 1 << 20;
 
 /// Bytes before a region's slots: the sequence flag and its sleepers' count, alone on
-/// their page so that polling never contends with data.
+/// their page so that polling never contends with data, and what the rank publishes for
+/// single-copy reads ([`BUFFER_AT`], [`PID_AT`], [`REGION_AT`]).
 const HEADER_BYTES: usize = 4096;
+
+/// Header offset of the address (in its own process) and length of the buffer a rank lets
+/// its peers read in the current call (two `u64`, on their own cache line).
+const BUFFER_AT: usize = 128;
+
+/// Header offset of the rank's process id (an `i32`), for cross-memory attach.
+const PID_AT: usize = 192;
+
+/// Header offset of the address of the rank's own region in its process (a `u64`): the
+/// probe reads the peer's [`PID_AT`] there through the kernel.
+const REGION_AT: usize = 200;
 
 /// Bytes of one rank's region (header and two slots); a multiple of the page size.
 pub const REGION_BYTES: usize = HEADER_BYTES + 2 * SLOT_BYTES;
@@ -166,6 +179,8 @@ pub struct SharedSegment {
     spins: u32,
     /// Plain or non-temporal writes into this rank's slots.
     stores: StorePolicy,
+    /// How this rank reads its peers' published buffers, if it can.
+    peers: PeerMemory,
     /// Keeps the memory mapped (and frees it on drop).
     _memory: Box<dyn Send>,
 }
@@ -223,6 +238,7 @@ impl SharedSegment {
             failed,
             spins,
             stores: StorePolicy::default(),
+            peers: PeerMemory::Slots,
             _memory: memory,
         }
     }
@@ -241,6 +257,120 @@ impl SharedSegment {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Lets the ranks read each other's buffers through plain pointers: they are threads
+    /// of one process. Every rank's view must get the same setting.
+    pub(crate) fn set_same_process(&mut self) {
+        self.peers = PeerMemory::SameProcess;
+    }
+
+    /// Whether this rank reads its peers' published buffers ([`Self::read_peer`]); the
+    /// same answer on every rank.
+    pub fn reads_peers(&self) -> bool {
+        self.peers.reads_peers()
+    }
+
+    /// Step 1 of the cross-memory-attach probe: writes this rank's pid and the address of
+    /// its region where peers find them. Every rank must publish before any probes.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn publish_identity(&self) {
+        let own = self.regions[self.rank];
+        // SAFETY: this rank's header, which only it writes, aligned for both words; peers
+        // read them only after the caller's barrier.
+        unsafe {
+            std::ptr::write_volatile(own.add(PID_AT) as *mut i32, std::process::id() as i32);
+            std::ptr::write_volatile(own.add(REGION_AT) as *mut u64, own as u64);
+        }
+    }
+
+    /// Step 2: whether `process_vm_readv` reads every peer's pid out of its own process
+    /// (the kernel allows cross-memory attach between these processes). Needs every
+    /// rank's [`Self::publish_identity`] before it (a barrier); the caller agrees the
+    /// answers across ranks and passes the common one to [`Self::set_cross_memory_attach`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn probe_cross_memory_attach(&self) -> bool {
+        (0..self.size()).filter(|&r| r != self.rank).all(|r| {
+            let (pid, region) = self.identity(r);
+            let mut seen = [0u8; 4];
+            // SAFETY: the kernel checks the remote range; `seen` is ours.
+            let read = unsafe { peer_memory::read_process(pid, region + PID_AT as u64, &mut seen) };
+            read.is_ok() && i32::from_ne_bytes(seen) == pid
+        })
+    }
+
+    /// Step 3: every rank reads its peers' buffers with cross-memory attach from now on.
+    /// Every rank must call it, or none.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn set_cross_memory_attach(&mut self) {
+        let pids = (0..self.size()).map(|r| self.identity(r).0).collect();
+        self.peers = PeerMemory::CrossMemoryAttach(pids);
+    }
+
+    /// Rank `r`'s published pid and region address.
+    fn identity(&self, r: usize) -> (i32, u64) {
+        let at = self.regions[r];
+        // SAFETY: rank r's header, written by `publish_identity` before the caller's
+        // barrier and never again.
+        unsafe {
+            (
+                std::ptr::read_volatile(at.add(PID_AT) as *const i32),
+                std::ptr::read_volatile(at.add(REGION_AT) as *const u64),
+            )
+        }
+    }
+
+    /// Publishes the buffer this rank's peers read in this call (its address and length);
+    /// they see it after the next [`Self::sync`], and it must stay unchanged until every
+    /// rank has passed the sync after their reads.
+    pub(crate) fn publish_buffer(&self, buf: &[u8]) {
+        let (addr, len) = self.buffer_words(self.rank);
+        addr.store(buf.as_ptr() as u64, Ordering::Relaxed);
+        len.store(buf.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Copies `dst.len()` bytes from byte `at` of the buffer rank `r` published before
+    /// the last [`Self::sync`], in one copy ([`PeerMemory`]). An [`Error::Mismatch`] when
+    /// that buffer is shorter (the ranks disagree on the counts), an
+    /// [`Error::SharedMemory`] when the kernel refuses the read.
+    ///
+    /// # Safety
+    /// Rank `r` must have published a buffer before the last sync, and must not change or
+    /// free it before every rank's next sync.
+    pub(crate) unsafe fn read_peer(&self, r: usize, at: usize, dst: &mut [u8]) -> Result<()> {
+        let (addr, len) = self.buffer_words(r);
+        let (addr, len) = (addr.load(Ordering::Relaxed), len.load(Ordering::Relaxed));
+        if (at as u64).saturating_add(dst.len() as u64) > len {
+            return Err(Error::Mismatch {
+                what: "all-gather block length",
+                detail: format!(
+                    "rank {r} shared {len} bytes, rank {} reads {} from byte {at}",
+                    self.rank,
+                    dst.len()
+                ),
+            });
+        }
+        // SAFETY: in bounds of rank r's published buffer (checked above), which the
+        // caller's contract keeps valid and unchanged.
+        unsafe { self.peers.read(r, addr + at as u64, dst) }.map_err(|e| {
+            Error::SharedMemory(format!(
+                "rank {} could not read rank {r}'s buffer ({} bytes): {e}",
+                self.rank,
+                dst.len()
+            ))
+        })
+    }
+
+    /// Rank `r`'s published buffer address and length.
+    fn buffer_words(&self, r: usize) -> (&AtomicU64, &AtomicU64) {
+        // SAFETY: inside the header of every region, 8-byte aligned, only ever accessed
+        // atomically; their ordering comes from the flags' synchronisation.
+        unsafe {
+            (
+                &*(self.regions[r].add(BUFFER_AT) as *const AtomicU64),
+                &*(self.regions[r].add(BUFFER_AT + 8) as *const AtomicU64),
+            )
+        }
     }
 
     /// Rank `r`'s sequence flag: the last sequence number it published (wrapping).

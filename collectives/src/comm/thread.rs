@@ -209,6 +209,7 @@ impl ThreadComm {
         // A world that stands for several nodes has no memory all its ranks share.
         let one_node = config.ranks_per_node.is_none_or(|n| n == size);
         let regions = one_node.then(|| HeapRegions::new(size)).flatten();
+        let single_copy = super::peer_memory::wanted();
         Ok((0..size)
             .map(|rank| ThreadComm {
                 shared: regions.as_ref().map(|mem| {
@@ -220,7 +221,7 @@ impl ThreadComm {
                     // SAFETY: every rank of this world gets a view of the same regions,
                     // one per rank, each REGION_BYTES long, zeroed and page-aligned, kept
                     // alive by the Arc each view holds.
-                    unsafe {
+                    let mut segment = unsafe {
                         SharedSegment::new(
                             (0..size).map(|r| mem.region(r)).collect(),
                             rank,
@@ -228,7 +229,12 @@ impl ThreadComm {
                             Some(failed),
                             Box::new(mem.clone()),
                         )
+                    };
+                    // One process, one environment: every rank decides alike.
+                    if single_copy {
+                        segment.set_same_process();
                     }
+                    segment
                 }),
                 world: world.clone(),
                 context: 0,
