@@ -265,6 +265,12 @@ impl SharedSegment {
         self.peers = PeerMemory::SameProcess;
     }
 
+    /// Whether every rank can have a core of its own (ranks do not outnumber the
+    /// machine's online cores); the same answer on every rank.
+    pub(crate) fn own_cores(&self) -> bool {
+        self.spins == SPINS_OWN_CORE
+    }
+
     /// Whether this rank reads its peers' published buffers ([`Self::read_peer`]); the
     /// same answer on every rank.
     pub fn reads_peers(&self) -> bool {
