@@ -60,14 +60,16 @@ fn sizes(quick: bool) -> Vec<usize> {
     }
 }
 
-/// Rounds at `bytes`: [`collectives::calibrate::reps_for`], at least 11 (with 5, the
+/// Rounds at `bytes`: [`collectives::calibrate::reps_for`], at least 21. With 5, the
 /// median at 16 and 64 MiB moved by 25 % between two rows of the same algorithm on a
-/// shared 2-core machine).
+/// shared 2-core machine; with 11, the A/A control (MPI's call against itself) still came
+/// out at 0.80× at 64 MiB, P = 2, and the automatic choice, which learns from its own
+/// timed calls too, had few of them there.
 fn reps(bytes: usize, quick: bool) -> usize {
     if quick {
         3.max(((4usize << 20) / bytes.max(1)).min(20))
     } else {
-        collectives::calibrate::reps_for(bytes, 11)
+        collectives::calibrate::reps_for(bytes, 21)
     }
 }
 
