@@ -43,9 +43,11 @@ pub mod zoo;
 pub use error::{Error, Result};
 pub use plan::{MergePlan, Planner};
 pub use profile::{Layer, LayerProfile};
-pub use reduction::SchemeKind;
+pub use reduction::{DenseChoice, SchemeKind};
 pub use runtime::Reducer;
-pub use schemes::{CollectiveScheme, DenseAllreduce, Scheme, SelectorAllgather, TopkAllgather};
+pub use schemes::{
+    CollectiveScheme, DenseAllreduce, OnlineDenseExchange, Scheme, SelectorAllgather, TopkAllgather,
+};
 pub use timeline::{
     predict, DenseCosts, OmgsCosts, SimpleCosts, Span, StepCosts, Timeline, Traffic,
 };

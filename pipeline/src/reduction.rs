@@ -25,7 +25,7 @@ use crate::check::RuntimeCosts;
 use crate::plan::{MergePlan, Planner, DEFAULT_THRESHOLD};
 use crate::schemes::{
     CollectiveScheme, Compress, DenseAllreduce, DenseExchange, Exchange, GroupPair, Identity,
-    Scheme, TopkAllgather, TopkCompress,
+    OnlineDenseExchange, Scheme, TopkAllgather, TopkCompress,
 };
 use crate::timeline::{CalibratedCosts, DenseCosts, OmgsCosts, StepCosts};
 use crate::train::TrainConfig;
@@ -266,6 +266,22 @@ fn uncompressed(
     })
 }
 
+/// How the dense scheme picks its all-reduce algorithm per group (the automatic choice;
+/// `cargo xtask train --dense-choice`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum,
+)]
+pub enum DenseChoice {
+    /// Once, on the group's first exchange, from the calibration's fits (or the built-in
+    /// rule without one), kept for the run.
+    #[default]
+    Calibrated,
+    /// `collectives::dense::OnlineChoice`: starts from the same pick and re-ranks it
+    /// against a runner-up from the timings of the run's own exchanges, agreed across
+    /// ranks. Its timings include the backward pass the exchanges overlap.
+    Online,
+}
+
 /// How a [`ResolvedExchange`] picks its all-reduce from the group's communicator.
 type Resolve = Box<dyn FnMut(&dyn collectives::Communicator) -> Result<AllreduceAlgo> + Send>;
 
@@ -399,12 +415,20 @@ pub fn for_epoch(
                 Some(path) => Some(std::sync::Arc::new(load_calibration(path)?)),
                 None => None,
             };
-            uncompressed("dense-chosen", move |numel, _| {
-                let calibration = calibration.clone();
-                ResolvedExchange::boxed(Box::new(move |comm| {
-                    Ok(chosen_allreduce(comm, 4 * numel, calibration.as_deref()))
-                }))
-            })
+            match cfg.dense_choice {
+                DenseChoice::Calibrated => uncompressed("dense-chosen", move |numel, _| {
+                    let calibration = calibration.clone();
+                    ResolvedExchange::boxed(Box::new(move |comm| {
+                        Ok(chosen_allreduce(comm, 4 * numel, calibration.as_deref()))
+                    }))
+                }),
+                DenseChoice::Online => uncompressed("dense-online", move |_, _| {
+                    Box::new(OnlineDenseExchange {
+                        online: Default::default(),
+                        calibration: calibration.clone(),
+                    })
+                }),
+            }
         } else if cfg.scheme == SchemeKind::Switch {
             uncompressed("dense-torus2d", |_, _| {
                 // The 2D torus on the transport's nodes (a collective call).

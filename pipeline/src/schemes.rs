@@ -382,17 +382,57 @@ impl Exchange for DenseExchange {
         ctx: ExchangeCtx,
         payload: Payload,
     ) -> Result<Vec<f32>> {
-        let mut data = dense_payload(ctx, payload)?;
-        agree(comm, ctx)?;
-        dense::allreduce(
-            comm,
-            &mut data,
-            self.algo,
-            &DenseOptions::default().unchecked(),
-        )?;
-        average(comm, &mut data);
-        Ok(data)
+        averaged_sum(comm, ctx, payload, |comm, data, opts| {
+            dense::allreduce(comm, data, self.algo, opts)
+        })
     }
+}
+
+/// Dense all-reduce of the group by the online automatic choice
+/// (`collectives::dense::OnlineChoice`), averaged: it starts from the calibration's pick
+/// (or the built-in rule's) and re-ranks that pick and a runner-up from the timings of its
+/// own calls during training, agreed across ranks. Every rank runs the same algorithm in
+/// every call.
+#[derive(Debug, Default)]
+pub struct OnlineDenseExchange {
+    /// The choice and its timings (per size; one per group here).
+    pub online: dense::OnlineChoice,
+    /// The calibration the choice starts from.
+    pub calibration: Option<std::sync::Arc<cost_model::Calibration>>,
+}
+
+impl Exchange for OnlineDenseExchange {
+    fn exchange(
+        &mut self,
+        comm: &dyn Communicator,
+        ctx: ExchangeCtx,
+        payload: Payload,
+    ) -> Result<Vec<f32>> {
+        let cal = self
+            .calibration
+            .as_deref()
+            .map(|c| c as &dyn dense::Predictor);
+        let online = &mut self.online;
+        averaged_sum(comm, ctx, payload, |comm, data, opts| {
+            online.allreduce(comm, data, cal, opts)
+        })
+    }
+}
+
+/// The dense exchange around an all-reduce `sum`: the payload as the group's dense
+/// vector, the [`agree`] header (which compares the lengths, so `sum` runs unchecked), the
+/// sum over ranks, divided by P.
+fn averaged_sum(
+    comm: &dyn Communicator,
+    ctx: ExchangeCtx,
+    payload: Payload,
+    sum: impl FnOnce(&dyn Communicator, &mut [f32], &DenseOptions) -> collectives::Result<()>,
+) -> Result<Vec<f32>> {
+    let mut data = dense_payload(ctx, payload)?;
+    agree(comm, ctx)?;
+    sum(comm, &mut data, &DenseOptions::default().unchecked())?;
+    average(comm, &mut data);
+    Ok(data)
 }
 
 /// TopK-SGD family: exact top-k with error feedback per group, sparse all-gather. With one
@@ -589,6 +629,46 @@ mod tests {
                 }
                 assert_eq!(d, &out[0].0);
                 assert_eq!(s, &out[0].1);
+            }
+        }
+    }
+
+    /// The online choice's exchange averages like the fixed one, and every rank gets the
+    /// same bits in every call, across its learning calls (both candidates run) and after.
+    #[test]
+    fn online_dense_exchange_averages_and_agrees_in_every_call() {
+        for p in [2, 3] {
+            let calls = 2 * dense::OnlineChoice::learning_calls(4 * 5000) + 5;
+            let out = ThreadComm::run(p, |comm| -> Result<Vec<Vec<f32>>> {
+                let mut online = OnlineDenseExchange::default();
+                let r = comm.rank() as f32;
+                (0..calls)
+                    .map(|it| {
+                        let ctx = ExchangeCtx {
+                            iteration: it,
+                            group: 0,
+                            numel: 5000,
+                        };
+                        let grad: Vec<f32> =
+                            (0..5000).map(|i| (i % 13) as f32 * 0.1 + r + it as f32).collect();
+                        online.exchange(&comm, ctx, Payload::Dense(grad))
+                    })
+                    .collect()
+            })
+            .unwrap();
+            let mean_r = (p as f32 - 1.0) / 2.0;
+            for (it, got) in out[0].iter().enumerate() {
+                for (i, v) in got.iter().enumerate() {
+                    let want = (i % 13) as f32 * 0.1 + mean_r + it as f32;
+                    assert!((v - want).abs() <= 1e-4 * want.abs().max(1.0), "p {p} call {it}");
+                }
+                for rank in &out {
+                    assert_eq!(
+                        bytemuck::cast_slice::<f32, u32>(&rank[it]),
+                        bytemuck::cast_slice::<f32, u32>(got),
+                        "p {p} call {it}"
+                    );
+                }
             }
         }
     }

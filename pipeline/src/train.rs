@@ -157,8 +157,12 @@ pub struct TrainConfig {
     pub switch_epochs: usize,
     /// Check after every step that the parameters are bit-identical on every rank.
     pub check_params: bool,
-    /// A calibration JSON for the planning costs (else the link's or the preset's).
+    /// A calibration JSON for the planning costs (else the link's or the preset's), and
+    /// the automatic choice's starting pick.
     pub calibration: Option<std::path::PathBuf>,
+    /// How the dense scheme picks its all-reduce per group (on an emulated link the ring
+    /// is what the runtime costs price, whatever this says).
+    pub dense_choice: crate::reduction::DenseChoice,
     /// Iterations of rank 0 recorded in the Chrome trace.
     pub trace_iters: usize,
     /// Seed for data order and initialisation.
@@ -195,6 +199,7 @@ impl Default for TrainConfig {
             switch_epochs: 1,
             check_params: false,
             calibration: None,
+            dense_choice: Default::default(),
             trace_iters: 20,
             seed: 1,
             transport: Transport::Thread,
@@ -471,7 +476,7 @@ fn agree_u64(comm: &dyn Communicator, value: u64, what: &str) -> Result<()> {
 /// What every rank must agree on: the configuration (transport aside) and the layers.
 fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64 {
     let text = format!(
-        "{:?}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
+        "{:?}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{}|{}|{}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}|{:?}",
         cfg.scheme,
         cfg.planner,
         cfg.groups,
@@ -490,7 +495,8 @@ fn config_fingerprint(cfg: &TrainConfig, layers: &[(String, Vec<usize>)]) -> u64
         cfg.seed,
         layers,
         cfg.warmup_epochs,
-        cfg.lr_schedule
+        cfg.lr_schedule,
+        cfg.dense_choice
     );
     let bytes: Vec<Vec<f32>> = vec![text.bytes().map(f32::from).collect()];
     hash_params(&bytes)

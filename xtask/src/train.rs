@@ -20,7 +20,7 @@ use pipeline::optimizer::OptimizerKind;
 use pipeline::train::{
     CheckpointConfig, LrSchedule, ModelKind, TrainConfig, TrainEvent, TrainReport, Transport,
 };
-use pipeline::{Planner, SchemeKind};
+use pipeline::{DenseChoice, Planner, SchemeKind};
 use plotters::prelude::*;
 
 use crate::CliResult;
@@ -91,9 +91,14 @@ pub struct Args {
     /// Merge planner (default: the scheme's own).
     #[arg(long)]
     pub planner: Option<String>,
-    /// Calibration JSON (from `cargo xtask calibrate`) for the planning costs.
+    /// Calibration JSON (from `cargo xtask calibrate`) for the planning costs and the
+    /// dense scheme's automatic choice.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// How the dense scheme picks its all-reduce per group: once from the calibration, or
+    /// online (re-ranked from the run's own exchanges).
+    #[arg(long, value_enum, default_value = "calibrated")]
+    pub dense_choice: DenseChoice,
     /// Iterations profiled before planning.
     #[arg(long, default_value_t = 4)]
     pub profile_iters: usize,
@@ -420,6 +425,7 @@ fn config(
         switch_epochs: args.switch_epochs,
         check_params: args.check_params,
         calibration: args.calibration.clone(),
+        dense_choice: args.dense_choice,
         seed: args.seed,
         transport: transport(args.transport, ranks)?,
         checkpoint: CheckpointConfig {
