@@ -268,9 +268,7 @@ fn uncompressed(
 
 /// How the dense scheme picks its all-reduce algorithm per group (the automatic choice;
 /// `cargo xtask train --dense-choice`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 pub enum DenseChoice {
     /// Once, on the group's first exchange, from the calibration's fits (or the built-in
     /// rule without one), kept for the run.

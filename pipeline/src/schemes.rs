@@ -649,8 +649,9 @@ mod tests {
                             group: 0,
                             numel: 5000,
                         };
-                        let grad: Vec<f32> =
-                            (0..5000).map(|i| (i % 13) as f32 * 0.1 + r + it as f32).collect();
+                        let grad: Vec<f32> = (0..5000)
+                            .map(|i| (i % 13) as f32 * 0.1 + r + it as f32)
+                            .collect();
                         online.exchange(&comm, ctx, Payload::Dense(grad))
                     })
                     .collect()
@@ -660,7 +661,10 @@ mod tests {
             for (it, got) in out[0].iter().enumerate() {
                 for (i, v) in got.iter().enumerate() {
                     let want = (i % 13) as f32 * 0.1 + mean_r + it as f32;
-                    assert!((v - want).abs() <= 1e-4 * want.abs().max(1.0), "p {p} call {it}");
+                    assert!(
+                        (v - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "p {p} call {it}"
+                    );
                 }
                 for rank in &out {
                     assert_eq!(

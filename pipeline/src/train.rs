@@ -669,7 +669,9 @@ pub fn run_rank<C: Communicator + 'static>(
     let iters = data.iters_per_epoch(p, cfg.batch);
     // Targets per batch (samples, or streams × bptt tokens), for the training accuracy.
     let mut targets = cfg.batch;
-    let counting = collectives::Metered::metered(comm);
+    // The library's collectives and the shared segment stay available to the automatic
+    // choice, counted as the bytes the ring would move.
+    let counting = collectives::Metered::metered_with_collectives(comm);
     let meter = counting.tap().clone();
     // BSP-SGD's weight broadcast, on its own communicator and thread (metered with the
     // reducer's: a split shares the meter).

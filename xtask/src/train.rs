@@ -603,7 +603,9 @@ fn run_mpi(args: &Args) -> CliResult {
     let rank = world.rank();
     let mut reports = Vec::new();
     for &scheme in &args.scheme {
-        let comm = world.split(0, rank as u32)?;
+        // A communicator per scheme (no message of one run meets the next), with a
+        // shared segment of its own for the dense automatic choice.
+        let comm = world.split_with_segment(0, rank as u32)?;
         let cfg = config(args, &*data, scheme, comm.size())?;
         let cfg = TrainConfig {
             transport: Transport::Thread,

@@ -154,6 +154,12 @@ pub trait Communicator: Send {
     fn shared_segment(&self) -> Option<&shm::SharedSegment> {
         None
     }
+
+    /// Reports a collective that moved data past `send` and `recv` (the library's own, or
+    /// the shared segment's): `sent` and `received` bytes per rank, those of the ring
+    /// algorithm that moves the same data. A no-op except for taps that count traffic
+    /// ([`tap::Tap::sees_collectives`]).
+    fn record_collective(&self, _sent: usize, _received: usize) {}
 }
 
 /// A transport library's own dense collectives, blocking and collective over all ranks of
@@ -274,6 +280,10 @@ macro_rules! forward_communicator {
             fn shared_segment(&self) -> Option<&$crate::comm::shm::SharedSegment> {
                 let $s = self;
                 $inner.shared_segment()
+            }
+            fn record_collective(&self, sent: usize, received: usize) {
+                let $s = self;
+                $inner.record_collective(sent, received)
             }
         }
     };

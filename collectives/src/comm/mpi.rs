@@ -173,6 +173,39 @@ impl MpiComm {
         }
     }
 
+    /// [`Communicator::split`] as an `MpiComm`, without a shared segment (splits are
+    /// cheap: hierarchical algorithms split per call).
+    fn split_mpi(&self, color: u32, key: u32) -> Result<MpiComm> {
+        let c = i32::try_from(color)
+            .map_err(|_| Error::InvalidArgument(format!("split colour {color} exceeds i32")))?;
+        let k = i32::try_from(key)
+            .map_err(|_| Error::InvalidArgument(format!("split key {key} exceeds i32")))?;
+        self.progress();
+        let sub = self
+            .comm
+            .split_by_color_with_key(Color::with_value(c), k)
+            .ok_or_else(|| Error::Mpi("MPI_Comm_split returned no communicator".into()))?;
+        Ok(Self::wrap(
+            sub,
+            self.threading,
+            self.timeout,
+            self.node,
+            self._universe.clone(),
+        ))
+    }
+
+    /// [`Communicator::split`] into an `MpiComm` that gets a shared segment of its own
+    /// when all its ranks run on one node, as the world does (the shared-memory
+    /// algorithms and the automatic choice's use of them need one; a plain split has
+    /// none). For long-lived communicators, such as one per training run: it maps
+    /// [`REGION_BYTES`](super::shm::REGION_BYTES) per rank and probes the ranks, a
+    /// collective call over the new communicator.
+    pub fn split_with_segment(&self, color: u32, key: u32) -> Result<MpiComm> {
+        let mut sub = self.split_mpi(color, key)?;
+        sub.shared = shared_segment_of(&sub.comm, sub.timeout);
+        Ok(sub)
+    }
+
     /// Sets how long a receive (or a shared-memory wait) waits before it returns
     /// [`Error::Timeout`].
     pub fn set_timeout(&mut self, timeout: Duration) {
@@ -595,22 +628,7 @@ impl Communicator for MpiComm {
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Communicator>> {
-        let c = i32::try_from(color)
-            .map_err(|_| Error::InvalidArgument(format!("split colour {color} exceeds i32")))?;
-        let k = i32::try_from(key)
-            .map_err(|_| Error::InvalidArgument(format!("split key {key} exceeds i32")))?;
-        self.progress();
-        let sub = self
-            .comm
-            .split_by_color_with_key(Color::with_value(c), k)
-            .ok_or_else(|| Error::Mpi("MPI_Comm_split returned no communicator".into()))?;
-        Ok(Box::new(Self::wrap(
-            sub,
-            self.threading,
-            self.timeout,
-            self.node,
-            self._universe.clone(),
-        )))
+        Ok(Box::new(self.split_mpi(color, key)?))
     }
 
     fn barrier(&self) -> Result<()> {

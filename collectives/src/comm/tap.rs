@@ -23,6 +23,15 @@ pub trait Tap: Send {
     /// received.
     fn after(&self, _sent: Option<usize>, _received: Option<usize>) {}
 
+    /// Whether the tapped communicator offers the transport's library collectives and
+    /// shared segment, which move data past `send` and `recv`: such a collective is then
+    /// reported to [`Tap::after`] once, as the bytes the ring algorithm would move
+    /// ([`Communicator::record_collective`]). `false` (the default) hides them, so that
+    /// every byte passes the tap message by message (fault injection, round counts).
+    fn sees_collectives(&self) -> bool {
+        false
+    }
+
     /// The tap of a sub-communicator from `split`; `None` leaves it untapped.
     fn split(&self) -> Option<Self>
     where
@@ -119,6 +128,23 @@ impl<C: Communicator, T: Tap + 'static> Communicator for Tapped<C, T> {
     fn backend(&self) -> String {
         self.inner.backend()
     }
+    fn library(&self) -> Option<&dyn super::LibraryCollectives> {
+        self.tap
+            .sees_collectives()
+            .then(|| self.inner.library())
+            .flatten()
+    }
+    fn shared_segment(&self) -> Option<&super::shm::SharedSegment> {
+        self.tap
+            .sees_collectives()
+            .then(|| self.inner.shared_segment())
+            .flatten()
+    }
+    fn record_collective(&self, sent: usize, received: usize) {
+        if self.tap.sees_collectives() {
+            self.tap.after(Some(sent), Some(received));
+        }
+    }
 }
 
 /// Traffic counters, as [`Meter::counts`] reads them.
@@ -153,6 +179,9 @@ impl Add for Counts {
 /// The counting tap, shared with the sub-communicators of `split`.
 #[derive(Debug, Default)]
 pub struct Meter {
+    /// Whether library and shared-memory collectives pass, counted whole
+    /// ([`Tap::sees_collectives`]).
+    collectives: bool,
     messages: AtomicU64,
     rounds: AtomicU64,
     bytes_sent: AtomicU64,
@@ -191,6 +220,10 @@ impl Tap for Arc<Meter> {
         }
     }
 
+    fn sees_collectives(&self) -> bool {
+        self.collectives
+    }
+
     fn split(&self) -> Option<Self> {
         Some(self.clone())
     }
@@ -200,9 +233,25 @@ impl Tap for Arc<Meter> {
 pub type Metered<C> = Tapped<C, Arc<Meter>>;
 
 impl<C> Tapped<C, Arc<Meter>> {
-    /// Meters `inner` from zero.
+    /// Meters `inner` from zero, message by message: the library's collectives and the
+    /// shared segment are hidden, so the dense automatic choice ranks only algorithms that
+    /// send.
     pub fn metered(inner: C) -> Self {
         Tapped::new(inner, Arc::default())
+    }
+
+    /// Meters `inner` from zero, with its library collectives and shared segment
+    /// available: each such collective counts as one round and one message of the bytes
+    /// the ring algorithm would move (what training reports per rank), so that the
+    /// automatic choice can pick them.
+    pub fn metered_with_collectives(inner: C) -> Self {
+        Tapped::new(
+            inner,
+            Arc::new(Meter {
+                collectives: true,
+                ..Meter::default()
+            }),
+        )
     }
 
     /// The counts so far (this communicator and those split from it).
@@ -244,5 +293,40 @@ mod tests {
             items_recv: 4,
         };
         assert_eq!(counts, vec![want, want]);
+    }
+
+    /// The plain meter hides the shared segment (every byte passes it message by message);
+    /// the one with collectives offers it and counts each shared-memory collective once,
+    /// as the ring's bytes.
+    #[test]
+    fn a_meter_with_collectives_offers_the_segment_and_counts_ring_bytes() {
+        use crate::dense::{allreduce, AllreduceAlgo, DenseOptions};
+        let counts = ThreadComm::run(3, |c| -> Result<(bool, Counts, Counts)> {
+            let plain = Metered::metered(c);
+            let hidden = plain.shared_segment().is_none() && plain.library().is_none();
+            let refused = allreduce(
+                &plain,
+                &mut [1.0; 9],
+                AllreduceAlgo::SharedMemory,
+                &DenseOptions::default(),
+            );
+            assert!(refused.is_err());
+            let whole = Metered::metered_with_collectives(plain.into_inner());
+            let mut buf = vec![1.0f32; 9];
+            let opts = DenseOptions::default().unchecked();
+            allreduce(&whole, &mut buf, AllreduceAlgo::SharedMemory, &opts)?;
+            assert_eq!(buf, vec![3.0; 9]);
+            let shm = whole.counts();
+            allreduce(&whole, &mut buf, AllreduceAlgo::Ring, &opts)?;
+            Ok((hidden, shm, whole.counts()))
+        })
+        .unwrap();
+        for (hidden, shm, both) in counts {
+            assert!(hidden);
+            // 9 floats on 3 ranks: 6 of them twice, 4 bytes each.
+            assert_eq!((shm.bytes_sent, shm.bytes_recv, shm.rounds), (48, 48, 1));
+            // The ring itself sends as many bytes.
+            assert_eq!(both.bytes_sent - shm.bytes_sent, 48);
+        }
     }
 }

@@ -263,7 +263,10 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
                 out.len()
             )));
         }
-        return library_of(comm, "allgather", WireType::F32)?.allgatherv_bytes(mine, out, counts);
+        library_of(comm, "allgather", WireType::F32)?.allgatherv_bytes(mine, out, counts)?;
+        // The ring sends every block but one and receives every block but this rank's.
+        comm.record_collective(out.len() - mine.len(), out.len() - mine.len());
+        return Ok(());
     }
     let mut displs = Sizes::with_capacity(p + 1);
     let mut acc = 0;
@@ -280,7 +283,9 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
     }
     if algo == AllgatherAlgo::SharedMemory {
         let seg = segment_of(comm, "allgather", WireType::F32)?;
-        return shared_memory::allgatherv(seg, mine, out, &displs);
+        shared_memory::allgatherv(seg, mine, out, &displs)?;
+        comm.record_collective(out.len() - mine.len(), out.len() - mine.len());
+        return Ok(());
     }
     out[displs[r]..displs[r + 1]].copy_from_slice(mine);
     if p == 1 {

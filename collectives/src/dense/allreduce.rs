@@ -135,11 +135,17 @@ pub fn allreduce<C: Communicator + ?Sized>(
     check_call(comm, opts, Op::Allreduce, buf.len(), algo.code(), 0)?;
     let p = comm.size();
     algo.validate(p, opts.wire)?;
-    if algo == AllreduceAlgo::Library {
-        return library_of(comm, "allreduce", opts.wire)?.allreduce_f32(buf);
-    }
-    if algo == AllreduceAlgo::SharedMemory {
-        return shared_memory::allreduce(segment_of(comm, "allreduce", opts.wire)?, buf);
+    if matches!(algo, AllreduceAlgo::Library | AllreduceAlgo::SharedMemory) {
+        if algo == AllreduceAlgo::Library {
+            library_of(comm, "allreduce", opts.wire)?.allreduce_f32(buf)?;
+        } else {
+            shared_memory::allreduce(segment_of(comm, "allreduce", opts.wire)?, buf)?;
+        }
+        // The ring's reduce-scatter and all-gather: all but this rank's block, twice.
+        let moved =
+            2 * 4 * (buf.len() - crate::dense::util::block_range(buf.len(), p, comm.rank()).len());
+        comm.record_collective(moved, moved);
+        return Ok(());
     }
     if p == 1 {
         return Ok(());

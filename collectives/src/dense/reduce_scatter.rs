@@ -80,10 +80,16 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         let counts: smallvec::SmallVec<[usize; 16]> =
             (0..p).map(|r| block_range(n, p, r).len()).collect();
         library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
-        return Ok(block_range(n, p, comm.rank()));
+        let mine = block_range(n, p, comm.rank());
+        comm.record_collective(4 * (n - mine.len()), 4 * (n - mine.len()));
+        return Ok(mine);
     }
     if algo == ReduceScatterAlgo::SharedMemory {
-        return shared_memory::reduce_scatter(segment_of(comm, "reduce_scatter", opts.wire)?, buf);
+        let seg = segment_of(comm, "reduce_scatter", opts.wire)?;
+        let mine = shared_memory::reduce_scatter(seg, buf)?;
+        let n = buf.len();
+        comm.record_collective(4 * (n - mine.len()), 4 * (n - mine.len()));
+        return Ok(mine);
     }
     by_wire!(opts.wire, reduce_scatter_w::<C, W>(comm, buf, algo))
 }
