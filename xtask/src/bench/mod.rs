@@ -458,7 +458,13 @@ pub fn mpirun_xtask(
     if let Some(h) = hostfile {
         cmd.arg("--hostfile").arg(h);
     }
-    cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    // Open MPI's single copy (cross-memory attach) where the kernel allows it, so that
+    // the library is measured at its best; where ptrace restrictions forbid it (common
+    // in containers) the job would fail without this.
+    if !collectives::comm::peer_memory::can_read_other_processes() {
+        eprintln!("cross-memory attach is not allowed here: Open MPI runs without its single copy");
+        cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
+    }
     cmd.arg(exe).args(child_args);
     let status = cmd.current_dir(&root).status()?;
     if status.success() {
