@@ -140,6 +140,37 @@ fn main() {
         format!("single-copy reads agreed p={p}"),
         same_everywhere(&comm, &[f32::from(u8::from(single))]),
     );
+    // A plain split has no segment (it is cheap); a split with one runs the shared-memory
+    // all-gather, its single-copy sizes included, and sums like the world.
+    let plain = comm
+        .split(0, r as u32)
+        .map(|s| s.shared_segment().is_none());
+    c.check(format!("a plain split has no segment p={p}"), plain);
+    let res = comm.split_with_segment(0, r as u32).and_then(|sub| {
+        let n = 40_000;
+        let mut out = vec![0f32; n * p];
+        allgather(
+            &sub,
+            &input(3, r, n),
+            &mut out,
+            AllgatherAlgo::SharedMemory,
+            &DenseOptions::default(),
+        )?;
+        let mut buf = input(4, r, 1000);
+        allreduce(
+            &sub,
+            &mut buf,
+            AllreduceAlgo::SharedMemory,
+            &DenseOptions::default(),
+        )?;
+        Ok(sub.shared_segment().is_some()
+            && (0..p).all(|q| out[q * n..(q + 1) * n] == input(3, q, n)[..])
+            && within(&buf, 4, p, 2f64.powi(-24)))
+    });
+    c.check(
+        format!("a split with a segment gathers and sums p={p}"),
+        res,
+    );
     for algo in AllgatherAlgo::ALL
         .into_iter()
         .chain([AllgatherAlgo::Library, AllgatherAlgo::SharedMemory])
