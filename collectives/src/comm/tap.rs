@@ -141,7 +141,8 @@ impl<C: Communicator, T: Tap + 'static> Communicator for Tapped<C, T> {
             .flatten()
     }
     fn record_collective(&self, sent: usize, received: usize) {
-        if self.tap.sees_collectives() {
+        // A collective that moved nothing (P = 1) is no round.
+        if self.tap.sees_collectives() && (sent, received) != (0, 0) {
             self.tap.after(Some(sent), Some(received));
         }
     }
@@ -321,6 +322,14 @@ mod tests {
             Ok((hidden, shm, whole.counts()))
         })
         .unwrap();
+        let alone = ThreadComm::run(1, |c| -> Result<Counts> {
+            let whole = Metered::metered_with_collectives(c);
+            let opts = DenseOptions::default();
+            allreduce(&whole, &mut [1.0; 9], AllreduceAlgo::SharedMemory, &opts)?;
+            Ok(whole.counts())
+        })
+        .unwrap();
+        assert_eq!(alone, vec![Counts::default()], "P = 1 moves nothing");
         for (hidden, shm, both) in counts {
             assert!(hidden);
             // 9 floats on 3 ranks: 6 of them twice, 4 bytes each.

@@ -264,7 +264,7 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
             )));
         }
         library_of(comm, "allgather", WireType::F32)?.allgatherv_bytes(mine, out, counts)?;
-        // The ring sends every block but one and receives every block but this rank's.
+        // Every block but this rank's comes in (with equal blocks the ring sends as much).
         comm.record_collective(out.len() - mine.len(), out.len() - mine.len());
         return Ok(());
     }

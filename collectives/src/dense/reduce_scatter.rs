@@ -75,19 +75,20 @@ pub fn reduce_scatter<C: Communicator + ?Sized>(
         (algo.code(), 0),
         0,
     )?;
-    if algo == ReduceScatterAlgo::Library {
+    if matches!(
+        algo,
+        ReduceScatterAlgo::Library | ReduceScatterAlgo::SharedMemory
+    ) {
         let (n, p) = (buf.len(), comm.size());
-        let counts: smallvec::SmallVec<[usize; 16]> =
-            (0..p).map(|r| block_range(n, p, r).len()).collect();
-        library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
-        let mine = block_range(n, p, comm.rank());
-        comm.record_collective(4 * (n - mine.len()), 4 * (n - mine.len()));
-        return Ok(mine);
-    }
-    if algo == ReduceScatterAlgo::SharedMemory {
-        let seg = segment_of(comm, "reduce_scatter", opts.wire)?;
-        let mine = shared_memory::reduce_scatter(seg, buf)?;
-        let n = buf.len();
+        let mine = if algo == ReduceScatterAlgo::Library {
+            let counts: smallvec::SmallVec<[usize; 16]> =
+                (0..p).map(|r| block_range(n, p, r).len()).collect();
+            library_of(comm, "reduce_scatter", opts.wire)?.reduce_scatter_f32(buf, &counts)?;
+            block_range(n, p, comm.rank())
+        } else {
+            shared_memory::reduce_scatter(segment_of(comm, "reduce_scatter", opts.wire)?, buf)?
+        };
+        // The ring's reduce-scatter: all but this rank's block.
         comm.record_collective(4 * (n - mine.len()), 4 * (n - mine.len()));
         return Ok(mine);
     }
