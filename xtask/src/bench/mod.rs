@@ -460,7 +460,7 @@ pub fn mpirun_xtask(
     }
     // Open MPI's single copy (cross-memory attach) where the kernel allows it, so that
     // the library is measured at its best; where ptrace restrictions forbid it (common
-    // in containers) the job would fail without this.
+    // in containers) the job would fail without this. The probe runs on this host only.
     if !collectives::comm::peer_memory::can_read_other_processes() {
         eprintln!("cross-memory attach is not allowed here: Open MPI runs without its single copy");
         cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
