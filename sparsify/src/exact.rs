@@ -87,7 +87,7 @@ impl ExactTopK {
             let (_, out) =
                 grouped::fused::<false>(residual, grad, k, &mut self.maxes, &mut self.cand);
             out.check()?;
-            let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
+            let (idx, val) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
@@ -134,7 +134,7 @@ impl ExactTopK {
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing
             // pass, put back what was not).
-            let (idx, val) = kernel::select_k_of(&self.cand, k, &mut self.scratch);
+            let (idx, val) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
             if zero {
                 split::restore(residual, &self.cand);
             }
@@ -143,7 +143,7 @@ impl ExactTopK {
         }
         let res = split::Residual::Restore(residual);
         let (idx, val, kth) = split::select_k(
-            &self.cand,
+            &mut self.cand,
             &split::Buckets::new(t, k),
             k,
             res,
@@ -172,6 +172,10 @@ impl Selector for ExactTopK {
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         crate::check_fused(residual, grad)?;
         self.fused(residual, grad, k)
+    }
+
+    fn recycle(&mut self, used: SparseGrad<f32>) {
+        self.cand.spare.keep(used);
     }
 }
 

@@ -7,6 +7,7 @@
 //! value. A threshold never exceeds [`INF_BITS`], so every non-finite value lands among
 //! the candidates, which is how a NaN or infinity is found within the same pass at no cost.
 
+use crate::spare::Spare;
 use crate::{order, Error, Result};
 
 /// Bit pattern of `+inf`; magnitudes at or above it are non-finite.
@@ -38,6 +39,9 @@ pub(crate) struct Cand {
     /// candidates (0: they are in `idx`/`val`), and the input length each piece covers.
     split: usize,
     piece: usize,
+    /// Buffers of recycled results, for the next result ([`Cand::take`] and the
+    /// selections).
+    pub spare: Spare,
 }
 
 impl Cand {
@@ -82,9 +86,14 @@ impl Cand {
             (std::slice::from_ref(self), usize::MAX)
         }
     }
-    /// Moves the lists out (the piece buffers stay for the next call).
+    /// Moves the lists out (the piece buffers stay for the next call); the spare buffers,
+    /// if any, become the candidate lists of the next pass.
     pub fn take(&mut self) -> (Vec<u32>, Vec<f32>) {
-        (std::mem::take(&mut self.idx), std::mem::take(&mut self.val))
+        let (idx, val) = self.spare.lists(0);
+        (
+            std::mem::replace(&mut self.idx, idx),
+            std::mem::replace(&mut self.val, val),
+        )
     }
 }
 
@@ -1505,9 +1514,10 @@ pub(crate) fn sampled_threshold(
             );
         }
         if out.len() > m {
-            let at = out.len() - m;
-            out.select_nth_unstable(at);
-            out.drain(..at);
+            // Everything at or above the half's `m`-th largest holds the union's `m`
+            // largest (ties at it may add a few, which leaves the union's `m`-th as it is).
+            let kth = order::kth_largest(out, m);
+            out.retain(|&x| x >= kth);
         }
     };
     let h = runs / 2;
@@ -1554,10 +1564,18 @@ pub(crate) fn candidate_cap(d: usize, k: usize, n: usize, z: f64) -> usize {
 /// index order. Requires `k <= cand.len()`. Selects on the 32-bit magnitudes and then takes
 /// the first ties in index order, which is the same set as selecting on
 /// (magnitude, −index) keys at half the memory traffic.
-pub(crate) fn select_k_of(cand: &Cand, k: usize, scratch: &mut Vec<i32>) -> (Vec<u32>, Vec<f32>) {
+/// The result goes into the candidates' spare buffers ([`Cand::spare`]) where they fit.
+pub(crate) fn select_k_of(
+    cand: &mut Cand,
+    k: usize,
+    scratch: &mut Vec<i32>,
+) -> (Vec<u32>, Vec<f32>) {
     let n = cand.len();
     if k >= n {
-        return (cand.idx.clone(), cand.val.clone());
+        let (mut idx, mut val) = cand.spare.lists(n);
+        idx.extend_from_slice(&cand.idx);
+        val.extend_from_slice(&cand.val);
+        return (idx, val);
     }
     if k == 0 {
         return (Vec::new(), Vec::new());
@@ -1566,21 +1584,26 @@ pub(crate) fn select_k_of(cand: &Cand, k: usize, scratch: &mut Vec<i32>) -> (Vec
     scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
     let kth = order::kth_largest(scratch, k);
     let ties = k - cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
-    keep_top(&cand.idx, &cand.val, kth, ties, k)
+    let out = cand.spare.lists(k + BLOCK);
+    keep_top(&cand.idx, &cand.val, kth, ties, k, out)
 }
 
 /// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
-/// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case).
+/// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case),
+/// written into `out` (two empty lists).
 pub(crate) fn keep_top(
     idx: &[u32],
     val: &[f32],
     kth: i32,
     ties: usize,
     k: usize,
+    (mut out_i, mut out_v): (Vec<u32>, Vec<f32>),
 ) -> (Vec<u32>, Vec<f32>) {
     // Room for a whole vector's store past the `k`-th entry.
-    let mut out_i: Vec<u32> = Vec::with_capacity(k + BLOCK);
-    let mut out_v: Vec<f32> = Vec::with_capacity(k + BLOCK);
+    out_i.clear();
+    out_v.clear();
+    out_i.reserve(k + BLOCK);
+    out_v.reserve(k + BLOCK);
     let (pi, pv) = (out_i.as_mut_ptr(), out_v.as_mut_ptr());
     let n = idx.len().min(val.len());
     let (mut len, mut ties_left, mut done) = (0usize, ties, 0usize);
@@ -1870,7 +1893,7 @@ mod tests {
                         })
                         .map(|(i, v)| (*i, *v))
                         .collect();
-                    let (gi, gv) = keep_top(&idx, &val, kb, ties, k);
+                    let (gi, gv) = keep_top(&idx, &val, kb, ties, k, Default::default());
                     let got: Vec<(u32, f32)> = gi.into_iter().zip(gv).collect();
                     assert_eq!(got, want, "n {n} kth {kth} ties {ties}");
                     assert!(eq == 0 || ties == 0 || got.iter().any(|p| abs_bits(p.1) == kb));

@@ -30,7 +30,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::exact::{check_dense_len, finish, finish_bits, zero_selected, SAMPLE_Z};
 use crate::kernel::{self, abs_bits, Cand, PassOut, INF_BITS};
-use crate::{grouped, order, split, Result, Selection, Selector};
+use crate::{grouped, order, split, Result, Selection, Selector, SparseGrad};
 
 /// Default number of binary-search rounds (MSTopK §3.1 benchmarks N = 30).
 pub const DEFAULT_ROUNDS: usize = 30;
@@ -214,10 +214,9 @@ impl MsTopK {
                 Buf::Residual(r, true) => split::Residual::Restore(r),
                 Buf::Residual(r, false) => split::Residual::Zero(r),
             };
-            return split::select_ms(&self.cand, &bands, start, end, res, &mut self.work);
+            return split::select_ms(&mut self.cand, &bands, start, end, res, &mut self.work);
         }
-        let mut idx = Vec::with_capacity(k);
-        let mut val = Vec::with_capacity(k);
+        let (mut idx, mut val) = self.cand.spare.lists(k);
         let mut rank = 0usize;
         let mut min = i32::MAX;
         for (i, &v) in x.get().iter().enumerate() {
@@ -391,6 +390,10 @@ impl Selector for MsTopK {
         );
         let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k)?;
         Ok(finish_bits(idx, val, d, min))
+    }
+
+    fn recycle(&mut self, used: SparseGrad<f32>) {
+        self.cand.spare.keep(used);
     }
 }
 

@@ -43,4 +43,14 @@ pub trait Selector: Send {
         }
         Ok((sg, info))
     }
+
+    /// Hands back a result this selector returned, once the caller is done with it, so
+    /// that the next selection writes into its buffers instead of allocating new ones.
+    /// Optional: a result that is simply dropped costs only the allocation. For large
+    /// results that cost is real: the allocator maps fresh pages that the kernel faults
+    /// in one by one (exact top-k at d = 2^24, ρ = 0.01 on two cores: 5.40 ms a call
+    /// without recycling, 4.41 ms with it). The default drops it.
+    fn recycle(&mut self, used: SparseGrad<f32>) {
+        drop(used);
+    }
 }

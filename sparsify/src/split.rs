@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use crate::kernel::{abs_bits, Cand};
 use crate::order;
+use crate::spare::Spare;
 
 /// Below this many candidates in all, a split pass's lists are joined and selected
 /// among in serial ([`Cand::join_if_fewer`]).
@@ -205,11 +206,25 @@ fn boundary(np: usize, b: &Buckets, k: usize, strict: usize, w: &mut Work) -> (u
 /// `0 < k <= cand.len()`: the selected (indices, values) in index order and the `k`-th
 /// magnitude's bits. See [`write`] for the residual.
 pub(crate) fn select_k(
+    cand: &mut Cand,
+    b: &Buckets,
+    k: usize,
+    residual: Residual<'_>,
+    w: &mut Work,
+) -> (Vec<u32>, Vec<f32>, i32) {
+    with_spare(cand, |cand, spare| {
+        select_k_in(cand, b, k, residual, w, spare)
+    })
+}
+
+/// [`select_k`] with the result written into `spare`'s buffers where they fit.
+fn select_k_in(
     cand: &Cand,
     b: &Buckets,
     k: usize,
     residual: Residual<'_>,
     w: &mut Work,
+    spare: &mut Spare,
 ) -> (Vec<u32>, Vec<f32>, i32) {
     let (lists, piece) = cand.lists();
     let np = lists.len();
@@ -226,7 +241,14 @@ pub(crate) fn select_k(
             .sum::<usize>();
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
-        let (idx, val) = write(lists, piece, residual, w, Class::above_then_ties(kth));
+        let (idx, val) = write(
+            lists,
+            piece,
+            residual,
+            w,
+            Class::above_then_ties(kth),
+            spare,
+        );
         return (idx, val, kth);
     }
     if k == cand.len() {
@@ -234,7 +256,7 @@ pub(crate) fn select_k(
         for (p, l) in w.pieces.iter_mut().zip(lists) {
             (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
         }
-        let (idx, val) = write(lists, piece, residual, w, Class::ALL);
+        let (idx, val) = write(lists, piece, residual, w, Class::ALL, spare);
         let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
         return (idx, val, min.unwrap_or(0));
     }
@@ -258,8 +280,24 @@ pub(crate) fn select_k(
         p.ranked = (0, take);
         p.count = p.sure + take;
     }
-    let (idx, val) = write(lists, piece, residual, w, Class::above_then_ties(kth));
+    let (idx, val) = write(
+        lists,
+        piece,
+        residual,
+        w,
+        Class::above_then_ties(kth),
+        spare,
+    );
     (idx, val, kth)
+}
+
+/// Runs `f` on the candidates with their spare buffers taken out (so that the result can
+/// be written into them while the lists are read), and puts back what `f` left of them.
+fn with_spare<R>(cand: &mut Cand, f: impl FnOnce(&Cand, &mut Spare) -> R) -> R {
+    let mut spare = std::mem::take(&mut cand.spare);
+    let r = f(cand, &mut spare);
+    cand.spare = spare;
+    r
 }
 
 /// The residual a selection finishes: none (a read-only selection), one whose selected
@@ -302,18 +340,19 @@ pub(crate) fn restore(residual: &mut [f32], cand: &Cand) {
 /// marks sure plus those it marks ranked whose rank among the piece's ranked ones lies in
 /// its `ranked` range, into its share of the lists (`count` entries), and finishes its
 /// range of the residual (zeroes what it wrote, or restores what it did not). Also
-/// records each piece's smallest magnitude written.
+/// records each piece's smallest magnitude written. The lists are `spare`'s buffers where
+/// they fit.
 fn write(
     lists: &[Cand],
     piece: usize,
     residual: Residual<'_>,
     w: &mut Work,
     class: Class,
+    spare: &mut Spare,
 ) -> (Vec<u32>, Vec<f32>) {
     let pieces = &mut w.pieces[..lists.len()];
     let total: usize = pieces.iter().map(|p| p.count).sum();
-    let mut idx: Vec<u32> = Vec::with_capacity(total);
-    let mut val: Vec<f32> = Vec::with_capacity(total);
+    let (mut idx, mut val) = spare.lists(total);
     {
         let mut outs: Vec<Out> = Vec::with_capacity(pieces.len());
         let (mut ri, mut rv) = (
@@ -582,12 +621,26 @@ pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (
 /// entries of rank `start..end` among `t2 <= |x| < t1` in index order. See [`write`] for
 /// the residual. Returns the lists and the smallest magnitude selected.
 pub(crate) fn select_ms(
-    cand: &Cand,
+    cand: &mut Cand,
     p: &MsPick,
     start: usize,
     end: usize,
     residual: Residual<'_>,
     w: &mut Work,
+) -> (Vec<u32>, Vec<f32>, i32) {
+    with_spare(cand, |cand, spare| {
+        select_ms_in(cand, p, (start, end), residual, w, spare)
+    })
+}
+
+/// [`select_ms`] with the result written into `spare`'s buffers where they fit.
+fn select_ms_in(
+    cand: &Cand,
+    p: &MsPick,
+    (start, end): (usize, usize),
+    residual: Residual<'_>,
+    w: &mut Work,
+    spare: &mut Spare,
 ) -> (Vec<u32>, Vec<f32>, i32) {
     let (lists, piece) = cand.lists();
     let mut before = 0usize;
@@ -600,7 +653,7 @@ pub(crate) fn select_ms(
         q.count = q.sure + (hi - lo);
     }
     let (t1, t2) = (p.t1, p.t2);
-    let (idx, val) = write(lists, piece, residual, w, Class::bands(t1, t2));
+    let (idx, val) = write(lists, piece, residual, w, Class::bands(t1, t2), spare);
     let min = w.pieces[..lists.len()]
         .iter()
         .map(|q| q.min_bits)
@@ -642,18 +695,20 @@ pub(crate) fn count_ge_each(cand: &Cand, ts: &[i32], totals: &mut Vec<usize>, w:
 /// Every candidate of magnitude `>= x`, in index order, where `x` is the `i`-th threshold
 /// [`count_ge_each`] counted; see [`write`] for the residual.
 pub(crate) fn select_ge(
-    cand: &Cand,
+    cand: &mut Cand,
     i: usize,
     x: i32,
     residual: Residual<'_>,
     w: &mut Work,
 ) -> (Vec<u32>, Vec<f32>) {
-    let (lists, piece) = cand.lists();
-    for q in &mut w.pieces[..lists.len()] {
-        q.sure = q.ge[i];
-        (q.ranked, q.count) = ((0, 0), q.sure);
-    }
-    write(lists, piece, residual, w, Class::at_or_above(x))
+    with_spare(cand, |cand, spare| {
+        let (lists, piece) = cand.lists();
+        for q in &mut w.pieces[..lists.len()] {
+            q.sure = q.ge[i];
+            (q.ranked, q.count) = ((0, 0), q.sure);
+        }
+        write(lists, piece, residual, w, Class::at_or_above(x), spare)
+    })
 }
 
 /// All the candidates, in index order: the one list of a serial pass as it is, the
@@ -664,12 +719,14 @@ pub(crate) fn take_all(cand: &mut Cand, w: &mut Work) -> (Vec<u32>, Vec<f32>) {
     if cand.lists().0.len() == 1 {
         return cand.take();
     }
-    let (lists, piece) = cand.lists();
-    w.pieces.resize_with(lists.len(), Piece::default);
-    for (p, l) in w.pieces.iter_mut().zip(lists) {
-        (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
-    }
-    write(lists, piece, Residual::None, w, Class::ALL)
+    with_spare(cand, |cand, spare| {
+        let (lists, piece) = cand.lists();
+        w.pieces.resize_with(lists.len(), Piece::default);
+        for (p, l) in w.pieces.iter_mut().zip(lists) {
+            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+        }
+        write(lists, piece, Residual::None, w, Class::ALL, spare)
+    })
 }
 
 impl Work {

@@ -134,6 +134,10 @@ macro_rules! selector_impl {
                 info.threshold = t;
                 Ok((sg, info))
             }
+
+            fn recycle(&mut self, used: crate::SparseGrad<f32>) {
+                self.cand.spare.keep(used);
+            }
         }
     };
 }
@@ -289,7 +293,7 @@ impl DgcSampling {
             let n = self.cand.len();
             if n > k {
                 if n as f64 > k as f64 * DGC_UPPER {
-                    result = Some(kernel::select_k_of(&self.cand, k, &mut self.scratch));
+                    result = Some(kernel::select_k_of(&mut self.cand, k, &mut self.scratch));
                 }
                 break;
             } else if (n as f64) < DGC_LOWER * k as f64 && t > 0 {
@@ -621,7 +625,7 @@ impl GaussianK {
             Some((last, right)) if last >= tl => {
                 let i = tree.iter().position(|&x| x == last).unwrap_or(0);
                 let res = split::Residual::Restore(x);
-                let (idx, val) = split::select_ge(&self.cand, i, last, res, &mut self.work);
+                let (idx, val) = split::select_ge(&mut self.cand, i, last, res, &mut self.work);
                 #[cfg(test)]
                 tests::ONE_PASS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(OnePass::Done((idx, val, right, true)))

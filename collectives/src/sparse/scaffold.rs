@@ -120,7 +120,9 @@ impl Feedback {
     /// `base` (the global index of `grad[0]`).
     pub fn select(&mut self, grad: &[f32], k: usize, base: usize) -> Result<Entries> {
         let (sg, _) = self.fb.step(self.sel.as_mut(), grad, k)?;
-        Ok(Entries::from_local(sg.indices(), sg.values(), base))
+        let entries = Entries::from_local(sg.indices(), sg.values(), base);
+        self.sel.recycle(sg);
+        Ok(entries)
     }
 
     /// As [`Feedback::select`] with the values rounded to `V` (the rounding error stays
