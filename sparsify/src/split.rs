@@ -229,7 +229,16 @@ fn select_k_in(
     let (lists, piece) = cand.lists();
     let np = lists.len();
     w.pieces.resize_with(np, Piece::default);
-    if np == 1 && k < cand.len() {
+    if k == cand.len() {
+        // Everything: no selection to make.
+        for (p, l) in w.pieces.iter_mut().zip(lists) {
+            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
+        }
+        let (idx, val) = write(lists, piece, residual, w, Class::ALL, spare);
+        let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
+        return (idx, val, min.unwrap_or(0));
+    }
+    let kth = if np == 1 {
         // One list (a serial pass, not prepared): select among all its magnitudes.
         w.members.clear();
         w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
@@ -241,29 +250,22 @@ fn select_k_in(
             .sum::<usize>();
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
-        let (idx, val) = write(
-            lists,
-            piece,
-            residual,
-            w,
-            Class::above_then_ties(kth),
-            spare,
-        );
-        return (idx, val, kth);
-    }
-    if k == cand.len() {
-        // Everything: no selection to make.
-        for (p, l) in w.pieces.iter_mut().zip(lists) {
-            (p.sure, p.ranked, p.count) = (l.idx.len(), (0, 0), l.idx.len());
-        }
-        let (idx, val) = write(lists, piece, residual, w, Class::ALL, spare);
-        let min = w.pieces[..np].iter().map(|p| p.min_bits).min();
-        return (idx, val, min.unwrap_or(0));
-    }
+        kth
+    } else {
+        kth_of_prepared(np, b, k, w)
+    };
+    let class = Class::above_then_ties(kth);
+    let (idx, val) = write(lists, piece, residual, w, class, spare);
+    (idx, val, kth)
+}
+
+/// The `k`-th magnitude over `np` [`prepare`]d pieces, with each piece's share of the
+/// selection set (`sure`, `ranked`, `count`): ties at it go to the lowest indices, that is
+/// in piece order.
+fn kth_of_prepared(np: usize, b: &Buckets, k: usize, w: &mut Work) -> i32 {
     let (kb, above) = boundary(np, b, k, 0, w);
     let need = k - above;
     let kth = order::kth_largest(&mut w.members, need);
-    // Ties at the k-th magnitude go to the lowest indices: in piece order.
     let (mut ties, mut taken) = (need, 0);
     for p in &mut w.pieces[..np] {
         let mb = p.bucket(kb);
@@ -280,15 +282,7 @@ fn select_k_in(
         p.ranked = (0, take);
         p.count = p.sure + take;
     }
-    let (idx, val) = write(
-        lists,
-        piece,
-        residual,
-        w,
-        Class::above_then_ties(kth),
-        spare,
-    );
-    (idx, val, kth)
+    kth
 }
 
 /// Runs `f` on the candidates with their spare buffers taken out (so that the result can
