@@ -8,9 +8,10 @@
 //! the shared-memory algorithm ran 1.5–2.3× faster there.
 //!
 //! How: per operation and size, two candidates, the calibrated choice
-//! ([`choose_allreduce_for`] and its siblings) and a runner-up: the transport library's
-//! own collective against ours, the shared-memory algorithm against the library, and the
-//! best message-passing algorithm of ours where the other is missing. Every call is timed.
+//! ([`choose_allreduce_for`] and its siblings) and a runner-up: the shared-memory algorithm
+//! and the transport library's own collective against each other; against one of ours,
+//! whichever of those two the calibration prices lower; and the best message-passing
+//! algorithm of ours where the other is missing. Every call is timed.
 //! Most calls run the candidate in use; a burst of [`EXPLORE_BURST`] calls in every
 //! [`EXPLORE_EVERY`] runs the other (in every [`EXPLORE_CLOSE`] while their times are within
 //! [`CLOSE`], and in every [`EXPLORE_EARLY`] for the first [`LEARNING_AGREEMENTS`]
@@ -236,6 +237,7 @@ impl OnlineChoice {
                 [AllreduceAlgo::Library, AllreduceAlgo::SharedMemory],
                 || choose_allreduce_for(comm, bytes, calibration),
                 || choose_allreduce(comm.size(), bytes, calibration),
+                |a| calibration?.allreduce_s(&a, comm.size(), bytes),
                 bytes,
             )
         });
@@ -260,6 +262,7 @@ impl OnlineChoice {
                 [AllgatherAlgo::Library, AllgatherAlgo::SharedMemory],
                 || choose_allgather_for(comm, bytes, calibration),
                 || choose_allgather(comm.size(), bytes, calibration),
+                |a| calibration?.allgather_s(&a, comm.size(), bytes),
                 bytes,
             )
         });
@@ -286,6 +289,7 @@ impl OnlineChoice {
                     [ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory],
                     || choose_reduce_scatter_for(comm, bytes, calibration),
                     || choose_reduce_scatter(comm.size(), bytes, calibration),
+                    |a| calibration?.reduce_scatter_s(&a, comm.size(), bytes),
                     bytes,
                 )
             });
@@ -320,34 +324,41 @@ impl OnlineChoice {
 
 /// The candidates of one (operation, size): `choice_for()` (the calibrated choice among
 /// ours and `library`, `shared`) and its runner-up; with a narrow wire type, which only our
-/// message-passing algorithms carry, `ours()` alone.
+/// message-passing algorithms carry, `ours()` alone. `predict` prices a candidate from the
+/// calibration (`None` without one).
 fn candidates<C: Communicator + ?Sized, A: Copy + PartialEq>(
     comm: &C,
     wire: WireType,
-    [library, shared]: [A; 2],
+    pair: [A; 2],
     choice_for: impl FnOnce() -> A,
     ours: impl FnOnce() -> A,
+    predict: impl Fn(A) -> Option<f64>,
     bytes: usize,
 ) -> Candidates<A> {
     if wire != WireType::F32 {
         return Candidates::new(ours(), None, bytes);
     }
     let choice = choice_for();
-    let runner_up = runner_up_of(comm, choice, [library, shared], ours);
+    let has = (comm.library().is_some(), comm.shared_segment().is_some());
+    let runner_up = runner_up_of(choice, pair, has, ours, predict);
     Candidates::new(choice, runner_up, bytes)
 }
 
-/// The candidate to compare `choice` with: the library's collective against ours and the
-/// shared-memory algorithm against the library (each where `comm` has it), else the best
-/// message-passing algorithm of ours (`ours`); `None` when there is nothing else.
-fn runner_up_of<C: Communicator + ?Sized, A: Copy + PartialEq>(
-    comm: &C,
+/// The candidate to compare `choice` with, given which of `library` and `shared` the
+/// communicator has (`has`): the shared-memory algorithm against the library and the library
+/// against the shared-memory algorithm; against one of ours, whichever of the two the
+/// calibration prices lower (the library when it prices neither); else the best
+/// message-passing algorithm of ours (`ours`); `None` when there is nothing else. Why the
+/// pricing: at P = 4 on two cores a calibration picked recursive halving for a 1 MiB
+/// reduce-scatter with the shared-memory algorithm second; compared only with MPI's call,
+/// the choice ended 0.92× MPI where the shared-memory algorithm ran 1.26×.
+fn runner_up_of<A: Copy + PartialEq>(
     choice: A,
     [library, shared]: [A; 2],
+    (has_library, has_segment): (bool, bool),
     ours: impl FnOnce() -> A,
+    predict: impl Fn(A) -> Option<f64>,
 ) -> Option<A> {
-    let has_library = comm.library().is_some();
-    let has_segment = comm.shared_segment().is_some();
     let other = if choice == library {
         if has_segment {
             shared
@@ -359,6 +370,11 @@ fn runner_up_of<C: Communicator + ?Sized, A: Copy + PartialEq>(
             library
         } else {
             ours()
+        }
+    } else if has_library && has_segment {
+        match (predict(library), predict(shared)) {
+            (Some(l), Some(s)) if s < l => shared,
+            _ => library,
         }
     } else if has_library {
         library
@@ -426,6 +442,32 @@ mod tests {
             0,
             "back once candidate 1 slowed down"
         );
+    }
+
+    #[test]
+    fn the_runner_up_of_ours_is_the_cheaper_of_library_and_segment() {
+        // Candidates: 0 = library, 1 = shared memory, 2 and 3 = ours.
+        let (pair, ours) = ([0u8, 1u8], || 3u8);
+        let price = |l: f64, s: f64| move |a: u8| [Some(l), Some(s), None, None][a as usize];
+        let none = |_: u8| None;
+        let both = (true, true);
+        assert_eq!(runner_up_of(2, pair, both, ours, price(2.0, 1.0)), Some(1));
+        assert_eq!(runner_up_of(2, pair, both, ours, price(1.0, 2.0)), Some(0));
+        assert_eq!(runner_up_of(2, pair, both, ours, none), Some(0));
+        // Only one of the two there: that one, whatever the prices.
+        assert_eq!(
+            runner_up_of(2, pair, (false, true), ours, price(1.0, 2.0)),
+            Some(1)
+        );
+        assert_eq!(
+            runner_up_of(2, pair, (true, false), ours, price(2.0, 1.0)),
+            Some(0)
+        );
+        // The library and the segment are each other's runner-up; ours where one is missing.
+        assert_eq!(runner_up_of(0, pair, both, ours, none), Some(1));
+        assert_eq!(runner_up_of(1, pair, both, ours, none), Some(0));
+        assert_eq!(runner_up_of(0, pair, (true, false), ours, none), Some(3));
+        assert_eq!(runner_up_of(2, pair, (false, false), ours, none), None);
     }
 
     #[test]
