@@ -1590,7 +1590,7 @@ pub(crate) fn select_k_of(
 
 /// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
 /// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case),
-/// written into `out` (two empty lists).
+/// written into the buffers of `out` (cleared first).
 pub(crate) fn keep_top(
     idx: &[u32],
     val: &[f32],

@@ -641,8 +641,8 @@ fn report(
          for reduce_scatter, the reduced buffer. `auto` is the automatic choice, \
          `OnlineChoice`: it starts from the pick {}, and re-ranks that pick and a \
          runner-up (the shared-memory algorithm and the library's collective against each \
-         other; against ours, whichever of the two the calibration prices lower) from the timings of its own calls, agreed across ranks, \
-         running the other one in a burst of {} calls in every {} (every {} while their \
+         other; against ours, whichever of the two the calibration prices lower) from the \
+         timings of its own calls, agreed across ranks, running the other one in a burst of {} calls in every {} (every {} while their \
          times are within {}×, every {} up to the ranks' {}th agreement) and leaving the \
          first {} calls after each change uncounted. It is timed after those first \
          agreements (its calls up to them untimed, as a training loop's first steps); its \

@@ -209,8 +209,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     header.extend(peer_heads.iter().map(|s| s.as_str()));
     out.markdown = format!(
         "Fastest of {reps_small} (d ≤ 2^16) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
-         zero the selected entries of `r`; the result is handed back with `Selector::recycle`, as a \
-         training step does) per selector on {threads} threads (the rayon pool; \
+         zero the selected entries of `r`; the result is handed back with `Selector::recycle`, as the \
+         sparse collectives do) per selector on {threads} threads (the rayon pool; \
          inputs under 2^20 elements run on the calling thread), next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
@@ -416,8 +416,8 @@ fn time_cases(
                     let s = Instant::now();
                     let (sg, _) = ef.step(sel.as_mut(), grad, k)?;
                     std::hint::black_box(sg.nnz());
-                    // Handed back as a training step would (`Selector::recycle`), so the
-                    // next run writes into buffers that are already mapped.
+                    // Handed back as the sparse collectives do (`Selector::recycle`), so
+                    // the next run writes into buffers that are already mapped.
                     sel.recycle(sg);
                     s.elapsed()
                 }
