@@ -301,8 +301,8 @@ fn main() {
     );
 
     // The online choice: every call right, and every rank on the same algorithms after
-    // the ranks have agreed on both candidates' times several times (the library's
-    // collective is the runner-up of ours under MPI).
+    // the ranks have agreed on the candidates' times several times (the library's
+    // collective is among them under MPI).
     let mut online = OnlineChoice::new();
     let mut res = Ok(true);
     for call in 0..300 {

@@ -7,20 +7,19 @@
 //! ranked MPI's all-gather first at 16 KiB–1 MiB, and minutes later, with the vCPUs close,
 //! the shared-memory algorithm ran 1.5–2.3× faster there.
 //!
-//! How: per operation and size, two candidates, the calibrated choice
-//! ([`choose_allreduce_for`] and its siblings) and a runner-up: the shared-memory algorithm
-//! and the transport library's own collective against each other; against one of ours,
-//! whichever of those two the calibration prices lower; and the best message-passing
-//! algorithm of ours where the other is missing. Every call is timed.
-//! Most calls run the candidate in use; a burst of [`EXPLORE_BURST`] calls in every
-//! [`EXPLORE_EVERY`] runs the other (in every [`EXPLORE_CLOSE`] while their times are within
-//! [`CLOSE`], and in every [`EXPLORE_EARLY`] for the first [`LEARNING_AGREEMENTS`]
-//! agreements); the first [`SETTLE_CALLS`] calls after a change of candidate are not
-//! counted. Every few calls the ranks agree on the two median times with one all-reduce of
-//! two floats, and switch when the other candidate
-//! was [`SWITCH_MARGIN`] faster. The schedule depends on the call count alone and the
-//! decision on the all-reduced figures, so every rank runs the same algorithm in every
-//! call.
+//! How: per operation and size, the candidates are the calibrated choice
+//! ([`choose_allreduce_for`] and its siblings) and, where the communicator has them, the
+//! transport library's own collective, the shared-memory algorithm and the best
+//! message-passing algorithm of ours. Every call is timed. Most calls run the candidate in
+//! use; the last [`EXPLORE_BURST`] calls of every window run one of the others, in turn. A
+//! window is [`EXPLORE_EARLY`] calls for the first [`LEARNING_AGREEMENTS`] agreements and
+//! [`EXPLORE_CLOSE`] after; then a candidate whose time is not within [`CLOSE`] of the one
+//! in use takes only one turn in [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. The first
+//! [`SETTLE_CALLS`] calls after a change of candidate are not counted. Every few calls the
+//! ranks agree on the median times with one all-reduce of a float per candidate, and
+//! switch to the fastest when it was [`SWITCH_MARGIN`] faster than the one in use. The
+//! schedule depends on the call count alone and the decision on the all-reduced figures,
+//! so every rank runs the same algorithm in every call.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -33,7 +32,7 @@ use crate::dense::{
 };
 use crate::{Communicator, Result};
 
-/// Calls in a row that run the candidate not in use when it is tried.
+/// Calls in a row that run a candidate not in use when it is tried.
 pub const EXPLORE_BURST: u64 = 4;
 
 /// Calls after a change of candidate that are run but not counted: the first calls of one
@@ -42,110 +41,134 @@ pub const EXPLORE_BURST: u64 = 4;
 /// bursts ranked the slower candidate first.
 pub const SETTLE_CALLS: u32 = 2;
 
-/// Once both candidates have a figure, a burst in this many calls runs the candidate not
-/// in use, so that a change in the machine shows (at most 1/32 of the calls pay for a
-/// worse candidate).
+/// After learning, a candidate whose time is far from the one in use runs a burst once in
+/// this many calls per candidate not in use, so that a change in the machine shows (at most
+/// 1/32 of the calls pay for a worse candidate).
 pub const EXPLORE_EVERY: u64 = 128;
 
-/// While the agreed times are within [`CLOSE`] of each other, a burst in this many calls
-/// runs the candidate not in use: the other may well be the faster one, and trying it
-/// costs little when it is not (at most 1/8 of the calls, each at most 25 % slower).
+/// After learning, the calls fall in windows of this many, each ending in a burst of a
+/// candidate not in use. One whose agreed time is within [`CLOSE`] of the one in use
+/// takes every turn: it may well be the faster one, and trying it costs little when it is
+/// not (at most 1/8 of the calls, each at most 25 % slower).
 pub const EXPLORE_CLOSE: u64 = 32;
 
 /// Agreed times closer than this factor count as close ([`EXPLORE_CLOSE`]).
 pub const CLOSE: f64 = 1.25;
 
-/// For the first [`LEARNING_AGREEMENTS`] agreements, a burst in this many calls runs the
-/// other candidate (half the calls).
+/// For the first [`LEARNING_AGREEMENTS`] agreements, the calls fall in windows of this
+/// many, each ending in a burst of a candidate not in use (half the calls).
 pub const EXPLORE_EARLY: u64 = 2 * EXPLORE_BURST;
 
-/// Agreements with both candidates sampled half the time: one window of a few calls each
+/// Agreements with the other candidates sampled half the time: one window of a few calls each
 /// on a machine shared by more ranks than cores picked the slower candidate now and then.
 pub const LEARNING_AGREEMENTS: u32 = 2;
 
-/// How much faster the other candidate's agreed time must be before the choice switches:
+/// How much faster the fastest candidate's agreed time must be before the choice switches:
 /// two timings of the very same call scatter by a few per cent.
 pub const SWITCH_MARGIN: f64 = 0.03;
 
 /// Bytes of calls between two agreements: small calls agree every many calls, so that the
-/// agreement (an all-reduce of 8 bytes) stays a few per cent of their time; bounded by
-/// [`AGREE_CALLS`].
+/// agreement (an all-reduce of a few floats) stays a few per cent of their time; bounded
+/// by [`AGREE_CALLS`].
 const AGREE_BYTES: usize = 1 << 20;
 
-/// Fewest and most calls between two agreements (the fewest: one learning cycle, which
-/// counts two calls of each candidate).
+/// Fewest and most calls between two agreements. The fewest is one learning window per
+/// other candidate (each runs a burst, two calls of it counted), and the count is rounded
+/// up to a whole number of those, so that every learning agreement has all the figures.
 const AGREE_CALLS: (u64, u64) = (EXPLORE_EARLY, 64);
 
-/// The state of one (operation, size): its two candidates and what the ranks agreed on.
+/// Most candidates besides the one in use: the calibrated choice is compared with the
+/// library's collective, the shared-memory algorithm and the best message-passing
+/// algorithm of ours, whichever of them differ from it.
+const MAX_OTHERS: usize = 3;
+
+/// The state of one (operation, size): its candidates and what the ranks agreed on.
 #[derive(Debug, Clone)]
 struct Candidates<A> {
-    /// The calibrated choice, then the runner-up (`None`: nothing to compare with).
-    algos: (A, Option<A>),
-    /// Which of the two is in use (0 or 1).
+    /// The calibrated choice first, then the others (none: nothing to compare with).
+    algos: Vec<A>,
+    /// Which candidate is in use.
     current: usize,
     /// Calls so far (the same count on every rank).
     calls: u64,
     /// The candidate of the last call, and how many calls in a row it has run.
     last: (usize, u32),
     /// Seconds of each call of each candidate on this rank since the last agreement.
-    local: [Vec<f64>; 2],
+    local: Vec<Vec<f64>>,
     /// Agreed seconds per call of each candidate (a running mean over agreements).
-    agreed: [Option<f64>; 2],
+    agreed: Vec<Option<f64>>,
     /// Agreements so far.
     agreements: u32,
     /// Calls between agreements.
     agree_every: u64,
 }
 
-/// Calls of `bytes` between two agreements.
-fn agree_every(bytes: usize) -> u64 {
-    ((AGREE_BYTES / bytes.max(1)) as u64).clamp(AGREE_CALLS.0, AGREE_CALLS.1)
+/// Calls of `bytes` between two agreements with `others` candidates besides the one in use.
+fn agree_every(bytes: usize, others: usize) -> u64 {
+    let cycle = EXPLORE_EARLY * others.max(1) as u64;
+    let every = ((AGREE_BYTES / bytes.max(1)) as u64).clamp(AGREE_CALLS.0, AGREE_CALLS.1);
+    every.max(cycle).div_ceil(cycle) * cycle
 }
 
 impl<A: Copy> Candidates<A> {
-    fn new(choice: A, runner_up: Option<A>, bytes: usize) -> Self {
-        let agree_every = agree_every(bytes);
+    /// `algos`: the calibrated choice first, then the others (distinct, in any order).
+    fn new(algos: Vec<A>, bytes: usize) -> Self {
+        let n = algos.len();
         Candidates {
-            algos: (choice, runner_up),
+            agree_every: agree_every(bytes, n.saturating_sub(1)),
+            algos,
             current: 0,
             calls: 0,
             last: (0, 0),
-            local: [Vec::new(), Vec::new()],
-            agreed: [None; 2],
+            local: vec![Vec::new(); n],
+            agreed: vec![None; n],
             agreements: 0,
-            agree_every,
         }
     }
 
-    /// The candidate (0 or 1) that the next call runs.
+    /// The candidate that the next call runs. The calls fall in windows of
+    /// [`EXPLORE_EARLY`] calls while learning and [`EXPLORE_CLOSE`] after; the last
+    /// [`EXPLORE_BURST`] calls of a window go to the others in turn. After learning, one
+    /// whose agreed time is not within [`CLOSE`] of the one in use takes only every
+    /// `EXPLORE_EVERY / EXPLORE_CLOSE`-th of its turns.
     fn next(&self) -> usize {
-        if self.algos.1.is_none() {
+        let others = self.algos.len() as u64 - 1;
+        if others == 0 {
             return 0;
         }
-        let every = match self.agreed {
-            _ if self.agreements < LEARNING_AGREEMENTS => EXPLORE_EARLY,
-            [Some(a), Some(b)] if a.max(b) < CLOSE * a.min(b) => EXPLORE_CLOSE,
-            _ => EXPLORE_EVERY,
+        let learning = self.agreements < LEARNING_AGREEMENTS;
+        let window = if learning {
+            EXPLORE_EARLY
+        } else {
+            EXPLORE_CLOSE
         };
-        if self.calls % every >= every - EXPLORE_BURST {
-            1 - self.current
+        if self.calls % window < window - EXPLORE_BURST {
+            return self.current;
+        }
+        let slot = self.calls / window;
+        let j = (slot % others) as usize;
+        let other = if j >= self.current { j + 1 } else { j };
+        let close = match (self.agreed[self.current], self.agreed[other]) {
+            (Some(a), Some(b)) => a.max(b) < CLOSE * a.min(b),
+            _ => true,
+        };
+        let turn = slot / others;
+        if learning || close || turn % (EXPLORE_EVERY / EXPLORE_CLOSE) == 0 {
+            other
         } else {
             self.current
         }
     }
 
     fn algo(&self, i: usize) -> A {
-        match (i, self.algos.1) {
-            (1, Some(a)) => a,
-            _ => self.algos.0,
-        }
+        self.algos[i]
     }
 
     /// Records a call of candidate `i` that took `secs` on this rank (counted once it has
     /// run [`SETTLE_CALLS`] calls in a row); `true` when the ranks agree now (after this
     /// call).
     fn record(&mut self, i: usize, secs: f64) -> bool {
-        if self.algos.1.is_none() {
+        if self.algos.len() == 1 {
             // Nothing to compare with: keep no samples (they would pile up unread).
             return false;
         }
@@ -164,13 +187,17 @@ impl<A: Copy> Candidates<A> {
     /// This rank's median seconds per call of each candidate since the last agreement
     /// (the median: a preempted call must not decide; 0 for a candidate without calls,
     /// the same on every rank, as the schedule is).
-    fn local_medians(&self) -> [f32; 2] {
-        [0, 1].map(|i| cost_model::median(&self.local[i]) as f32)
+    fn local_medians(&self) -> Vec<f32> {
+        self.local
+            .iter()
+            .map(|l| cost_model::median(l) as f32)
+            .collect()
     }
 
-    /// Takes the all-reduced sums of the ranks' medians and decides which candidate to use.
-    fn agree(&mut self, sums: [f32; 2]) {
-        for ((agreed, local), sum) in self.agreed.iter_mut().zip(&self.local).zip(sums) {
+    /// Takes the all-reduced sums of the ranks' medians and moves to the fastest
+    /// candidate when it was [`SWITCH_MARGIN`] faster than the one in use.
+    fn agree(&mut self, sums: &[f32]) {
+        for ((agreed, local), &sum) in self.agreed.iter_mut().zip(&self.local).zip(sums) {
             if !local.is_empty() {
                 let t = sum as f64;
                 *agreed = Some(agreed.map_or(t, |old| 0.5 * (old + t)));
@@ -178,10 +205,12 @@ impl<A: Copy> Candidates<A> {
         }
         self.local.iter_mut().for_each(Vec::clear);
         self.agreements += 1;
-        let other = 1 - self.current;
-        if let (Some(now), Some(alt)) = (self.agreed[self.current], self.agreed[other]) {
-            if alt < now * (1.0 - SWITCH_MARGIN) {
-                self.current = other;
+        let fastest = (0..self.algos.len())
+            .filter_map(|i| Some((i, self.agreed[i]?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let (Some(now), Some((i, t))) = (self.agreed[self.current], fastest) {
+            if t < now * (1.0 - SWITCH_MARGIN) {
+                self.current = i;
             }
         }
     }
@@ -237,7 +266,6 @@ impl OnlineChoice {
                 [AllreduceAlgo::Library, AllreduceAlgo::SharedMemory],
                 || choose_allreduce_for(comm, bytes, calibration),
                 || choose_allreduce(comm.size(), bytes, calibration),
-                |a| calibration?.allreduce_s(&a, comm.size(), bytes),
                 bytes,
             )
         });
@@ -262,7 +290,6 @@ impl OnlineChoice {
                 [AllgatherAlgo::Library, AllgatherAlgo::SharedMemory],
                 || choose_allgather_for(comm, bytes, calibration),
                 || choose_allgather(comm.size(), bytes, calibration),
-                |a| calibration?.allgather_s(&a, comm.size(), bytes),
                 bytes,
             )
         });
@@ -289,7 +316,6 @@ impl OnlineChoice {
                     [ReduceScatterAlgo::Library, ReduceScatterAlgo::SharedMemory],
                     || choose_reduce_scatter_for(comm, bytes, calibration),
                     || choose_reduce_scatter(comm.size(), bytes, calibration),
-                    |a| calibration?.reduce_scatter_s(&a, comm.size(), bytes),
                     bytes,
                 )
             });
@@ -297,10 +323,11 @@ impl OnlineChoice {
     }
 
     /// Calls of a collective that moves `bytes` before it explores only now and then (the
-    /// first [`LEARNING_AGREEMENTS`] agreements): a benchmark of the steady state runs
-    /// these first.
+    /// first [`LEARNING_AGREEMENTS`] agreements), with the most candidates a size can have
+    /// (fewer candidates learn in fewer calls): a benchmark of the steady state runs these
+    /// first.
     pub fn learning_calls(bytes: usize) -> u64 {
-        agree_every(bytes) * LEARNING_AGREEMENTS as u64
+        agree_every(bytes, MAX_OTHERS) * LEARNING_AGREEMENTS as u64
     }
 
     /// The all-reduce algorithm in use for `bytes` with `f32` on the wire (`None` before
@@ -323,67 +350,46 @@ impl OnlineChoice {
 }
 
 /// The candidates of one (operation, size): `choice_for()` (the calibrated choice among
-/// ours and `library`, `shared`) and its runner-up; with a narrow wire type, which only our
-/// message-passing algorithms carry, `ours()` alone. `predict` prices a candidate from the
-/// calibration (`None` without one).
+/// ours and `library`, `shared`) first, then [`others_of`] it; with a narrow wire type,
+/// which only our message-passing algorithms carry, `ours()` alone.
 fn candidates<C: Communicator + ?Sized, A: Copy + PartialEq>(
     comm: &C,
     wire: WireType,
     pair: [A; 2],
     choice_for: impl FnOnce() -> A,
     ours: impl FnOnce() -> A,
-    predict: impl Fn(A) -> Option<f64>,
     bytes: usize,
 ) -> Candidates<A> {
     if wire != WireType::F32 {
-        return Candidates::new(ours(), None, bytes);
+        return Candidates::new(vec![ours()], bytes);
     }
     let choice = choice_for();
     let has = (comm.library().is_some(), comm.shared_segment().is_some());
-    let runner_up = runner_up_of(choice, pair, has, ours, predict);
-    Candidates::new(choice, runner_up, bytes)
+    Candidates::new(others_of(choice, pair, has, ours()), bytes)
 }
 
-/// The candidate to compare `choice` with, given which of `library` and `shared` the
-/// communicator has (`has`): the shared-memory algorithm against the library and the library
-/// against the shared-memory algorithm; against one of ours, whichever of the two the
-/// calibration prices lower (the library when it prices neither); else the best
-/// message-passing algorithm of ours (`ours`); `None` when there is nothing else. Why the
-/// pricing: at P = 4 on two cores a calibration picked recursive halving for a 1 MiB
-/// reduce-scatter with the shared-memory algorithm second; compared only with MPI's call,
-/// the choice ended 0.92× MPI where the shared-memory algorithm ran 1.26×.
-fn runner_up_of<A: Copy + PartialEq>(
+/// `choice` first, then what it is compared with: the library's collective and the
+/// shared-memory algorithm where the communicator has them (`has`), and the best
+/// message-passing algorithm of ours (`ours`), each once and none equal to `choice`. Why
+/// all of them and not the calibration's runner-up alone: the calibration is taken once
+/// and can be wrong by a wide margin on a shared machine. At P = 4 on two cores one priced
+/// ring first for an all-gather of 1 MiB per rank, MPI's call second and the
+/// shared-memory algorithm last; the choice, compared only with MPI's call, ended on ring
+/// at 0.78× MPI while the shared-memory algorithm ran 2.5×.
+fn others_of<A: Copy + PartialEq>(
     choice: A,
     [library, shared]: [A; 2],
     (has_library, has_segment): (bool, bool),
-    ours: impl FnOnce() -> A,
-    predict: impl Fn(A) -> Option<f64>,
-) -> Option<A> {
-    let other = if choice == library {
-        if has_segment {
-            shared
-        } else {
-            ours()
+    ours: A,
+) -> Vec<A> {
+    let mut algos = vec![choice];
+    let offered = [(library, has_library), (shared, has_segment), (ours, true)];
+    for (a, has) in offered {
+        if has && !algos.contains(&a) {
+            algos.push(a);
         }
-    } else if choice == shared {
-        if has_library {
-            library
-        } else {
-            ours()
-        }
-    } else if has_library && has_segment {
-        match (predict(library), predict(shared)) {
-            (Some(l), Some(s)) if s < l => shared,
-            _ => library,
-        }
-    } else if has_library {
-        library
-    } else if has_segment {
-        shared
-    } else {
-        return None;
-    };
-    (other != choice).then_some(other)
+    }
+    algos
 }
 
 /// Runs `call` with the candidate the schedule names, times it, and agrees with the other
@@ -393,8 +399,8 @@ fn timed<C: Communicator + ?Sized, A: Copy, R>(
     state: &mut Candidates<A>,
     call: impl FnOnce(A) -> Result<R>,
 ) -> Result<R> {
-    if state.algos.1.is_none() {
-        return call(state.algos.0);
+    if state.algos.len() == 1 {
+        return call(state.algos[0]);
     }
     let i = state.next();
     let start = Instant::now();
@@ -403,7 +409,7 @@ fn timed<C: Communicator + ?Sized, A: Copy, R>(
         let mut sums = state.local_medians();
         let algo = choose_allreduce_for(comm, sums.len() * 4, None);
         allreduce(comm, &mut sums, algo, &DenseOptions::default().unchecked())?;
-        state.agree(sums);
+        state.agree(&sums);
     }
     Ok(out)
 }
@@ -413,21 +419,27 @@ mod tests {
     use super::*;
     use crate::ThreadComm;
 
-    /// Drives the schedule with synthetic times: candidate 1 takes `t1(call)` seconds,
-    /// candidate 0 one millisecond; returns the candidate in use after each agreement.
-    fn drive(calls: u64, t1: impl Fn(u64) -> f64) -> Vec<usize> {
-        let mut c = Candidates::new(0u8, Some(1u8), 64 << 10);
+    /// Drives the schedule of `n` candidates with synthetic times: candidate 0 takes one
+    /// millisecond, candidate `i > 0` takes `t(i, call)` seconds; returns the candidate in
+    /// use after each agreement.
+    fn drive_n(n: u8, calls: u64, t: impl Fn(u8, u64) -> f64) -> Vec<usize> {
+        let mut c = Candidates::new((0..n).collect(), 64 << 10);
         let mut in_use = Vec::new();
-        for n in 0..calls {
+        for call in 0..calls {
             let i = c.next();
-            let t = if i == 0 { 1e-3 } else { t1(n) };
-            if c.record(i, t) {
+            let secs = if i == 0 { 1e-3 } else { t(i as u8, call) };
+            if c.record(i, secs) {
                 let m = c.local_medians();
-                c.agree(m);
+                c.agree(&m);
                 in_use.push(c.current);
             }
         }
         in_use
+    }
+
+    /// [`drive_n`] with two candidates, the second taking `t1(call)` seconds.
+    fn drive(calls: u64, t1: impl Fn(u64) -> f64) -> Vec<usize> {
+        drive_n(2, calls, |_, call| t1(call))
     }
 
     #[test]
@@ -435,7 +447,7 @@ mod tests {
         // Candidate 1 twice as fast for the first 400 calls, then three times slower.
         let in_use = drive(1200, |n| if n < 400 { 0.5e-3 } else { 3e-3 });
         assert_eq!(in_use[0], 1, "the first agreement already has both figures");
-        assert_eq!(OnlineChoice::learning_calls(64 << 10), 32);
+        assert_eq!(agree_every(64 << 10, 1) * LEARNING_AGREEMENTS as u64, 32);
         assert!(in_use[..20].iter().all(|&c| c == 1));
         assert_eq!(
             *in_use.last().unwrap(),
@@ -445,58 +457,89 @@ mod tests {
     }
 
     #[test]
-    fn the_runner_up_of_ours_is_the_cheaper_of_library_and_segment() {
+    fn finds_the_fastest_of_several_whatever_the_calibration_ranked_first() {
+        // The calibration's choice (0) is the slowest; the last candidate is the fastest,
+        // the middle one in between: the choice ends on the last one from the first
+        // agreement on, and moves to the middle one when the last one slows down.
+        let in_use = drive_n(3, 2000, |i, call| match i {
+            1 => 0.8e-3,
+            _ if call < 800 => 0.4e-3,
+            _ => 2e-3,
+        });
+        assert_eq!(
+            in_use[0], 2,
+            "every candidate has a figure at the first agreement"
+        );
+        assert!(in_use[..40].iter().all(|&c| c == 2));
+        assert_eq!(*in_use.last().unwrap(), 1);
+        // Four candidates: all of them learn within `learning_calls`.
+        let mut c = Candidates::new(vec![0u8, 1, 2, 3], 64 << 10);
+        for call in 0..OnlineChoice::learning_calls(64 << 10) {
+            let i = c.next();
+            if c.record(i, 1e-3 * (4 - i) as f64) {
+                let m = c.local_medians();
+                c.agree(&m);
+            }
+            assert!(call + 1 < c.agree_every * 2 || c.agreements >= LEARNING_AGREEMENTS);
+        }
+        assert!(c.agreed.iter().all(Option::is_some) && c.current == 3);
+    }
+
+    #[test]
+    fn the_others_are_the_library_the_segment_and_ours_each_once() {
         // Candidates: 0 = library, 1 = shared memory, 2 and 3 = ours.
-        let (pair, ours) = ([0u8, 1u8], || 3u8);
-        let price = |l: f64, s: f64| move |a: u8| [Some(l), Some(s), None, None][a as usize];
-        let none = |_: u8| None;
+        let pair = [0u8, 1u8];
         let both = (true, true);
-        assert_eq!(runner_up_of(2, pair, both, ours, price(2.0, 1.0)), Some(1));
-        assert_eq!(runner_up_of(2, pair, both, ours, price(1.0, 2.0)), Some(0));
-        assert_eq!(runner_up_of(2, pair, both, ours, none), Some(0));
-        // Only one of the two there: that one, whatever the prices.
-        assert_eq!(
-            runner_up_of(2, pair, (false, true), ours, price(1.0, 2.0)),
-            Some(1)
-        );
-        assert_eq!(
-            runner_up_of(2, pair, (true, false), ours, price(2.0, 1.0)),
-            Some(0)
-        );
-        // The library and the segment are each other's runner-up; ours where one is missing.
-        assert_eq!(runner_up_of(0, pair, both, ours, none), Some(1));
-        assert_eq!(runner_up_of(1, pair, both, ours, none), Some(0));
-        assert_eq!(runner_up_of(0, pair, (true, false), ours, none), Some(3));
-        assert_eq!(runner_up_of(2, pair, (false, false), ours, none), None);
+        assert_eq!(others_of(2, pair, both, 2), vec![2, 0, 1]);
+        assert_eq!(others_of(2, pair, both, 3), vec![2, 0, 1, 3]);
+        assert_eq!(others_of(0, pair, both, 3), vec![0, 1, 3]);
+        assert_eq!(others_of(1, pair, both, 3), vec![1, 0, 3]);
+        // Only what the communicator has.
+        assert_eq!(others_of(2, pair, (false, true), 2), vec![2, 1]);
+        assert_eq!(others_of(2, pair, (true, false), 2), vec![2, 0]);
+        assert_eq!(others_of(0, pair, (true, false), 3), vec![0, 3]);
+        assert_eq!(others_of(2, pair, (false, false), 2), vec![2]);
+    }
+
+    /// Calls of each candidate in `calls` calls of the schedule past learning.
+    fn explored(c: &mut Candidates<u8>, calls: u64) -> Vec<u64> {
+        let mut runs = vec![0; c.algos.len()];
+        for _ in 0..calls {
+            runs[c.next()] += 1;
+            c.calls += 1;
+        }
+        runs
     }
 
     #[test]
     fn keeps_the_choice_within_the_margin_and_explores_rarely() {
         // 2 % faster is within the margin: no switch.
         assert!(drive(2000, |_| 0.98e-3).iter().all(|&c| c == 0));
-        // Once both have figures, a burst in EXPLORE_EVERY runs the other candidate.
-        let mut c = Candidates::new(0u8, Some(1u8), 64 << 10);
-        c.agreed = [Some(1.0), Some(2.0)];
+        // Past learning, a far candidate runs a burst in EXPLORE_EVERY calls.
+        let mut c = Candidates::new(vec![0u8, 1u8], 64 << 10);
+        c.agreed = vec![Some(1.0), Some(2.0)];
         c.agreements = LEARNING_AGREEMENTS;
-        let other = (0..EXPLORE_EVERY * 10).filter(|_| {
-            let i = c.next();
-            c.calls += 1;
-            i == 1
-        });
-        assert_eq!(other.count() as u64, 10 * EXPLORE_BURST);
+        let runs = explored(&mut c, EXPLORE_EVERY * 10);
+        assert_eq!(runs[1], 10 * EXPLORE_BURST);
         // Close figures: a burst in EXPLORE_CLOSE.
-        c.agreed = [Some(1.0), Some(1.2)];
-        let other = (0..EXPLORE_CLOSE * 10).filter(|_| {
-            let i = c.next();
-            c.calls += 1;
-            i == 1
-        });
-        assert_eq!(other.count() as u64, 10 * EXPLORE_BURST);
+        c.agreed = vec![Some(1.0), Some(1.2)];
+        assert_eq!(explored(&mut c, EXPLORE_CLOSE * 10)[1], 10 * EXPLORE_BURST);
+        // Three candidates, one close and one far: the close one takes every turn (one
+        // window in two), the far one every fourth turn.
+        let mut c = Candidates::new(vec![0u8, 1, 2], 64 << 10);
+        c.agreed = vec![Some(1.0), Some(1.2), Some(3.0)];
+        c.agreements = LEARNING_AGREEMENTS;
+        let runs = explored(&mut c, EXPLORE_EVERY * 2 * 10);
+        assert_eq!(
+            runs[1],
+            EXPLORE_EVERY * 2 * 10 / (2 * EXPLORE_CLOSE) * EXPLORE_BURST
+        );
+        assert_eq!(runs[2], 10 * EXPLORE_BURST);
     }
 
     #[test]
-    fn without_a_runner_up_it_never_explores_nor_agrees() {
-        let mut c = Candidates::new(7u8, None, 4);
+    fn with_one_candidate_it_never_explores_nor_agrees() {
+        let mut c = Candidates::new(vec![7u8], 4);
         for _ in 0..1000 {
             assert_eq!(c.next(), 0);
             assert!(!c.record(0, 1e-6));
@@ -519,15 +562,15 @@ mod tests {
             }
             let ar = &online.allreduce[&(20_000, WireType::Bf16)];
             let rs = &online.reduce_scatter[&(20_000, WireType::Bf16)];
-            Ok((ar.algos, rs.algos))
+            Ok((ar.algos.clone(), rs.algos.clone()))
         })
         .unwrap();
-        let (ar, rs) = out[0];
-        assert!(ar.1.is_none() && ar.0 != AllreduceAlgo::SharedMemory);
-        assert!(rs.1.is_none() && rs.0 != ReduceScatterAlgo::SharedMemory);
+        let (ar, rs) = &out[0];
+        assert!(ar.len() == 1 && ar[0] != AllreduceAlgo::SharedMemory);
+        assert!(rs.len() == 1 && rs[0] != ReduceScatterAlgo::SharedMemory);
     }
 
-    fn both_agreed<A>(c: &Candidates<A>) -> bool {
+    fn all_agreed<A>(c: &Candidates<A>) -> bool {
         c.agreed.iter().all(Option::is_some)
     }
 
@@ -560,10 +603,10 @@ mod tests {
                         online.reduce_scatter_in_use(4 * n),
                     ));
                 }
-                // Not vacuous: both candidates ran and were agreed on at every size.
-                assert!(online.allreduce.values().all(both_agreed), "p {p}");
-                assert!(online.allgather.values().all(both_agreed), "p {p}");
-                assert!(online.reduce_scatter.values().all(both_agreed), "p {p}");
+                // Not vacuous: every candidate ran and was agreed on at every size.
+                assert!(online.allreduce.values().all(all_agreed), "p {p}");
+                assert!(online.allgather.values().all(all_agreed), "p {p}");
+                assert!(online.reduce_scatter.values().all(all_agreed), "p {p}");
                 Ok(seen)
             })
             .unwrap();

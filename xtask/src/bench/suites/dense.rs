@@ -639,12 +639,12 @@ fn report(
          on the `{}` transport; median of several runs, each the slowest rank's time, the \
          cases timed interleaved at each size. For allgather, `bytes` is the gathered total; \
          for reduce_scatter, the reduced buffer. `auto` is the automatic choice, \
-         `OnlineChoice`: it starts from the pick {}, and re-ranks that pick and a \
-         runner-up (the shared-memory algorithm and the library's collective against each \
-         other; against ours, whichever of the two the calibration prices lower) from the \
-         timings of its own calls, agreed across ranks, running the other one in a burst of {} calls in every {} (every {} while their \
-         times are within {}×, every {} up to the ranks' {}th agreement) and leaving the \
-         first {} calls after each change uncounted. It is timed after those first \
+         `OnlineChoice`: it starts from the pick {}, and re-ranks that pick, the \
+         library's collective, the shared-memory algorithm and the best of ours from the \
+         timings of its own calls, agreed across ranks, running the others in turn in \
+         bursts of {} calls (each a burst in {} × m calls for m others, in {} × m while its \
+         time is within {}× of the one in use, in {} × m up to the ranks' {}th agreement) \
+         and leaving the first {} calls after each change uncounted. It is timed after those first \
          agreements (its calls up to them untimed, as a training loop's first steps); its \
          time includes the later bursts and the agreements. `auto picks` names what it used \
          at the end. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
