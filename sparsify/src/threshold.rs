@@ -81,8 +81,10 @@ fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Resu
 /// residual.
 type Picked = (Vec<u32>, Vec<f32>, f32, bool);
 
-/// Shared driver: `select` copies nothing (read-only scan of `x`), `select_fused`
-/// accumulates in the first pass. Implementors supply `run` over a mutable buffer.
+/// Shared driver: `select_fused` accumulates in the first pass; `select` runs the same
+/// passes on a copy of `x` (they take a mutable buffer and never write it without `grad`),
+/// so the read-only path pays one copy of the input. Implementors supply `run` over a
+/// mutable buffer.
 macro_rules! selector_impl {
     ($ty:ty, $name:literal) => {
         impl $ty {

@@ -13,8 +13,9 @@
 //! message-passing algorithm of ours. Every call is timed. Most calls run the candidate in
 //! use; the last [`EXPLORE_BURST`] calls of every window run one of the others, in turn. A
 //! window is [`EXPLORE_EARLY`] calls for the first [`LEARNING_AGREEMENTS`] agreements and
-//! [`EXPLORE_CLOSE`] after; then a candidate whose time is not within [`CLOSE`] of the one
-//! in use takes only one turn in [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. The first
+//! [`EXPLORE_CLOSE`] after; from the first agreement on, a candidate whose time is not
+//! within [`CLOSE`] of the one in use takes only one turn in
+//! [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. The first
 //! [`SETTLE_CALLS`] calls after a change of candidate are not counted. Every few calls the
 //! ranks agree on the median times with one all-reduce of a float per candidate, and
 //! switch to the fastest when it was [`SWITCH_MARGIN`] faster than the one in use. The
@@ -128,9 +129,11 @@ impl<A: Copy> Candidates<A> {
 
     /// The candidate that the next call runs. The calls fall in windows of
     /// [`EXPLORE_EARLY`] calls while learning and [`EXPLORE_CLOSE`] after; the last
-    /// [`EXPLORE_BURST`] calls of a window go to the others in turn. After learning, one
-    /// whose agreed time is not within [`CLOSE`] of the one in use takes only every
-    /// `EXPLORE_EVERY / EXPLORE_CLOSE`-th of its turns.
+    /// [`EXPLORE_BURST`] calls of a window go to the others in turn. One whose agreed time
+    /// is not within [`CLOSE`] of the one in use takes only every
+    /// `EXPLORE_EVERY / EXPLORE_CLOSE`-th of its turns, from the first agreement on: in a
+    /// training step most groups are small and learn for many calls, and with every turn
+    /// taken while learning, the ResNet-20 step under `mpirun -n 2` took 13 % longer.
     fn next(&self) -> usize {
         let others = self.algos.len() as u64 - 1;
         if others == 0 {
@@ -153,7 +156,7 @@ impl<A: Copy> Candidates<A> {
             _ => true,
         };
         let turn = slot / others;
-        if learning || close || turn % (EXPLORE_EVERY / EXPLORE_CLOSE) == 0 {
+        if close || turn % (EXPLORE_EVERY / EXPLORE_CLOSE) == 0 {
             other
         } else {
             self.current
@@ -483,6 +486,25 @@ mod tests {
             assert!(call + 1 < c.agree_every * 2 || c.agreements >= LEARNING_AGREEMENTS);
         }
         assert!(c.agreed.iter().all(Option::is_some) && c.current == 3);
+    }
+
+    #[test]
+    fn a_far_candidate_explores_less_from_the_first_agreement_on() {
+        // Learning, after one agreement: candidate 1 close, candidate 2 three times slower.
+        let mut c = Candidates::new(vec![0u8, 1, 2], 64 << 10);
+        c.agreed = vec![Some(1.0), Some(1.1), Some(3.0)];
+        c.agreements = 1;
+        let calls = 2 * EXPLORE_EARLY * 16;
+        let runs = explored(&mut c, calls);
+        assert_eq!(
+            runs[1],
+            16 * EXPLORE_BURST,
+            "the close one takes every turn"
+        );
+        assert_eq!(runs[2], 4 * EXPLORE_BURST, "the far one every fourth");
+        // Before the first agreement, every candidate takes every turn.
+        let mut c = Candidates::new(vec![0u8, 1, 2], 64 << 10);
+        assert_eq!(explored(&mut c, calls)[1..], [16 * EXPLORE_BURST; 2]);
     }
 
     #[test]
