@@ -29,13 +29,50 @@ fn ge_bits(t: f32) -> i32 {
     }
 }
 
-/// Runs a selection pass either fused (`grad = Some`) or read-only, emitting `|x| ≥ t`
-/// only inside `lo..hi`; outside it, only non-finite values are emitted (and reported).
-/// A fused pass with `zero` also zeroes its candidates in `x` (they are the selection);
-/// on an error they get their values back.
+/// What a threshold selector selects from. A fused step starts `Fused` (the residual and
+/// the gradient), and its first pass adds the gradient into the residual, which leaves it
+/// `Summed`: later passes read the sum and cannot add the gradient twice. The read-only
+/// `select` reads the caller's vector in place.
+enum Acc<'a> {
+    Read(&'a [f32]),
+    Fused(&'a mut [f32], &'a [f32]),
+    Summed(&'a mut [f32]),
+}
+
+impl Acc<'_> {
+    fn len(&self) -> usize {
+        self.values().len()
+    }
+
+    /// Whether the gradient is still to be added (a fused step before its first pass).
+    fn fused(&self) -> bool {
+        matches!(self, Acc::Fused(..))
+    }
+
+    /// The vector to select from; in `Fused`, the residual before the gradient is added.
+    fn values(&self) -> &[f32] {
+        match self {
+            Acc::Read(x) => x,
+            Acc::Fused(x, _) | Acc::Summed(x) => x,
+        }
+    }
+
+    /// Records that a fused pass added the gradient into the residual.
+    fn summed(&mut self) {
+        if let Acc::Fused(..) = self {
+            if let Acc::Fused(x, _) = std::mem::replace(self, Acc::Read(&[])) {
+                *self = Acc::Summed(x);
+            }
+        }
+    }
+}
+
+/// Runs a selection pass, fused (`Acc::Fused`, which it leaves `Summed`) or read-only,
+/// emitting `|x| ≥ t` only inside `lo..hi`; outside it, only non-finite values are emitted
+/// (and reported). A fused pass with `zero` also zeroes its candidates in the residual
+/// (they are the selection); on an error they get their values back.
 fn pass(
-    x: &mut [f32],
-    grad: Option<&[f32]>,
+    acc: &mut Acc<'_>,
     lo: usize,
     hi: usize,
     t: i32,
@@ -43,35 +80,38 @@ fn pass(
     zero: bool,
 ) -> Result<()> {
     cand.clear();
-    let d = x.len();
+    let d = acc.len();
     let (lo, hi) = (lo.min(d), hi.min(d).max(lo.min(d)));
     let segs = [(0, lo, INF_BITS), (lo, hi, t), (hi, d, INF_BITS)];
     for (a, b, tt) in segs {
         if a == b {
             continue;
         }
-        let (xs, m) = (&mut x[a..b], usize::MAX);
-        let out = match grad {
-            Some(g) if zero => kernel::fused_pass::<false, true>(xs, &g[a..b], a, tt, m, cand),
-            Some(g) => kernel::fused_pass::<false, false>(xs, &g[a..b], a, tt, m, cand),
-            None => kernel::scan_pass::<false>(xs, a, tt, m, cand),
+        let m = usize::MAX;
+        let out = match acc {
+            Acc::Fused(x, g) if zero => {
+                let out = kernel::fused_pass::<false, true>(&mut x[a..b], &g[a..b], a, tt, m, cand);
+                if out.non_finite.is_some() {
+                    kernel::restore(x, cand);
+                }
+                out
+            }
+            Acc::Fused(x, g) => {
+                kernel::fused_pass::<false, false>(&mut x[a..b], &g[a..b], a, tt, m, cand)
+            }
+            Acc::Read(x) => kernel::scan_pass::<false>(&x[a..b], a, tt, m, cand),
+            Acc::Summed(x) => kernel::scan_pass::<false>(&x[a..b], a, tt, m, cand),
         };
-        if out.non_finite.is_some() && zero && grad.is_some() {
-            kernel::restore(x, cand);
-        }
         out.check()?;
     }
+    acc.summed();
     Ok(())
 }
 
-/// Accumulates `grad` into `residual` (checking finiteness) when fused; no-op otherwise.
-fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Result<()> {
-    if grad.is_some() {
-        pass(x, grad, 0, 0, INF_BITS, cand, false)?;
-    } else {
-        cand.clear();
-        kernel::scan_pass::<false>(x, 0, INF_BITS, usize::MAX, cand).check()?;
-    }
+/// Accumulates the gradient into the residual of a fused step, or checks the read-only
+/// vector, for finiteness; selects nothing.
+fn accumulate_only(acc: &mut Acc<'_>, cand: &mut Cand) -> Result<()> {
+    pass(acc, 0, 0, INF_BITS, cand, false)?;
     cand.clear();
     Ok(())
 }
@@ -82,26 +122,20 @@ fn accumulate_only(x: &mut [f32], grad: Option<&[f32]>, cand: &mut Cand) -> Resu
 type Picked = (Vec<u32>, Vec<f32>, f32, bool);
 
 /// Shared driver: `select_fused` accumulates in the first pass; `select` runs the same
-/// passes on a copy of `x` (they take a mutable buffer and never write it without `grad`),
-/// so the read-only path pays one copy of the input. Implementors supply `run` over a
-/// mutable buffer.
+/// passes on `x` in place (`Acc::Read`). Implementors supply `run` over an [`Acc`].
 macro_rules! selector_impl {
     ($ty:ty, $name:literal) => {
         impl $ty {
             /// `k = 0` selects nothing and `k ≥ d` everything, whatever the threshold.
-            fn run_edges(
-                &mut self,
-                x: &mut [f32],
-                grad: Option<&[f32]>,
-                k: usize,
-            ) -> Result<Picked> {
-                if k == 0 || k >= x.len() {
+            fn run_edges(&mut self, acc: &mut Acc<'_>, k: usize) -> Result<Picked> {
+                if k == 0 || k >= acc.len() {
                     let t = if k == 0 { INF_BITS } else { 0 };
-                    pass(x, grad, 0, usize::MAX, t, &mut self.cand, true)?;
+                    let fused = acc.fused();
+                    pass(acc, 0, usize::MAX, t, &mut self.cand, true)?;
                     let (idx, val) = self.cand.take();
-                    return Ok((idx, val, 0.0, grad.is_some()));
+                    return Ok((idx, val, 0.0, fused));
                 }
-                self.run(x, grad, k)
+                self.run(acc, k)
             }
         }
 
@@ -116,10 +150,7 @@ macro_rules! selector_impl {
 
             fn select(&mut self, x: &[f32], k: usize) -> Selection {
                 check_dense_len(x.len())?;
-                // `run` takes a mutable buffer (it accumulates when fused) but never
-                // writes when `grad` is None; the read-only path hands it a copy.
-                let mut buf = x.to_vec();
-                let (idx, val, t, _) = self.run_edges(&mut buf, None, k)?;
+                let (idx, val, t, _) = self.run_edges(&mut Acc::Read(x), k)?;
                 // The info's threshold is the selector's own, not the smallest selected.
                 let (sg, mut info) = finish_bits(idx, val, x.len(), 0);
                 info.threshold = t;
@@ -128,7 +159,7 @@ macro_rules! selector_impl {
 
             fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
                 crate::check_fused(residual, grad)?;
-                let (idx, val, t, zeroed) = self.run_edges(residual, Some(grad), k)?;
+                let (idx, val, t, zeroed) = self.run_edges(&mut Acc::Fused(residual, grad), k)?;
                 if !zeroed {
                     zero_selected(residual, &idx);
                 }
@@ -145,15 +176,15 @@ macro_rules! selector_impl {
 }
 
 /// Threshold from a strided sample so that about `k` of `d` entries pass (no margin).
-fn calibrate(x: &[f32], grad: Option<&[f32]>, k: usize) -> f32 {
-    let d = x.len();
+fn calibrate(acc: &Acc<'_>, k: usize) -> f32 {
+    let d = acc.len();
     let mut s = Vec::new();
     let n = kernel::sample_size(d, k.max(1)).unwrap_or(d);
-    match grad {
-        Some(g) if n < d => kernel::sample_acc(x, g, n, &mut s),
-        Some(g) => s.extend(x.iter().zip(g).map(|(a, b)| abs_bits(a + b))),
-        None if n < d => kernel::sample_x(x, n, &mut s),
-        None => s.extend(x.iter().map(|v| abs_bits(*v))),
+    match acc {
+        Acc::Fused(x, g) if n < d => kernel::sample_acc(x, g, n, &mut s),
+        Acc::Fused(x, g) => s.extend(x.iter().zip(g.iter()).map(|(a, b)| abs_bits(a + b))),
+        _ if n < d => kernel::sample_x(acc.values(), n, &mut s),
+        _ => s.extend(acc.values().iter().map(|v| abs_bits(*v))),
     }
     let t = kernel::threshold_from_sample(&mut s, d, k, 0.0);
     f32::from_bits(t.min(0x7f7f_ffff) as u32)
@@ -192,13 +223,14 @@ impl HardThreshold {
         self.threshold
     }
 
-    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
-        let t = *self.threshold.get_or_insert_with(|| calibrate(x, grad, k));
-        let Some(g) = grad else {
-            pass(x, None, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
+    fn run(&mut self, acc: &mut Acc<'_>, k: usize) -> Result<Picked> {
+        let t = *self.threshold.get_or_insert_with(|| calibrate(acc, k));
+        let Acc::Fused(x, g) = acc else {
+            pass(acc, 0, usize::MAX, ge_bits(t), &mut self.cand, true)?;
             let (idx, val) = self.cand.take();
             return Ok((idx, val, t, false));
         };
+        let (x, g): (&mut [f32], &[f32]) = (x, g);
         // Fused: the pass zeroes its candidates (the selection) and keeps them per piece;
         // the pieces then copy their lists into the result in parallel.
         let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
@@ -252,11 +284,11 @@ impl DgcSampling {
         self
     }
 
-    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
-        let d = x.len();
+    fn run(&mut self, acc: &mut Acc<'_>, k: usize) -> Result<Picked> {
+        let d = acc.len();
         let k = k.min(d);
         if k == 0 {
-            accumulate_only(x, grad, &mut self.cand)?;
+            accumulate_only(acc, &mut self.cand)?;
             return Ok((Vec::new(), Vec::new(), 0.0, false));
         }
         // Stride: the largest multiple of 32 not above 1/ratio (so the sample is ≥ ratio),
@@ -267,9 +299,10 @@ impl DgcSampling {
         self.sample.clear();
         let mut i = start;
         while i < d {
-            let v = match grad {
-                Some(g) => x[i] + g[i],
-                None => x[i],
+            let v = match acc {
+                Acc::Fused(x, g) => x[i] + g[i],
+                Acc::Read(x) => x[i],
+                Acc::Summed(x) => x[i],
             };
             self.sample.push(abs_bits(v));
             i += stride;
@@ -281,15 +314,7 @@ impl DgcSampling {
         } else {
             crate::order::kth_largest(&mut self.sample, ks)
         };
-        pass(
-            x,
-            grad,
-            0,
-            usize::MAX,
-            t.min(INF_BITS),
-            &mut self.cand,
-            false,
-        )?;
+        pass(acc, 0, usize::MAX, t.min(INF_BITS), &mut self.cand, false)?;
         let mut result: Option<(Vec<u32>, Vec<f32>)> = None;
         for _ in 0..DGC_MAX_ADAPT {
             let n = self.cand.len();
@@ -300,7 +325,7 @@ impl DgcSampling {
                 break;
             } else if (n as f64) < DGC_LOWER * k as f64 && t > 0 {
                 t = abs_bits(f32::from_bits(t as u32) * DGC_LOWER as f32);
-                pass(x, None, 0, usize::MAX, t, &mut self.cand, false)?;
+                pass(acc, 0, usize::MAX, t, &mut self.cand, false)?;
             } else {
                 break;
             }
@@ -403,8 +428,8 @@ impl ExDyna {
         }
     }
 
-    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
-        let d = x.len();
+    fn run(&mut self, acc: &mut Acc<'_>, k: usize) -> Result<Picked> {
+        let d = acc.len();
         let (lo, hi) = self.range.unwrap_or((0, d));
         if hi > d {
             return Err(Error::InvalidArgument(format!(
@@ -415,9 +440,10 @@ impl ExDyna {
         let t = *self
             .threshold
             .get_or_insert_with(|| (0.5 / (k.max(1) as f64).sqrt()) as f32);
-        pass(x, grad, lo, hi, ge_bits(t), &mut self.cand, true)?;
+        let mut zeroed = acc.fused();
+        pass(acc, lo, hi, ge_bits(t), &mut self.cand, true)?;
         let (mut idx, mut val) = self.cand.take();
-        let mut zeroed = grad.is_some();
+        let x = acc.values();
         if idx.is_empty() && k > 0 && lo < hi {
             zeroed = false;
             // Nothing selected: take one index, the largest magnitude of the partition.
@@ -502,24 +528,26 @@ impl GaussianK {
         Self::default()
     }
 
-    fn run(&mut self, x: &mut [f32], grad: Option<&[f32]>, k: usize) -> Result<Picked> {
-        let d = x.len();
+    fn run(&mut self, acc: &mut Acc<'_>, k: usize) -> Result<Picked> {
+        let d = acc.len();
         let k = k.min(d);
-        let mut grad = grad;
-        if let Some(g) = grad {
+        if let Acc::Fused(x, g) = acc {
             match self.one_pass(x, g, k)? {
                 OnePass::Done(picked) => return Ok(picked),
-                // `x` holds the accumulated vector now.
-                OnePass::Accumulated => grad = None,
+                // The residual holds the accumulated vector now.
+                OnePass::Accumulated => acc.summed(),
                 OnePass::NotTried => {}
             }
         }
         // The general path: one pass accumulates and sums (the statistics of the
         // accumulated vector), then each correction counts in a pass of its own.
-        let (sum, sumsq) = match grad {
-            Some(g) => kernel::fused_moments(x, g)?,
-            None => kernel::moments(x)?,
+        let (sum, sumsq) = match acc {
+            Acc::Fused(x, g) => kernel::fused_moments(x, g)?,
+            Acc::Read(x) => kernel::moments(x)?,
+            Acc::Summed(x) => kernel::moments(x)?,
         };
+        acc.summed();
+        let x = acc.values();
         if k == 0 {
             return Ok((Vec::new(), Vec::new(), 0.0, false));
         }
@@ -547,7 +575,7 @@ impl GaussianK {
         .map_or((0, 0.0), |v| v);
         err?;
         if overflow {
-            pass(x, None, 0, usize::MAX, last, &mut self.cand, false)?;
+            pass(acc, 0, usize::MAX, last, &mut self.cand, false)?;
         }
         let (idx, val) = self.cand.take();
         Ok((idx, val, right, false))
