@@ -133,7 +133,8 @@ impl<A: Copy> Candidates<A> {
     /// is not within [`CLOSE`] of the one in use takes only every
     /// `EXPLORE_EVERY / EXPLORE_CLOSE`-th of its turns, from the first agreement on: in a
     /// training step most groups are small and learn for many calls, and with every turn
-    /// taken while learning, the ResNet-20 step under `mpirun -n 2` took 13 % longer.
+    /// taken while learning, the ResNet-20 step under `mpirun -n 2` took 13 % longer (one
+    /// launch).
     fn next(&self) -> usize {
         let others = self.algos.len() as u64 - 1;
         if others == 0 {
