@@ -275,8 +275,9 @@ pub enum DenseChoice {
     #[default]
     Calibrated,
     /// `collectives::dense::OnlineChoice`: starts from the same pick and re-ranks it
-    /// against the library's, the shared-memory and our best algorithm from the timings of the run's own exchanges, agreed across
-    /// ranks. Its timings include the backward pass the exchanges overlap.
+    /// against the library's, the shared-memory and our best algorithm from the timings of
+    /// the run's own exchanges, agreed across ranks. Its timings include the backward pass
+    /// the exchanges overlap.
     Online,
 }
 

@@ -390,9 +390,9 @@ impl Exchange for DenseExchange {
 
 /// Dense all-reduce of the group by the online automatic choice
 /// (`collectives::dense::OnlineChoice`), averaged: it starts from the calibration's pick
-/// (or the built-in rule's) and re-ranks that pick and the other candidates from the timings of its
-/// own calls during training, agreed across ranks. Every rank runs the same algorithm in
-/// every call.
+/// (or the built-in rule's) and re-ranks that pick and the other candidates from the
+/// timings of its own calls during training, agreed across ranks. Every rank runs the same
+/// algorithm in every call.
 #[derive(Debug, Default)]
 pub struct OnlineDenseExchange {
     /// The choice and its timings (per size; one per group here).

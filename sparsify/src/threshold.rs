@@ -301,8 +301,7 @@ impl DgcSampling {
         while i < d {
             let v = match acc {
                 Acc::Fused(x, g) => x[i] + g[i],
-                Acc::Read(x) => x[i],
-                Acc::Summed(x) => x[i],
+                _ => acc.values()[i],
             };
             self.sample.push(abs_bits(v));
             i += stride;
@@ -543,8 +542,7 @@ impl GaussianK {
         // accumulated vector), then each correction counts in a pass of its own.
         let (sum, sumsq) = match acc {
             Acc::Fused(x, g) => kernel::fused_moments(x, g)?,
-            Acc::Read(x) => kernel::moments(x)?,
-            Acc::Summed(x) => kernel::moments(x)?,
+            _ => kernel::moments(acc.values())?,
         };
         acc.summed();
         let x = acc.values();

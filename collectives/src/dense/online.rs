@@ -75,7 +75,8 @@ const AGREE_BYTES: usize = 1 << 20;
 
 /// Fewest and most calls between two agreements. The fewest is one learning window per
 /// other candidate (each runs a burst, two calls of it counted), and the count is rounded
-/// up to a whole number of those, so that every learning agreement has all the figures.
+/// up to a whole number of those, so that the first agreement has every candidate's figure
+/// (later ones may lack a far candidate's, which keeps its agreed time).
 const AGREE_CALLS: (u64, u64) = (EXPLORE_EARLY, 64);
 
 /// Most candidates besides the one in use: the calibrated choice is compared with the
@@ -162,10 +163,6 @@ impl<A: Copy> Candidates<A> {
         } else {
             self.current
         }
-    }
-
-    fn algo(&self, i: usize) -> A {
-        self.algos[i]
     }
 
     /// Records a call of candidate `i` that took `secs` on this rank (counted once it has
@@ -338,18 +335,18 @@ impl OnlineChoice {
     /// its first call).
     pub fn allreduce_in_use(&self, bytes: usize) -> Option<AllreduceAlgo> {
         let key = (bytes, WireType::F32);
-        self.allreduce.get(&key).map(|c| c.algo(c.current))
+        self.allreduce.get(&key).map(|c| c.algos[c.current])
     }
 
     /// The all-gather algorithm in use for `bytes` contributed per rank.
     pub fn allgather_in_use(&self, bytes: usize) -> Option<AllgatherAlgo> {
-        self.allgather.get(&bytes).map(|c| c.algo(c.current))
+        self.allgather.get(&bytes).map(|c| c.algos[c.current])
     }
 
     /// The reduce-scatter algorithm in use for a `bytes` buffer with `f32` on the wire.
     pub fn reduce_scatter_in_use(&self, bytes: usize) -> Option<ReduceScatterAlgo> {
         let key = (bytes, WireType::F32);
-        self.reduce_scatter.get(&key).map(|c| c.algo(c.current))
+        self.reduce_scatter.get(&key).map(|c| c.algos[c.current])
     }
 }
 
@@ -408,7 +405,7 @@ fn timed<C: Communicator + ?Sized, A: Copy, R>(
     }
     let i = state.next();
     let start = Instant::now();
-    let out = call(state.algo(i))?;
+    let out = call(state.algos[i])?;
     if state.record(i, start.elapsed().as_secs_f64()) {
         let mut sums = state.local_medians();
         let algo = choose_allreduce_for(comm, sums.len() * 4, None);

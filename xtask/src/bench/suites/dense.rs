@@ -644,8 +644,9 @@ fn report(
          timings of its own calls, agreed across ranks, running the others in turn in \
          bursts of {} calls (each a burst in {} × m calls for m others, in {} × m while its \
          time is within {}× of the one in use, in {} × m up to the ranks' {}th agreement) \
-         and leaving the first {} calls after each change uncounted. It is timed after those first \
-         agreements (its calls up to them untimed, as a training loop's first steps); its \
+         and leaving the first {} calls after each change uncounted. It is timed after \
+         those first agreements (its calls up to them untimed, as a training loop's first \
+         steps); its \
          time includes the later bursts and the agreements. `auto picks` names what it used \
          at the end. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
         match op {
