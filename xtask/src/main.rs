@@ -68,6 +68,11 @@ fn main() {
             std::process::exit(2);
         }
     }
+    // This thread runs the selectors, the models and the training loop: as a worker of
+    // the global pool it starts each parallel pass itself instead of waking a worker for it.
+    if let Err(e) = sparsify::join_global_pool(None) {
+        eprintln!("warning: {e}");
+    }
     let result = match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Calibrate(a) => calibrate::run(a),
