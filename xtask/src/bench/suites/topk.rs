@@ -210,8 +210,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     out.markdown = format!(
         "Fastest of {reps_small} (d ≤ 2^16) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
          zero the selected entries of `r`; the result is handed back with `Selector::recycle`, as the \
-         sparse collectives do) per selector on {threads} threads (the rayon pool; \
-         inputs under 2^20 elements run on the calling thread), next to `stream` (one pass of \
+         sparse collectives do) per selector on {threads} threads (the rayon pool, which the \
+         calling thread joined with `sparsify::join_global_pool`; inputs under 2^20 elements \
+         run on the calling thread), next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
          on a copy of |x|, one thread). In brackets: the ratio to `stream`, the median over \
