@@ -1,21 +1,32 @@
 //! How often a parallel pass started after a serial phase runs on one worker alone, called
 //! from outside the global rayon pool (`outside`) or from a thread that joined it with
-//! [`sparsify::join_global_pool`] (`joined`). Run each in its own process:
+//! [`sparsify::join_global_pool`] (`joined`), or inside `ThreadPool::install` (`installed`).
+//! Run each in its own process:
 //!
 //! ```text
 //! cargo run --release -p sparsify --example pool_wakeup -- outside
 //! cargo run --release -p sparsify --example pool_wakeup -- joined
+//! cargo run --release -p sparsify --example pool_wakeup -- installed
 //! ```
 use rayon::prelude::*;
 use std::time::Instant;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "outside".into());
-    if mode == "joined" {
-        sparsify::join_global_pool(None)?;
-    } else if mode != "outside" {
-        return Err(format!("mode {mode}: expected outside or joined").into());
+    match mode.as_str() {
+        "joined" => sparsify::join_global_pool(None)?,
+        "installed" => {
+            let pool = rayon::ThreadPoolBuilder::new().build()?;
+            return pool.install(|| run(&mode));
+        }
+        "outside" => {}
+        _ => return Err(format!("mode {mode}: expected outside, joined or installed").into()),
     }
+    run(&mode)
+}
+
+/// Times the passes; `mode` only labels the output.
+fn run(mode: &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let n = 1 << 22;
     let g = vec![1.0f32; n];
     let mut r = vec![0.0f32; n];

@@ -68,10 +68,14 @@ fn main() {
             std::process::exit(2);
         }
     }
-    // This thread runs the selectors, the models and the training loop: as a worker of
-    // the global pool it starts each parallel pass itself instead of waking a worker for it.
-    if let Err(e) = sparsify::join_global_pool(None) {
-        eprintln!("warning: {e}");
+    // In an MPI rank this thread runs the selectors, the model and the training loop: as a
+    // worker of the global pool it starts each parallel pass itself instead of waking a
+    // worker for it. Without MPI the ranks are threads of their own, which the joined
+    // thread would not help (`sparsify::join_global_pool`), so the pool stays as it is.
+    if bench::mpi_launcher().is_some() {
+        if let Err(e) = sparsify::join_global_pool(None) {
+            eprintln!("warning: {e}");
+        }
     }
     let result = match cli.command {
         Command::Bench(a) => bench::run(a),

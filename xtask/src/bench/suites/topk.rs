@@ -60,6 +60,11 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         .collect();
     let mut misses = Vec::new();
     let mut peer_ratios: Vec<(String, f64, f64)> = Vec::new();
+    // The cases run inside a pool of their own, so that this thread is one of its workers
+    // and starts every parallel pass itself (see `sparsify::join_global_pool`).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(sparsify::threads())
+        .build()?;
     for &d in &ds {
         let grad = gradient(d, 7);
         // Small tensors take microseconds: more repetitions keep the minimum stable.
@@ -73,7 +78,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         for (di, &density) in densities.iter().enumerate() {
             let k = ks[di];
             pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
-            let rounds = time_cases(&cases, &grad, k, reps)?;
+            let rounds = pool.install(|| time_cases(&cases, &grad, k, reps))?;
             let times: Vec<f64> = rounds.iter().map(|r| fastest(r)).collect();
             let stream_ci = cases.iter().position(|c| *c == "stream").unwrap_or(0);
             // Each case's ratio to `stream`: the median of the per-round ratios (each round
@@ -210,9 +215,9 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     out.markdown = format!(
         "Fastest of {reps_small} (d ≤ 2^16) to {reps_large} (d ≥ 2^24) timings of one selection step with error feedback fused (`acc = r + g`, select, \
          zero the selected entries of `r`; the result is handed back with `Selector::recycle`, as the \
-         sparse collectives do) per selector on {threads} threads (the rayon pool, which the \
-         calling thread joined with `sparsify::join_global_pool`; inputs under 2^20 elements \
-         run on the calling thread), next to `stream` (one pass of \
+         sparse collectives do) per selector on {threads} threads (a rayon pool that runs the \
+         timing loop on one of its workers; inputs under 2^20 elements run on that worker), \
+         next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
          on a copy of |x|, one thread). In brackets: the ratio to `stream`, the median over \
