@@ -255,7 +255,8 @@ impl Compress for TopkCompress {
         self.density = density;
     }
 
-    /// The residual (the exact top-k selector keeps no state of its own).
+    /// The residual. The selectors' own state (the warm start of exact top-k and MSTopK)
+    /// changes only their speed, never what they select, so it is not saved.
     fn save_state(&self) -> Result<Vec<u8>> {
         let mut e = crate::checkpoint::Enc::default();
         e.f32s(self.feedback.residual());

@@ -7,10 +7,13 @@
 //! then select exactly among the candidates and put back the few not selected; on a pool,
 //! the candidates stay per piece and the selection runs per piece too (see the `split`
 //! module). When the sample misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass
-//! over the accumulated vector with a safer threshold. The cost model of top-k selection
+//! over the accumulated vector with a safer threshold. Called again on a tensor of the same
+//! shape, the fused step starts warm: from just below the previous call's k-th magnitude,
+//! with no sample (see the `warm` module). The cost model of top-k selection
 //! this speeds up is OMGS-SGD's (Shi et al., INFOCOM 2020) §II-E, Eq. 10.
 
 use crate::kernel::{self, abs_bits, Cand, INF_BITS};
+use crate::warm::WarmStart;
 use crate::{grouped, split, Result, SelectInfo, Selection, Selector, SparseGrad};
 
 /// Margin of the sampled threshold, in standard deviations of the sample's hit count:
@@ -29,12 +32,20 @@ pub struct ExactTopK {
     /// Group maxima of the small-tensor path ([`grouped`]).
     maxes: Vec<i32>,
     work: split::Work,
+    warm: WarmStart,
 }
 
 impl ExactTopK {
-    /// A new selector (it only keeps scratch buffers between calls).
+    /// A new selector (it keeps scratch buffers and the last k-th magnitude between calls).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Turns the warm start of the fused step on (the default) or off. Off, every call
+    /// estimates its threshold from a sample (or, on small tensors, from group maxima);
+    /// the selection is the same either way.
+    pub fn set_warm_start(&mut self, on: bool) {
+        self.warm.set_enabled(on);
     }
 }
 
@@ -83,7 +94,12 @@ impl ExactTopK {
     fn fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         let d = residual.len();
         let k = k.min(d);
-        if grouped::applies(d, k) {
+        let warm = if 0 < k && k < d {
+            self.warm.threshold(d, k)
+        } else {
+            None
+        };
+        if warm.is_none() && grouped::applies(d, k) {
             let (_, out) =
                 grouped::fused::<false>(residual, grad, k, &mut self.maxes, &mut self.cand);
             out.check()?;
@@ -91,7 +107,9 @@ impl ExactTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
-        let (t, cap) = if k == 0 {
+        let (t, cap) = if let Some(t) = warm {
+            (t, WarmStart::cap(d, k))
+        } else if k == 0 {
             (INF_BITS, usize::MAX)
         } else if k == d {
             (0, usize::MAX)
@@ -109,6 +127,13 @@ impl ExactTopK {
             &mut self.cand,
             &mut self.work.pieces,
         );
+        if warm.is_some() {
+            if out.overflow || self.cand.len() < k {
+                self.warm.miss();
+            } else {
+                self.warm.hit(t, self.cand.len());
+            }
+        }
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
             if zero {
                 split::restore(residual, &self.cand);
@@ -171,7 +196,14 @@ impl Selector for ExactTopK {
 
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
         crate::check_fused(residual, grad)?;
-        self.fused(residual, grad, k)
+        let (sg, info) = self.fused(residual, grad, k)?;
+        let kth = info.threshold.to_bits() as i32;
+        self.warm.learn(residual.len(), k.min(residual.len()), kth);
+        Ok((sg, info))
+    }
+
+    fn warm_starts(&self) -> Option<(u64, u64)> {
+        Some(self.warm.tally())
     }
 
     fn recycle(&mut self, used: SparseGrad<f32>) {

@@ -33,6 +33,7 @@ pub mod sparse;
 mod split;
 pub mod threshold;
 mod value;
+mod warm;
 
 pub use error::{Error, Result};
 pub use exact::ExactTopK;

@@ -54,4 +54,12 @@ pub trait Selector: Send {
     fn recycle(&mut self, used: SparseGrad<f32>) {
         drop(used);
     }
+
+    /// For selectors whose fused step starts from the previous call's k-th magnitude
+    /// ([`crate::ExactTopK`], [`crate::MsTopK`]): the calls that started warm so far, and
+    /// how many of those missed (found fewer than `k` candidates, or too many, and fell
+    /// back). `None` for the others.
+    fn warm_starts(&self) -> Option<(u64, u64)> {
+        None
+    }
 }

@@ -1,0 +1,207 @@
+//! The warm start of the exact-count selectors ([`crate::ExactTopK`], [`crate::MsTopK`]):
+//! the previous call's k-th magnitude, so that the next call on a tensor of the same shape
+//! filters from just below it instead of estimating a threshold first.
+//!
+//! Error feedback calls a selector on the same tensor every iteration, and the k-th
+//! magnitude of `residual + grad` moves little from one iteration to the next. A threshold
+//! a relative margin below the last one replaces the strided sample (and, on small tensors,
+//! the group-max pass and its second pass): one fused pass accumulates and emits the
+//! candidates at or above it. The result stays exact: when at least `k` entries pass, the
+//! k-th magnitude is at or above the threshold, so the whole top `k` is among the
+//! candidates. When fewer pass, or too many, the caller falls back as after a misjudged
+//! sample, and the margin widens. A selector used on tensors of different shapes keys the
+//! start by `(d, k)`; one that keeps missing (tensors of one shape but unrelated values)
+//! backs off and starts cold for a while.
+
+/// Narrowest margin, relative to the last k-th magnitude.
+const MIN_MARGIN: f32 = 1.0 / 512.0;
+/// Widest margin: a miss needs the k-th magnitude to grow by more than 2×.
+const MAX_MARGIN: f32 = 0.5;
+/// Margin of a fresh start.
+const START_MARGIN: f32 = 0.125;
+/// Most a run of misses widens the estimated margin by.
+const MAX_WIDEN: f32 = 16.0;
+/// Longest run of cold calls after repeated misses.
+const MAX_BACKOFF: u32 = 256;
+
+/// The warm-start state of one selector.
+#[derive(Debug, Clone)]
+pub(crate) struct WarmStart {
+    enabled: bool,
+    /// `(d, k)` of the last selection, and its k-th magnitude as bits (0: none).
+    key: (usize, usize),
+    kth: i32,
+    /// Relative margin below `kth` of the next warm threshold.
+    margin: f32,
+    /// Factor on the estimated margin, grown by misses and decaying on hits.
+    widen: f32,
+    /// The threshold and candidate count of the current call, when it started warm and
+    /// hit (for [`Self::learn`]).
+    pending: Option<(i32, usize)>,
+    /// Consecutive misses, and the cold calls left before the next warm one.
+    misses: u32,
+    cold_left: u32,
+    /// Warm calls and misses so far (reported by the selectors).
+    tally: (u64, u64),
+}
+
+impl Default for WarmStart {
+    fn default() -> Self {
+        WarmStart {
+            enabled: true,
+            key: (0, 0),
+            kth: 0,
+            margin: START_MARGIN,
+            widen: 1.0,
+            pending: None,
+            misses: 0,
+            cold_left: 0,
+            tally: (0, 0),
+        }
+    }
+}
+
+impl WarmStart {
+    /// Turns the warm start on or off (off: every call estimates its threshold afresh).
+    pub(crate) fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
+        self.kth = 0;
+    }
+
+    /// The threshold (magnitude bits) to filter a call on `d` elements for `k` from, if
+    /// this call starts warm; requires `0 < k < d`.
+    pub(crate) fn threshold(&mut self, d: usize, k: usize) -> Option<i32> {
+        self.pending = None;
+        if !self.enabled || self.kth <= 0 || self.key != (d, k) {
+            return None;
+        }
+        if self.cold_left > 0 {
+            self.cold_left -= 1;
+            return None;
+        }
+        let t = f32::from_bits(self.kth as u32) * (1.0 - self.margin);
+        self.tally.0 += 1;
+        Some(t.to_bits() as i32)
+    }
+
+    /// A warm call from threshold `t` found `found` candidates for `k` (at least `k`, and
+    /// within the cap); [`Self::learn`] sets the next margin from them.
+    pub(crate) fn hit(&mut self, t: i32, found: usize) {
+        self.misses = 0;
+        self.widen = (self.widen * 0.9).max(1.0);
+        self.pending = Some((t, found));
+    }
+
+    /// A warm call found fewer than `k` candidates, or more than its cap: widens the
+    /// margin, and after repeated misses starts cold for a while.
+    pub(crate) fn miss(&mut self) {
+        self.tally.1 += 1;
+        self.widen = (self.widen * 2.0).min(MAX_WIDEN);
+        self.margin = (self.margin * 2.0).min(MAX_MARGIN);
+        self.misses += 1;
+        if self.misses >= 2 {
+            self.cold_left = (1u32 << (self.misses - 1).min(8)).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Records the k-th magnitude `kth` (bits) of a finished selection of `k` of `d`.
+    ///
+    /// After a warm hit the next margin comes from this call's tail: `found` entries at or
+    /// above `t` and `k` at or above `kth`, with counts taken as log-linear in the
+    /// magnitude between them, put `k + 4·√k + k/16` entries above the next threshold if
+    /// the next input is like this one (4·√k covers the count's sampling noise, `k/16` a
+    /// drift), times the factor that misses grew.
+    pub(crate) fn learn(&mut self, d: usize, k: usize, kth: i32) {
+        if !self.enabled {
+            return;
+        }
+        if self.key != (d, k) {
+            self.key = (d, k);
+            self.margin = START_MARGIN;
+            self.widen = 1.0;
+            self.misses = 0;
+            self.cold_left = 0;
+        }
+        // A zero k-th magnitude would filter nothing out; an empty selection reports none.
+        let finite = 0 < kth && kth < crate::kernel::INF_BITS;
+        self.kth = if 0 < k && k < d && finite { kth } else { 0 };
+        if let (Some((t, found)), true) = (self.pending.take(), self.kth > 0) {
+            let kth = f32::from_bits(self.kth as u32);
+            let seen = 1.0 - f32::from_bits(t as u32) / kth;
+            let kf = k as f32;
+            let want = (kf + 4.0 * kf.sqrt() + kf / 16.0) / kf;
+            let est = if found > k && seen > 0.0 {
+                seen * want.ln() / (found as f32 / kf).ln()
+            } else {
+                2.0 * self.margin
+            };
+            self.margin = (est * self.widen).clamp(MIN_MARGIN, MAX_MARGIN);
+        }
+    }
+
+    /// (warm calls, of which missed) so far.
+    pub(crate) fn tally(&self) -> (u64, u64) {
+        self.tally
+    }
+
+    /// Cap on the candidates of a warm pass for `k` of `d`. Emitting and selecting among
+    /// a few times `k` costs less than the cold path's second pass: in the first steps of
+    /// error feedback the residual grows, and the k-th magnitude with it (by √2 from the
+    /// first step to the second on Gaussian gradients, which puts 11 `k` above the last
+    /// threshold at ρ = 0.01). Far more than that means the values changed.
+    pub(crate) fn cap(d: usize, k: usize) -> usize {
+        k.saturating_mul(16).max(k + 4096).max(d / 16).min(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_adapts_and_backs_off() {
+        let bits = |x: f32| x.to_bits() as i32;
+        let mut w = WarmStart::default();
+        assert_eq!(w.threshold(10_000, 100), None, "cold before any selection");
+        w.learn(10_000, 100, bits(2.0));
+        let t = w.threshold(10_000, 100).unwrap();
+        assert_eq!(f32::from_bits(t as u32), 2.0 * (1.0 - START_MARGIN));
+        assert_eq!(
+            w.threshold(10_000, 101),
+            None,
+            "another k is another tensor"
+        );
+        // 400 candidates from 1.75 up, the k-th at 2.0: the next margin keeps about
+        // 100 + 40 + 6 of a tail like this one, a narrower margin.
+        let t = w.threshold(10_000, 100).unwrap();
+        w.hit(t, 400);
+        w.learn(10_000, 100, bits(2.0));
+        let want = 0.125 * (1.4625f32).ln() / 4f32.ln();
+        assert!(
+            (w.margin - want).abs() < 1e-6,
+            "{} against {want}",
+            w.margin
+        );
+        let m = w.margin;
+        w.threshold(10_000, 100).unwrap();
+        w.miss();
+        assert_eq!(w.margin, (m * 2.0).min(MAX_MARGIN));
+        assert!(w.threshold(10_000, 100).is_some(), "one miss keeps it warm");
+        w.miss();
+        assert_eq!(w.threshold(10_000, 100), None, "two in a row back off");
+        assert_eq!(w.threshold(10_000, 100), None);
+        assert!(w.threshold(10_000, 100).is_some());
+        assert_eq!(w.tally(), (5, 2));
+        w.learn(100, 100, 1);
+        assert_eq!(w.threshold(100, 100), None, "k = d has nothing to filter");
+        w.learn(100, 10, i32::MAX);
+        assert_eq!(
+            w.threshold(100, 10),
+            None,
+            "no k-th magnitude, nothing to start from"
+        );
+        w.set_enabled(false);
+        w.learn(100, 10, 5);
+        assert_eq!(w.threshold(100, 10), None);
+    }
+}
