@@ -424,6 +424,15 @@ impl<C: Communicator + 'static> Reducer<C> {
         self.last.as_ref()
     }
 
+    /// The groups' selections that started from the previous iteration's threshold, and
+    /// how many of those missed and fell back ([`Compress::warm_starts`], summed); `None`
+    /// when no group has such a selector.
+    pub fn warm_starts(&self) -> Option<(u64, u64)> {
+        self.compressors
+            .iter()
+            .fold(None, |acc, c| add_warm_starts(acc, c.warm_starts()))
+    }
+
     /// Everything the reducer carries to the next iteration, for a checkpoint: the
     /// iteration count and every group's compressor and exchanger state (residuals, a
     /// sparse algorithm's thresholds and partitions). Only between iterations.
@@ -575,6 +584,14 @@ fn comm_loop<C: Communicator>(
     }
     drop(exchangers);
     comm
+}
+
+/// The sum of two (warm-started, missed) tallies, either of which may be absent.
+pub(crate) fn add_warm_starts(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some((x.0 + y.0, x.1 + y.1)),
+        (x, None) | (None, x) => x,
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,12 @@ pub trait Compress: Send {
     fn restore_state(&mut self, state: &[u8]) -> Result<()> {
         no_state(state)
     }
+    /// Selections that started from the previous iteration's threshold, and how many of
+    /// them missed and fell back ([`sparsify::Selector::warm_starts`]); `None` when the
+    /// compressor has no such selector.
+    fn warm_starts(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// The default restore of a stateless half: only an empty state fits.
@@ -253,6 +259,10 @@ impl Compress for TopkCompress {
 
     fn set_density(&mut self, density: f64) {
         self.density = density;
+    }
+
+    fn warm_starts(&self) -> Option<(u64, u64)> {
+        self.selector.warm_starts()
     }
 
     /// The residual. The selectors' own state (the warm start of exact top-k and MSTopK)

@@ -39,7 +39,7 @@ use crate::optimizer::{self, OptimizerKind};
 use crate::plan::{MergePlan, Planner};
 use crate::profile::{slowest_rank_times, LayerProfile, RankSample};
 use crate::reduction::{self, BspUpdate, SchemeKind};
-use crate::runtime::Reducer;
+use crate::runtime::{add_warm_starts, Reducer};
 use crate::staged::{self, Staged};
 use crate::timeline::{predict, Timeline};
 use crate::trace::{self, TraceEvent};
@@ -326,6 +326,11 @@ pub struct TrainReport {
     pub breakdown: Breakdown,
     /// Steps whose parameters were checked bit-identical on every rank.
     pub params_checked_steps: usize,
+    /// This rank's top-k selections that started from the previous iteration's threshold, and
+    /// how many of those missed and fell back (`None`: no selector of the scheme starts
+    /// warm). See [`sparsify::Selector::warm_starts`].
+    #[serde(default)]
+    pub warm_starts: Option<(u64, u64)>,
     /// FNV-1a hash of the final parameters' bit patterns (the value compared across ranks
     /// after every step with `check_params`), to compare runs, e.g. threads against MPI.
     pub final_param_hash: u64,
@@ -750,6 +755,8 @@ pub fn run_rank<C: Communicator + 'static>(
     let warmup_iters = cfg.warmup_epochs * iters as f64;
     let mut since_rebuild = 0usize;
     let t_run = Instant::now();
+    // This rank's warm-started selections and misses, over every reducer of the run.
+    let mut warm = None;
     let start_epoch = saved.epoch as usize;
     for epoch in start_epoch..cfg.epochs {
         let resuming = epoch == start_epoch && resumed_loader.is_some();
@@ -757,6 +764,7 @@ pub fn run_rank<C: Communicator + 'static>(
         // The MLSys 2021 §5.6 switch: sparse for the first epochs, then dense.
         if first_it == 0 && matches!(phase, Phase::Planned(_)) && reduction::switches_at(cfg, epoch)
         {
+            warm = add_warm_starts(warm, reducer.warm_starts());
             let (r, t, in_use) = rebuild(
                 reducer,
                 cfg,
@@ -880,6 +888,7 @@ pub fn run_rank<C: Communicator + 'static>(
                         let samples = std::mem::take(samples);
                         profile_bw = shared_backward_times(&*ctrl, &samples)?;
                         let profile = profile_for(&*model, &profile_bw)?;
+                        warm = add_warm_starts(warm, reducer.warm_starts());
                         let (r, t, in_use) =
                             rebuild(reducer, cfg, epoch, &sizes, profile, topology, &None)?;
                         (reducer, predicted, current, since_rebuild) = (r, Some(t), in_use, 0);
@@ -979,6 +988,7 @@ pub fn run_rank<C: Communicator + 'static>(
             epochs.push(stats);
         }
     }
+    warm = add_warm_starts(warm, reducer.warm_starts());
     drop(reducer.shutdown()?);
     if let Some(mut b) = bcast {
         if b.in_flight() {
@@ -1042,6 +1052,7 @@ pub fn run_rank<C: Communicator + 'static>(
             _ => predicted,
         }),
         params_checked_steps: checked,
+        warm_starts: warm,
         final_param_hash: hash_params(&weights),
         final_params: weights,
         first_step,

@@ -404,7 +404,7 @@ impl Selector for MsTopK {
         );
         if warm.is_some() {
             if out.overflow || self.cand.len() <= k {
-                self.warm.miss();
+                self.warm.miss(!out.overflow);
             } else {
                 self.warm.hit(t, self.cand.len());
             }

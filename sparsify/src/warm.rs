@@ -15,8 +15,12 @@
 
 /// Narrowest margin, relative to the last k-th magnitude.
 const MIN_MARGIN: f32 = 1.0 / 512.0;
-/// Widest margin: a miss needs the k-th magnitude to grow by more than 2×.
-const MAX_MARGIN: f32 = 0.5;
+/// Widest margin. A wider one would put several times `k` above the threshold on a
+/// Gaussian tail (5.4 `k` at ρ = 0.01 with this one): a k-th magnitude that moves this
+/// much between calls is better served by a fresh estimate, so such a call starts cold.
+const MAX_MARGIN: f32 = 0.25;
+/// Smallest input that starts warm: below it the cold path needs no sample either.
+const MIN_LEN: usize = 1 << 12;
 /// Margin of a fresh start.
 const START_MARGIN: f32 = 0.125;
 /// Most a run of misses widens the estimated margin by.
@@ -33,6 +37,11 @@ pub(crate) struct WarmStart {
     kth: i32,
     /// Relative margin below `kth` of the next warm threshold.
     margin: f32,
+    /// The margin that the last warm hit's tail asks for (see [`Self::learn`]).
+    tail: f32,
+    /// Mean square of the log fall of the k-th magnitude between calls (decaying; rises
+    /// count as 0).
+    drift: f32,
     /// Factor on the estimated margin, grown by misses and decaying on hits.
     widen: f32,
     /// The threshold and candidate count of the current call, when it started warm and
@@ -52,6 +61,8 @@ impl Default for WarmStart {
             key: (0, 0),
             kth: 0,
             margin: START_MARGIN,
+            tail: START_MARGIN,
+            drift: 0.0,
             widen: 1.0,
             pending: None,
             misses: 0,
@@ -72,7 +83,10 @@ impl WarmStart {
     /// this call starts warm; requires `0 < k < d`.
     pub(crate) fn threshold(&mut self, d: usize, k: usize) -> Option<i32> {
         self.pending = None;
-        if !self.enabled || self.kth <= 0 || self.key != (d, k) {
+        if !self.enabled || self.kth <= 0 || self.key != (d, k) || d < MIN_LEN {
+            return None;
+        }
+        if self.margin > MAX_MARGIN {
             return None;
         }
         if self.cold_left > 0 {
@@ -88,16 +102,18 @@ impl WarmStart {
     /// within the cap); [`Self::learn`] sets the next margin from them.
     pub(crate) fn hit(&mut self, t: i32, found: usize) {
         self.misses = 0;
-        self.widen = (self.widen * 0.9).max(1.0);
+        self.widen = (self.widen * 0.95).max(1.0);
         self.pending = Some((t, found));
     }
 
-    /// A warm call found fewer than `k` candidates, or more than its cap: widens the
-    /// margin, and after repeated misses starts cold for a while.
-    pub(crate) fn miss(&mut self) {
+    /// A warm call found fewer than `k` candidates (`short`), or more than its cap: the
+    /// first widens the margin (from the next [`Self::learn`] on); after repeated misses of
+    /// either kind the selector starts cold for a while.
+    pub(crate) fn miss(&mut self, short: bool) {
         self.tally.1 += 1;
-        self.widen = (self.widen * 2.0).min(MAX_WIDEN);
-        self.margin = (self.margin * 2.0).min(MAX_MARGIN);
+        if short {
+            self.widen = (self.widen * 2.0).min(MAX_WIDEN);
+        }
         self.misses += 1;
         if self.misses >= 2 {
             self.cold_left = (1u32 << (self.misses - 1).min(8)).min(MAX_BACKOFF);
@@ -106,11 +122,14 @@ impl WarmStart {
 
     /// Records the k-th magnitude `kth` (bits) of a finished selection of `k` of `d`.
     ///
-    /// After a warm hit the next margin comes from this call's tail: `found` entries at or
-    /// above `t` and `k` at or above `kth`, with counts taken as log-linear in the
-    /// magnitude between them, put `k + 4·√k + k/16` entries above the next threshold if
-    /// the next input is like this one (4·√k covers the count's sampling noise, `k/16` a
-    /// drift), times the factor that misses grew.
+    /// The next margin is the larger of two, times the factor that misses grew:
+    /// - the tail's: after a warm hit, `found` entries at or above `t` and `k` at or above
+    ///   `kth`, with counts taken as log-linear in the magnitude between them, put
+    ///   `k + 4·√k + k/16` entries above the next threshold if the next input is like this
+    ///   one (4·√k covers the count's sampling noise);
+    /// - the drift's: four times the root mean square of the k-th magnitude's falls from
+    ///   call to call, in log (in training it falls and rises with the loss and the
+    ///   learning rate: on ResNet-20 a margin from the tail alone missed one call in seven).
     pub(crate) fn learn(&mut self, d: usize, k: usize, kth: i32) {
         if !self.enabled {
             return;
@@ -118,25 +137,40 @@ impl WarmStart {
         if self.key != (d, k) {
             self.key = (d, k);
             self.margin = START_MARGIN;
+            self.tail = START_MARGIN;
+            self.drift = 0.0;
             self.widen = 1.0;
             self.misses = 0;
             self.cold_left = 0;
         }
         // A zero k-th magnitude would filter nothing out; an empty selection reports none.
         let finite = 0 < kth && kth < crate::kernel::INF_BITS;
-        self.kth = if 0 < k && k < d && finite { kth } else { 0 };
-        if let (Some((t, found)), true) = (self.pending.take(), self.kth > 0) {
-            let kth = f32::from_bits(self.kth as u32);
-            let seen = 1.0 - f32::from_bits(t as u32) / kth;
+        let kth = if 0 < k && k < d && finite { kth } else { 0 };
+        let (last, pending) = (std::mem::replace(&mut self.kth, kth), self.pending.take());
+        if kth == 0 {
+            return;
+        }
+        let now = f32::from_bits(kth as u32);
+        if last > 0 {
+            // Only a fall makes a warm call come up short (a rise adds candidates, up to
+            // the cap). A fall by more than 40 % counts as 40 %: a one-off (a learning-rate
+            // step) keeps the next few calls cold, not the next forty.
+            let change = (now / f32::from_bits(last as u32)).ln().clamp(-0.5, 0.0);
+            self.drift += (change * change - self.drift) / 8.0;
+        }
+        if let Some((t, found)) = pending {
+            let seen = 1.0 - f32::from_bits(t as u32) / now;
             let kf = k as f32;
             let want = (kf + 4.0 * kf.sqrt() + kf / 16.0) / kf;
-            let est = if found > k && seen > 0.0 {
+            self.tail = if found > k && seen > 0.0 {
                 seen * want.ln() / (found as f32 / kf).ln()
             } else {
-                2.0 * self.margin
+                2.0 * self.tail
             };
-            self.margin = (est * self.widen).clamp(MIN_MARGIN, MAX_MARGIN);
         }
+        let drift = 1.0 - (-4.0 * self.drift.sqrt()).exp();
+        // Past `MAX_MARGIN` the next call starts cold (see [`Self::threshold`]).
+        self.margin = (self.tail.max(drift) * self.widen).clamp(MIN_MARGIN, 2.0 * MAX_MARGIN);
     }
 
     /// (warm calls, of which missed) so far.
@@ -182,26 +216,49 @@ mod tests {
             "{} against {want}",
             w.margin
         );
+        // A k-th magnitude that falls by 10 % widens it to the drift's; a rise would not.
+        let t = w.threshold(10_000, 100).unwrap();
+        w.hit(t, 400);
+        w.learn(10_000, 100, bits(2.0 / 1.1));
+        let sd = w.drift.sqrt();
+        assert!((sd - 1.1f32.ln() / 8f32.sqrt()).abs() < 1e-5, "{sd}");
+        assert!(w.margin > want && w.margin == 1.0 - (-4.0 * sd).exp());
         let m = w.margin;
         w.threshold(10_000, 100).unwrap();
-        w.miss();
-        assert_eq!(w.margin, (m * 2.0).min(MAX_MARGIN));
+        w.miss(true);
+        w.learn(10_000, 100, bits(2.0 / 1.1));
+        assert!(w.margin > 1.5 * m, "a miss widens: {} after {m}", w.margin);
         assert!(w.threshold(10_000, 100).is_some(), "one miss keeps it warm");
-        w.miss();
+        w.miss(true);
         assert_eq!(w.threshold(10_000, 100), None, "two in a row back off");
         assert_eq!(w.threshold(10_000, 100), None);
         assert!(w.threshold(10_000, 100).is_some());
-        assert_eq!(w.tally(), (5, 2));
-        w.learn(100, 100, 1);
-        assert_eq!(w.threshold(100, 100), None, "k = d has nothing to filter");
-        w.learn(100, 10, i32::MAX);
+        assert_eq!(w.tally(), (6, 2));
+        w.learn(10_000, 10_000, 1);
         assert_eq!(
-            w.threshold(100, 10),
+            w.threshold(10_000, 10_000),
+            None,
+            "k = d has nothing to filter"
+        );
+        w.learn(10_000, 10, i32::MAX);
+        assert_eq!(
+            w.threshold(10_000, 10),
             None,
             "no k-th magnitude, nothing to start from"
         );
+        w.learn(1_000, 10, bits(1.0));
+        assert_eq!(w.threshold(1_000, 10), None, "too small to pay");
+        // A k-th magnitude that doubles and halves from call to call: cold.
+        for i in 0..4 {
+            w.learn(10_000, 10, bits(if i % 2 == 0 { 1.0 } else { 2.0 }));
+            if i == 0 {
+                assert!(w.threshold(10_000, 10).is_some());
+            }
+        }
+        assert!(w.margin > MAX_MARGIN);
+        assert_eq!(w.threshold(10_000, 10), None, "too much drift");
         w.set_enabled(false);
-        w.learn(100, 10, 5);
-        assert_eq!(w.threshold(100, 10), None);
+        w.learn(10_000, 10, bits(1.0));
+        assert_eq!(w.threshold(10_000, 10), None);
     }
 }

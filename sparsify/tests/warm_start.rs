@@ -77,10 +77,10 @@ fn warm_equals_cold(
 
 #[test]
 fn exact_and_mstopk_warm_start_selects_as_cold() {
-    // Below the small-tensor path, on it, sampled in serial, split over the pool, and split
+    // Just above the smallest that starts warm, on the small-tensor path, sampled in serial, split over the pool, and split
     // with a zeroing pass (k ≥ 2^15).
     let shapes = [
-        (3_000, 30),
+        (5_000, 50),
         (1 << 14, 16),
         (1 << 14, 164),
         (100_000, 1_000),
@@ -112,9 +112,9 @@ fn exact_and_mstopk_warm_start_selects_as_cold() {
             false,
         );
         for (w, m) in [exact, ms] {
-            // Every step after the first starts warm unless two misses in a row backed
-            // off (the unrelated tensors from step 10 on can do that).
-            assert!(w >= 8, "d {d} k {k}: only {w} warm calls");
+            // Steps 1–6 start warm; after the fall at 8 the drift keeps some cold, and
+            // two misses in a row back off.
+            assert!(w >= 6, "d {d} k {k}: only {w} warm calls");
             // The jump at 6 and the drop at 8 miss; most warm calls hit.
             assert!(m >= 2 && m <= w / 2, "d {d} k {k}: {m} misses of {w}");
             warm_calls += w;

@@ -529,6 +529,12 @@ fn print_report(r: &TrainReport, step_hashes: bool) {
         (b.iteration_s / b.predicted_iteration_s - 1.0) * 100.0,
         b.optimizer_s * 1e3
     );
+    if let Some((warm, missed)) = r.warm_starts {
+        println!(
+            "         top-k selections started warm (from the last iteration's threshold): {warm}, of which {missed} missed and fell back ({:.1}%)",
+            100.0 * missed as f64 / warm.max(1) as f64
+        );
+    }
     if b.param_bcast_s > 0.0 {
         println!(
             "         weights' LP broadcast (ms): {:.2}, waited for {:.2} of it (bsp1: inside forward)",
