@@ -356,13 +356,16 @@ fn sweep_gradient(d: usize, seed: u64) -> Vec<f32> {
 /// Fewest timings per size of [`topk_sweep`].
 const TOPK_MIN_REPS: usize = 21;
 
-/// Top-k selection time of each of `selectors` against tensor size (elements) at
-/// `density`: one error-feedback step (`r += g`, select, zero the selected entries of
-/// `r`), the call a training step makes. Medians of at least 21 timings (`reps` when more),
-/// every (selector, size) pair timed in turns ([`time_local_in_turns`]); one sample list
-/// per selector.
+/// Top-k selection time of each selector that `make` builds against tensor size
+/// (elements) at `density`: one error-feedback step (`r += g`, select, zero the selected
+/// entries of `r`), the call a training step makes. Medians of at least 21 timings (`reps`
+/// when more), every (selector, size) pair timed in turns ([`time_local_in_turns`]); one
+/// sample list per selector. Each pair has a selector of its own, as each group of a
+/// training step does, so that it starts warm from its previous call
+/// ([`Selector::warm_starts`]); its calls alternate between two gradient draws, so that no
+/// start comes from the very input it selects from.
 pub fn topk_sweep(
-    selectors: &mut [&mut dyn Selector],
+    make: &[&dyn Fn() -> Box<dyn Selector>],
     sizes: &[usize],
     density: f64,
     reps: usize,
@@ -371,31 +374,37 @@ pub fn topk_sweep(
     // samples scattered by more than the fit's goal on a shared 2-core machine, and timing
     // one size after another let a load that came and went bend one stretch of the curve.
     let reps = reps.max(TOPK_MIN_REPS);
-    let grads: Vec<Vec<f32>> = sizes.iter().map(|&d| sweep_gradient(d, 0)).collect();
+    let grads: Vec<[Vec<f32>; 2]> = sizes
+        .iter()
+        .map(|&d| [sweep_gradient(d, 0), sweep_gradient(d, 1)])
+        .collect();
     let ks: Vec<usize> = sizes
         .iter()
         .map(|&d| ((d as f64 * density).round() as usize).max(1))
         .collect();
     let n = sizes.len();
     if n == 0 {
-        return Ok(vec![Vec::new(); selectors.len()]);
+        return Ok(vec![Vec::new(); make.len()]);
     }
-    // (selector, size, residual): every timing starts from a zero residual, the state of
-    // the bench's top-k suite and of the composite validation; a residual carried over
-    // thousands of steps of one fixed gradient is a state no training reaches.
-    let mut states: Vec<(usize, usize, ErrorFeedback)> = (0..selectors.len())
-        .flat_map(|s| (0..n).map(move |j| (s, j)))
-        .map(|(s, j)| (s, j, ErrorFeedback::new(sizes[j])))
+    // (selector, size, its calls so far, residual): every timing starts from a zero
+    // residual, the state of the bench's top-k suite and of the composite validation; a
+    // residual carried over thousands of steps of one fixed gradient is a state no
+    // training reaches.
+    let mut states: Vec<(Box<dyn Selector>, usize, usize, ErrorFeedback)> = make
+        .iter()
+        .flat_map(|m| (0..n).map(move |j| (m(), j, 0, ErrorFeedback::new(sizes[j]))))
         .collect();
     let t = time_local_in_turns(
         &mut states,
         reps,
-        |(_, _, ef)| ef.reset(),
-        |(s, j, ef)| {
-            let (sg, _) = ef.step(&mut *selectors[*s], &grads[*j], ks[*j])?;
+        |(_, _, _, ef)| ef.reset(),
+        |(sel, j, calls, ef)| {
+            let g = &grads[*j][*calls % 2];
+            *calls += 1;
+            let (sg, _) = ef.step(sel.as_mut(), g, ks[*j])?;
             std::hint::black_box(sg.nnz());
             // Recycled as the sparse algorithms do, so the fit is the hot path's cost.
-            selectors[*s].recycle(sg);
+            sel.recycle(sg);
             Ok(())
         },
     )?;
@@ -674,10 +683,10 @@ pub fn calibrate<C: Communicator + ?Sized>(
         reduction_piecewise = Some(fit_reduction_piecewise(&red)?);
         tick("reduction", &mut done);
         if !opts.topk_sizes.is_empty() {
-            let mut exact = sparsify::ExactTopK::new();
-            let mut ms = sparsify::MsTopK::with_seed(1);
             let swept = topk_sweep(
-                &mut [&mut exact, &mut ms],
+                &[&|| Box::new(sparsify::ExactTopK::new()), &|| {
+                    Box::new(sparsify::MsTopK::with_seed(1))
+                }],
                 &opts.topk_sizes,
                 opts.density,
                 opts.reps,
@@ -1064,11 +1073,12 @@ mod tests {
 
     #[test]
     fn topk_sweep_gives_one_list_per_selector_even_without_sizes() {
-        let (mut exact, mut ms) = (sparsify::ExactTopK::new(), sparsify::MsTopK::with_seed(1));
-        let none = topk_sweep(&mut [&mut exact, &mut ms], &[], 0.01, 1).unwrap();
+        let exact = || -> Box<dyn Selector> { Box::new(sparsify::ExactTopK::new()) };
+        let ms = || -> Box<dyn Selector> { Box::new(sparsify::MsTopK::with_seed(1)) };
+        let none = topk_sweep(&[&exact, &ms], &[], 0.01, 1).unwrap();
         assert_eq!(none, vec![Vec::<Sample>::new(); 2]);
         // An empty tensor (k clamps to 0) and a small one: every pair timed, in size order.
-        let some = topk_sweep(&mut [&mut exact, &mut ms], &[0, 5000], 0.01, 1).unwrap();
+        let some = topk_sweep(&[&exact, &ms], &[0, 5000], 0.01, 1).unwrap();
         assert_eq!(some.len(), 2);
         for s in &some {
             assert_eq!(s.iter().map(|x| x.size).collect::<Vec<_>>(), [0.0, 5000.0]);
