@@ -361,9 +361,12 @@ const TOPK_MIN_REPS: usize = 21;
 /// entries of `r`), the call a training step makes. Medians of at least 21 timings (`reps`
 /// when more), every (selector, size) pair timed in turns ([`time_local_in_turns`]); one
 /// sample list per selector. Each pair has a selector of its own, as each group of a
-/// training step does, so that it starts warm from its previous call
-/// ([`Selector::warm_starts`]); its calls alternate between two gradient draws, so that no
-/// start comes from the very input it selects from.
+/// training step does, and its calls alternate between two gradient draws. `calibrate`
+/// builds them with the warm start off ([`sparsify::ExactTopK::set_warm_start`]): the
+/// residual reset between timings, a pattern no training run has, kept a warm selector in
+/// its transient, slower than cold at 14 and 16 of the 17 default sizes that start warm
+/// (two runs). The cold step is what a new group's first step costs; after a run's first
+/// steps the warm one was faster, or level within the noise (`docs/results/topk.md`).
 pub fn topk_sweep(
     make: &[&dyn Fn() -> Box<dyn Selector>],
     sizes: &[usize],
@@ -684,9 +687,18 @@ pub fn calibrate<C: Communicator + ?Sized>(
         tick("reduction", &mut done);
         if !opts.topk_sizes.is_empty() {
             let swept = topk_sweep(
-                &[&|| Box::new(sparsify::ExactTopK::new()), &|| {
-                    Box::new(sparsify::MsTopK::with_seed(1))
-                }],
+                &[
+                    &|| {
+                        let mut s = sparsify::ExactTopK::new();
+                        s.set_warm_start(false);
+                        Box::new(s)
+                    },
+                    &|| {
+                        let mut s = sparsify::MsTopK::with_seed(1);
+                        s.set_warm_start(false);
+                        Box::new(s)
+                    },
+                ],
                 &opts.topk_sizes,
                 opts.density,
                 opts.reps,
@@ -947,7 +959,9 @@ pub fn validate_composite<C: Communicator + ?Sized>(
         let k = ((d as f64 * density).round() as usize).clamp(1, d.max(1));
         let g = sweep_gradient(d, comm.rank() as u64 + 1);
         let mut ef = ErrorFeedback::new(d);
+        // Cold, as the top-k fit it validates (see `topk_sweep`).
         let mut sel = sparsify::ExactTopK::new();
+        sel.set_warm_start(false);
         let mut mine = vec![0u8; 8 * k];
         let mut all = vec![0u8; 8 * k * p];
         let measured_s = time_op(comm, reps, || {
