@@ -688,16 +688,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
         if !opts.topk_sizes.is_empty() {
             let swept = topk_sweep(
                 &[
-                    &|| {
-                        let mut s = sparsify::ExactTopK::new();
-                        s.set_warm_start(false);
-                        Box::new(s)
-                    },
-                    &|| {
-                        let mut s = sparsify::MsTopK::with_seed(1);
-                        s.set_warm_start(false);
-                        Box::new(s)
-                    },
+                    &|| Box::new(sparsify::ExactTopK::new().with_warm_start(false)),
+                    &|| Box::new(sparsify::MsTopK::with_seed(1).with_warm_start(false)),
                 ],
                 &opts.topk_sizes,
                 opts.density,
@@ -960,8 +952,7 @@ pub fn validate_composite<C: Communicator + ?Sized>(
         let g = sweep_gradient(d, comm.rank() as u64 + 1);
         let mut ef = ErrorFeedback::new(d);
         // Cold, as the top-k fit it validates (see `topk_sweep`).
-        let mut sel = sparsify::ExactTopK::new();
-        sel.set_warm_start(false);
+        let mut sel = sparsify::ExactTopK::new().with_warm_start(false);
         let mut mine = vec![0u8; 8 * k];
         let mut all = vec![0u8; 8 * k * p];
         let measured_s = time_op(comm, reps, || {

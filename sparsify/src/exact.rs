@@ -47,6 +47,12 @@ impl ExactTopK {
     pub fn set_warm_start(&mut self, on: bool) {
         self.warm.set_enabled(on);
     }
+
+    /// [`Self::set_warm_start`] as a builder: `ExactTopK::new().with_warm_start(false)`.
+    pub fn with_warm_start(mut self, on: bool) -> Self {
+        self.set_warm_start(on);
+        self
+    }
 }
 
 /// Builds the result and its info from selected (index, value) lists.
@@ -127,13 +133,7 @@ impl ExactTopK {
             &mut self.cand,
             &mut self.work.pieces,
         );
-        if warm.is_some() {
-            if out.overflow || self.cand.len() < k {
-                self.warm.miss(!out.overflow);
-            } else {
-                self.warm.hit(t, self.cand.len());
-            }
-        }
+        self.warm.judge(warm, out.overflow, self.cand.len(), k);
         if out.overflow || out.non_finite.is_some() || self.cand.len() < k {
             if zero {
                 split::restore(residual, &self.cand);

@@ -103,6 +103,12 @@ impl MsTopK {
         self.warm.set_enabled(on);
     }
 
+    /// [`Self::set_warm_start`] as a builder: `MsTopK::with_seed(1).with_warm_start(false)`.
+    pub fn with_warm_start(mut self, on: bool) -> Self {
+        self.set_warm_start(on);
+        self
+    }
+
     /// MSTopK with the paper's default `N = 30` and the given seed.
     pub fn with_seed(seed: u64) -> Self {
         Self::new(DEFAULT_ROUNDS, seed)
@@ -402,13 +408,8 @@ impl Selector for MsTopK {
             &mut self.cand,
             &mut self.work.pieces,
         );
-        if warm.is_some() {
-            if out.overflow || self.cand.len() <= k {
-                self.warm.miss(!out.overflow);
-            } else {
-                self.warm.hit(t, self.cand.len());
-            }
-        }
+        // The rounds below `t_low` need more than `k` candidates.
+        self.warm.judge(warm, out.overflow, self.cand.len(), k + 1);
         let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k)?;
         self.warm.learn(d, k, min);
         Ok(finish_bits(idx, val, d, min))

@@ -103,9 +103,20 @@ impl WarmStart {
         Some(t.to_bits() as i32)
     }
 
+    /// Records how the pass of a call went: `warm` is the threshold [`Self::threshold`] gave
+    /// (nothing to record when the call started cold), and the pass found `found`
+    /// candidates (truncated when `overflow`) where the selection needs at least `need`.
+    pub(crate) fn judge(&mut self, warm: Option<i32>, overflow: bool, found: usize, need: usize) {
+        match warm {
+            Some(_) if overflow || found < need => self.miss(!overflow),
+            Some(t) => self.hit(t, found),
+            None => {}
+        }
+    }
+
     /// A warm call from threshold `t` found `found` candidates for `k` (at least `k`, and
     /// within the cap); [`Self::learn`] sets the next margin from them.
-    pub(crate) fn hit(&mut self, t: i32, found: usize) {
+    fn hit(&mut self, t: i32, found: usize) {
         self.misses = 0;
         self.widen = (self.widen * 0.95).max(1.0);
         self.pending = Some((t, found));
@@ -114,7 +125,7 @@ impl WarmStart {
     /// A warm call found fewer than `k` candidates (`short`), or more than its cap: the
     /// first widens the margin (from the next [`Self::learn`] on); after repeated misses of
     /// either kind the selector starts cold for a while.
-    pub(crate) fn miss(&mut self, short: bool) {
+    fn miss(&mut self, short: bool) {
         self.tally.1 += 1;
         if short {
             self.widen = (self.widen * 2.0).min(MAX_WIDEN);
@@ -267,6 +278,17 @@ mod tests {
         }
         assert!(w.margin > MAX_MARGIN);
         assert_eq!(w.threshold(10_000, 10), None, "too much drift");
+        // `judge`: a cold call records nothing; an overflow is a miss that does not widen.
+        let mut j = WarmStart::default();
+        j.learn(10_000, 10, bits(1.0));
+        j.judge(None, true, 0, 10);
+        assert_eq!(j.tally(), (0, 0));
+        let t = j.threshold(10_000, 10);
+        j.judge(t, true, 4096, 10);
+        assert_eq!((j.tally(), j.widen), ((1, 1), 1.0));
+        let t = j.threshold(10_000, 10);
+        j.judge(t, false, 9, 10);
+        assert_eq!((j.tally(), j.widen), ((2, 2), 2.0), "short: widens");
         // Misses widened past the limit: steady cold calls bring it back.
         let mut w2 = WarmStart::default();
         w2.learn(10_000, 10, bits(1.0));

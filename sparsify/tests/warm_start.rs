@@ -91,22 +91,14 @@ fn exact_and_mstopk_warm_start_selects_as_cold() {
     for &(d, k) in &shapes {
         let exact = warm_equals_cold(
             &|| Box::new(ExactTopK::new()),
-            {
-                let mut s = ExactTopK::new();
-                s.set_warm_start(false);
-                Box::new(s)
-            },
+            Box::new(ExactTopK::new().with_warm_start(false)),
             d,
             k,
             true,
         );
         let ms = warm_equals_cold(
             &|| Box::new(MsTopK::with_seed(3)),
-            {
-                let mut s = MsTopK::with_seed(3);
-                s.set_warm_start(false);
-                Box::new(s)
-            },
+            Box::new(MsTopK::with_seed(3).with_warm_start(false)),
             d,
             k,
             false,

@@ -252,7 +252,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
          CCGrid 2024), Algorithm 5) needs many steps to get there from its initial value. \
          OMGS-SGD (Shi et al., INFOCOM 2020) models top-k cost as `γ·ρ·d·log d`; its GPU \
          figures are not comparable to a CPU.\n\n\
-         Peers, same data, same step (`r += g`, top-k of |r|, zero the selected entries of \
+         Peers, on the first of the two draws, same step (`r += g`, top-k of |r|, zero the selected entries of \
          `r`), timed in the same process run: {}. Their cells give the time, the ratio of their \
          fastest run to `stream`'s fastest (they run in their own process, in their own \
          rounds), and how many times faster our exact selector is.\n\n{}\n![top-k time]({plot_name})\n",
@@ -492,16 +492,8 @@ fn steady_state_selector(name: &str, grad: &[f32], k: usize) -> Result<Box<dyn S
             e.set_threshold(kth()?);
             Box::new(e)
         }
-        COLD_EXACT => {
-            let mut s = ExactTopK::new();
-            s.set_warm_start(false);
-            Box::new(s)
-        }
-        COLD_MSTOPK => {
-            let mut s = sparsify::MsTopK::with_seed(1);
-            s.set_warm_start(false);
-            Box::new(s)
-        }
+        COLD_EXACT => Box::new(ExactTopK::new().with_warm_start(false)),
+        COLD_MSTOPK => Box::new(sparsify::MsTopK::with_seed(1).with_warm_start(false)),
         other => other.parse::<SelectorKind>()?.build(1),
     })
 }
