@@ -22,8 +22,8 @@ use cost_model::{Algorithm, Calibration, Collective, CollectiveFit, Link, TopkFi
 use sparsify::{ErrorFeedback, Selector};
 
 use crate::dense::{
-    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, DenseOptions, Predictor,
-    ReduceScatterAlgo,
+    allgather, allreduce, reduce_scatter, AllgatherAlgo, AllreduceAlgo, BroadcastAlgo,
+    DenseOptions, Predictor, ReduceScatterAlgo,
 };
 use crate::{Communicator, Error, Result};
 
@@ -507,7 +507,9 @@ impl Swept {
 
     /// Measured seconds per call for `bytes`, alone (the sweep's timing of one algorithm).
     fn time<C: Communicator + ?Sized>(self, comm: &C, bytes: usize, reps: usize) -> Result<f64> {
-        Ok(time_swept_in_turns(comm, &[self], &[bytes], reps)?[0][0])
+        Ok(cost_model::median(
+            &time_swept_in_turns(comm, &[self], &[bytes], reps)?[0][0],
+        ))
     }
 
     /// The calibration's prediction (see [`Predictor`]).
@@ -573,14 +575,14 @@ pub fn reps_for(bytes: usize, reps: usize) -> usize {
 /// machine's load then falls on all sizes and algorithms alike: the chooser, which compares
 /// algorithms, compares like with like (timed one algorithm after another, a load that came
 /// and went made a slower algorithm look faster), and the fits, which follow sizes, follow
-/// no step that a load left in one stretch of them. Medians per rank. The buffers are the
-/// largest size's, smaller sizes use their front.
+/// no step that a load left in one stretch of them. Every timing, per rank (the sweep
+/// keeps their medians). The buffers are the largest size's, smaller sizes use their front.
 fn time_swept_in_turns<C: Communicator + ?Sized>(
     comm: &C,
     algos: &[Swept],
     sizes: &[usize],
     reps: usize,
-) -> Result<Vec<Vec<f64>>> {
+) -> Result<Vec<Vec<Vec<f64>>>> {
     let p = comm.size();
     let most = sizes.iter().copied().max().unwrap_or(0);
     let mut bufs = SweepBufs::new(algos, p, comm.rank(), most);
@@ -610,9 +612,75 @@ fn time_swept_in_turns<C: Communicator + ?Sized>(
             }
         }
     }
-    Ok(t.iter()
-        .map(|t| t.iter().map(|t| cost_model::median(t)).collect())
-        .collect())
+    Ok(t)
+}
+
+/// Rounds of [`retime_outliers`] at most.
+const RETIME_ROUNDS: usize = 2;
+
+/// Times again, in turns as before, the sizes at which some algorithm's piecewise fit of
+/// the medians of `t` (`[size][algorithm]`, as [`time_swept_in_turns`] returns) misses by
+/// more than the fit's own target ([`cost_model::fit::PIECEWISE_TARGET_REL`]), adding the
+/// new timings to the old ones, for up to [`RETIME_ROUNDS`] rounds. On a shared machine a
+/// load that came while one size was timed can leave that size off every trend (a P = 2
+/// sweep once timed the 8 MiB shared-memory reduce-scatter at 4.8 ms and 16 MiB at
+/// 2.5 ms): more timings there, pooled with the first ones, settle its median. Rank 0
+/// decides which sizes, from its own timings, and tells the others. Returns how many
+/// sizes were timed again in all.
+fn retime_outliers<C: Communicator + ?Sized>(
+    comm: &C,
+    algos: &[Swept],
+    sizes: &[usize],
+    reps: usize,
+    t: &mut [Vec<Vec<f64>>],
+) -> Result<usize> {
+    let mut retimed = 0;
+    for _ in 0..RETIME_ROUNDS {
+        let mut mask = [0u64];
+        if comm.rank() == 0 {
+            mask[0] = outlier_sizes(sizes, t, algos.len());
+        }
+        let opts = DenseOptions::default().unchecked();
+        crate::dense::broadcast(comm, &mut mask, 0, BroadcastAlgo::Binomial, &opts)?;
+        let at: Vec<usize> = (0..sizes.len().min(64))
+            .filter(|&j| mask[0] >> j & 1 == 1)
+            .collect();
+        if at.is_empty() {
+            break;
+        }
+        let sub: Vec<usize> = at.iter().map(|&j| sizes[j]).collect();
+        let more = time_swept_in_turns(comm, algos, &sub, reps)?;
+        for (&j, m) in at.iter().zip(more) {
+            for (old, new) in t[j].iter_mut().zip(m) {
+                old.extend(new);
+            }
+        }
+        retimed += at.len();
+    }
+    Ok(retimed)
+}
+
+/// The sizes (bit `j` for `sizes[j]`, the first 64) at which the piecewise fit of some
+/// algorithm's medians misses by more than [`cost_model::fit::PIECEWISE_TARGET_REL`].
+fn outlier_sizes(sizes: &[usize], t: &[Vec<Vec<f64>>], algos: usize) -> u64 {
+    let mut mask = 0u64;
+    for a in 0..algos {
+        let samples: Vec<Sample> = sizes
+            .iter()
+            .zip(t)
+            .map(|(&n, t)| Sample::new(n as f64, cost_model::median(&t[a])))
+            .collect();
+        let Ok(fit) = fit_piecewise(&samples, cost_model::calibration::MAX_SEGMENTS) else {
+            continue;
+        };
+        for (j, s) in samples.iter().enumerate().take(64) {
+            let rel = ((fit.model.time_f(s.size) - s.time_s) / s.time_s).abs();
+            if rel > cost_model::fit::PIECEWISE_TARGET_REL {
+                mask |= 1 << j;
+            }
+        }
+    }
+    mask
 }
 
 /// Progress reports of [`calibrate`]: `(stage, done, total)`.
@@ -625,6 +693,16 @@ pub fn calibrate<C: Communicator + ?Sized>(
     opts: &CalibrateOptions,
     progress: Progress,
 ) -> Result<Calibration> {
+    Ok(calibrate_with_retimes(comm, opts, progress)?.0)
+}
+
+/// [`calibrate`], also returning for each collective how many of its sizes were timed
+/// again because some fit missed them (see [`retime_outliers`]).
+pub fn calibrate_with_retimes<C: Communicator + ?Sized>(
+    comm: &C,
+    opts: &CalibrateOptions,
+    progress: Progress,
+) -> Result<(Calibration, Vec<(Collective, usize)>)> {
     let opts = &opts.for_comm(comm);
     let p = comm.size();
     let swept = opts.allreduce.len() + opts.allgather.len() + opts.reduce_scatter.len();
@@ -650,6 +728,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
     // another.
     let swept: Vec<Swept> = Swept::all(opts).collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); swept.len()];
+    let mut retimed = Vec::new();
     for op in [
         Collective::Allreduce,
         Collective::Allgather,
@@ -660,10 +739,14 @@ pub fn calibrate<C: Communicator + ?Sized>(
             continue;
         }
         let algos: Vec<Swept> = at.iter().map(|&i| swept[i]).collect();
-        let t = time_swept_in_turns(comm, &algos, &opts.sizes, opts.reps)?;
+        let mut t = time_swept_in_turns(comm, &algos, &opts.sizes, opts.reps)?;
+        retimed.push((
+            op,
+            retime_outliers(comm, &algos, &opts.sizes, opts.reps, &mut t)?,
+        ));
         for (&n, t) in opts.sizes.iter().zip(t) {
             for (&i, t) in at.iter().zip(t) {
-                samples[i].push(Sample::new(n as f64, t));
+                samples[i].push(Sample::new(n as f64, cost_model::median(&t)));
                 tick(op.name(), &mut done);
             }
         }
@@ -708,7 +791,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
     comm.barrier_idle()?;
     let gamma = reduction.map(|r: Fitted<_>| r.model.gamma_s).unwrap_or(0.0);
     let topology = Topology::flat(p, link)?.with_gamma(gamma)?;
-    Ok(Calibration {
+    let cal = Calibration {
         schema: cost_model::calibration::SCHEMA,
         backend: comm.backend(),
         ranks: p,
@@ -719,7 +802,8 @@ pub fn calibrate<C: Communicator + ?Sized>(
         reduction_piecewise,
         collectives,
         topk,
-    })
+    };
+    Ok((cal, retimed))
 }
 
 /// The cost model's name of an all-reduce algorithm.
@@ -1001,6 +1085,20 @@ mod tests {
         assert!(turn_order(0, 3).is_empty() && turn_order(1, 3) == vec![0]);
     }
     use crate::ThreadComm;
+
+    /// A size off the trend of one algorithm is flagged (the P = 2 sweep's case: 8 MiB
+    /// slower than 16 MiB), a clean sweep flags nothing.
+    #[test]
+    fn outlier_sizes_flag_the_size_off_the_trend() {
+        let sizes: Vec<usize> = (10..=24).map(|e| 1usize << e).collect();
+        let clean = |n: usize| vec![2e-6 + 1e-10 * n as f64; 5];
+        let mut t: Vec<Vec<Vec<f64>>> = sizes.iter().map(|&n| vec![clean(n), clean(n)]).collect();
+        assert_eq!(outlier_sizes(&sizes, &t, 2), 0);
+        let at = sizes.len() - 2;
+        t[at][1] = vec![3.0 * t[at][1][0]; 5];
+        let mask = outlier_sizes(&sizes, &t, 2);
+        assert_ne!(mask & 1 << at, 0, "{mask:b}");
+    }
 
     #[test]
     fn calibrate_small_sweep_on_threads() {

@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 
 use collectives::calibrate::{
-    calibrate, validate, validate_composite, CalibrateOptions, CompositeValidation, Validation,
+    calibrate_with_retimes, validate, validate_composite, CalibrateOptions, CompositeValidation,
+    Validation,
 };
 use collectives::{Communicator, ThreadComm};
 use cost_model::Calibration;
@@ -86,7 +87,8 @@ fn run_on<C: Communicator + ?Sized>(
             bar.set_message(stage.to_string());
         }
     };
-    let cal = calibrate(comm, &opts, &mut progress).map_err(|e| e.to_string())?;
+    let (cal, retimed) =
+        calibrate_with_retimes(comm, &opts, &mut progress).map_err(|e| e.to_string())?;
     let sizes: Vec<usize> = args.validate_mib.iter().map(|m| m << 20).collect();
     if root {
         bar.set_message("validation");
@@ -115,7 +117,7 @@ fn run_on<C: Communicator + ?Sized>(
     if root {
         bar.finish_and_clear();
         cal.save(&args.out).map_err(|e| e.to_string())?;
-        report(&cal, &table, &composite, iteration.as_ref(), args);
+        report(&cal, &retimed, &table, &composite, iteration.as_ref(), args);
     }
     Ok(())
 }
@@ -125,6 +127,7 @@ const MAX_REL_GOAL: f64 = 0.15;
 
 fn report(
     cal: &Calibration,
+    retimed: &[(cost_model::Collective, usize)],
     table: &[Validation],
     composite: &[CompositeValidation],
     iteration: Option<&IterationValidation>,
@@ -216,6 +219,16 @@ fn report(
             t.selector, t.density, t.fit.quality.r2, t.fit.quality.max_rel_residual
         );
     }
+    let again: Vec<String> = retimed
+        .iter()
+        .map(|(op, n)| format!("{} {n}", op.name()))
+        .collect();
+    println!(
+        "sizes timed again where a collective's piecewise fit missed them by over {:.0} % \
+         (their new timings pooled with the first ones): {}",
+        cost_model::fit::PIECEWISE_TARGET_REL * 100.0,
+        again.join(", ")
+    );
     println!();
     println!(
         "R² is on raw times (dominated by the largest sizes); `max rel` is the worst \
