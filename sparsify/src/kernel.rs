@@ -323,11 +323,11 @@ mod avx512_emit {
     /// [`group`] without its hit test, for passes that stream from memory: the first two
     /// hits are written unconditionally (a slot without a hit is overwritten by the next
     /// write, the length advancing only past real ones), and only a group with three or
-    /// more (about 1 in 40 at ρ = 0.01) loops. [`group`]'s test is taken by about half the
+    /// more (about 1 in 30 at ρ = 0.01) loops. [`group`]'s test is taken by about half the
     /// groups at ρ = 0.01, and each mispredict drains the loads in flight: on data out of
-    /// the cache this form made the pass about 5 % faster (2^22 and 2^24, ρ = 0.01), on
-    /// data in the L2 about 30 % slower (2^18), where those loads hit and the extra
-    /// instructions are what counts.
+    /// the cache this form made the pass 5–10 % faster (2^22–2^26, ρ = 0.01), on data in
+    /// the L2 about 30 % slower (2^18), where those loads hit and the extra instructions
+    /// are what counts.
     #[inline(always)]
     unsafe fn group_streaming<const STATS: bool>(
         a: [__m512; 4],
@@ -408,7 +408,7 @@ mod avx512_emit {
     /// the block at `i` (and writes the accumulated ones back in a fused pass). `STREAMING`:
     /// the data comes from memory ([`group_streaming`]); a constant, so that each form's
     /// loop is compiled alone (a run-time test in the loop made the cached form spill its
-    /// accumulators: MSTopK at 2^14 went from 1.9× to 2.4× the floor).
+    /// accumulators: MSTopK at 2^14, ρ = 0.01, went from 1.67× to 2.14× the floor).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn blocks<const STATS: bool, const STREAMING: bool>(
