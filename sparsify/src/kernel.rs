@@ -278,8 +278,17 @@ mod avx512_emit {
     /// elements: `a` holds their values, also readable at `src`, and `off` is the index of
     /// the first. At ρ = 0.01 a quarter of the branches a per-block test takes, each about
     /// as unpredictable; the hits are then written by a loop over the set bits.
+    ///
+    /// `STREAMING` (passes that stream from memory) drops the hit test: the first two hits
+    /// are written unconditionally (a slot without a hit is overwritten by the next write,
+    /// the length advancing only past real ones), and only a group with three or more
+    /// (about 1 in 30 at ρ = 0.01) loops. The test is taken by about half the groups at
+    /// ρ = 0.01, and each mispredict drains the loads in flight: on data out of the cache
+    /// the branch-free form made the pass 5–10 % faster (2^22–2^26, ρ = 0.01), on data in
+    /// the L2 about 30 % slower (2^18), where those loads hit and the extra instructions
+    /// are what counts.
     #[inline(always)]
-    unsafe fn group<const STATS: bool>(
+    unsafe fn group<const STATS: bool, const STREAMING: bool>(
         a: [__m512; 4],
         src: *const f32,
         off: usize,
@@ -288,7 +297,8 @@ mod avx512_emit {
         st: &mut State,
     ) {
         // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl, `src` points
-        // at the 64 values, and room for 64 more entries at `w.len` is reserved.
+        // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
+        // write lands below `w.len + 64`).
         unsafe {
             let absm = _mm512_set1_epi32(0x7fff_ffff);
             let bits = a.map(|v| _mm512_and_si512(_mm512_castps_si512(v), absm));
@@ -300,7 +310,7 @@ mod avx512_emit {
                 }
                 mm |= u64::from(_mm512_cmpge_epi32_mask(*b, tv)) << (16 * j);
             }
-            if mm == 0 {
+            if !STREAMING && mm == 0 {
                 return;
             }
             // Non-finite values pass every threshold, so only groups with hits can hold one.
@@ -309,57 +319,15 @@ mod avx512_emit {
                 st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
             }
             let mut len = w.len;
-            while mm != 0 {
-                let j = mm.trailing_zeros() as usize;
-                w.pi.add(len).write((off + j) as u32);
-                w.pv.add(len).write(src.add(j).read());
-                len += 1;
-                mm &= mm - 1;
-            }
-            w.len = len;
-        }
-    }
-
-    /// [`group`] without its hit test, for passes that stream from memory: the first two
-    /// hits are written unconditionally (a slot without a hit is overwritten by the next
-    /// write, the length advancing only past real ones), and only a group with three or
-    /// more (about 1 in 30 at ρ = 0.01) loops. [`group`]'s test is taken by about half the
-    /// groups at ρ = 0.01, and each mispredict drains the loads in flight: on data out of
-    /// the cache this form made the pass 5–10 % faster (2^22–2^26, ρ = 0.01), on data in
-    /// the L2 about 30 % slower (2^18), where those loads hit and the extra instructions
-    /// are what counts.
-    #[inline(always)]
-    unsafe fn group_streaming<const STATS: bool>(
-        a: [__m512; 4],
-        src: *const f32,
-        off: usize,
-        tv: __m512i,
-        w: &mut Batch,
-        st: &mut State,
-    ) {
-        // SAFETY (whole body): as in `group`; every write lands below `w.len + 64`, the
-        // room reserved, and every read below `src + 64`.
-        unsafe {
-            let absm = _mm512_set1_epi32(0x7fff_ffff);
-            let bits = a.map(|v| _mm512_and_si512(_mm512_castps_si512(v), absm));
-            let mut mm = 0u64;
-            let inf = _mm512_set1_epi32(INF_BITS);
-            for (j, b) in bits.iter().enumerate() {
-                if STATS {
-                    st.lanes = _mm512_add_ps(st.lanes, _mm512_castsi512_ps(*b));
-                    st.mx = _mm512_max_epi32(st.mx, *b);
+            if STREAMING {
+                for _ in 0..2 {
+                    // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
+                    let j = (mm.trailing_zeros() & 63) as usize;
+                    w.pi.add(len).write((off + j) as u32);
+                    w.pv.add(len).write(src.add(j).read());
+                    len += usize::from(mm != 0);
+                    mm &= mm.wrapping_sub(1);
                 }
-                mm |= u64::from(_mm512_cmpge_epi32_mask(*b, tv)) << (16 * j);
-                st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
-            }
-            let mut len = w.len;
-            for _ in 0..2 {
-                // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
-                let j = (mm.trailing_zeros() & 63) as usize;
-                w.pi.add(len).write((off + j) as u32);
-                w.pv.add(len).write(src.add(j).read());
-                len += usize::from(mm != 0);
-                mm &= mm.wrapping_sub(1);
             }
             while mm != 0 {
                 let j = mm.trailing_zeros() as usize;
@@ -406,7 +374,7 @@ mod avx512_emit {
 
     /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
     /// the block at `i` (and writes the accumulated ones back in a fused pass). `STREAMING`:
-    /// the data comes from memory ([`group_streaming`]); a constant, so that each form's
+    /// the data comes from memory ([`group`]); a constant, so that each form's
     /// loop is compiled alone (a run-time test in the loop made the cached form spill its
     /// accumulators: MSTopK at 2^14, ρ = 0.01, went from 1.67× to 2.14× the floor).
     #[inline(always)]
@@ -452,11 +420,7 @@ mod avx512_emit {
                         load(i + 2 * BLOCK),
                         load(i + 3 * BLOCK),
                     ];
-                    if STREAMING {
-                        group_streaming::<STATS>(a, src.add(i), base + i, tv, &mut w, st);
-                    } else {
-                        group::<STATS>(a, src.add(i), base + i, tv, &mut w, st);
-                    }
+                    group::<STATS, STREAMING>(a, src.add(i), base + i, tv, &mut w, st);
                     i += 4 * BLOCK;
                 }
                 while i < end {
@@ -1180,7 +1144,7 @@ const PIECE_MIN: usize = 1 << 16;
 
 /// Whether a fused pass over `n` elements streams from memory: its three arrays (`r` read
 /// and written, `g` read) exceed the last-level cache, so its loads miss and a pass is
-/// written for them ([`avx512_emit`]'s `group_streaming`).
+/// written for them (the `STREAMING` form of [`avx512_emit`]'s `group`).
 fn streams_from_memory(n: usize) -> bool {
     n.saturating_mul(3 * std::mem::size_of::<f32>()) > last_level_cache()
 }
@@ -2074,7 +2038,7 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// The streaming form of the AVX-512 pass (`group_streaming`) emits exactly what the
+    /// The streaming form of the AVX-512 pass (`group`'s `STREAMING`) emits exactly what the
     /// cached form does: candidates, order, cap and overflow, statistics, non-finite
     /// reporting and the accumulated vector, at hit rates from none to all.
     #[test]
