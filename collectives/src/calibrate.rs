@@ -1100,6 +1100,35 @@ mod tests {
         assert_ne!(mask & 1 << at, 0, "{mask:b}");
     }
 
+    /// Every rank times again the sizes rank 0 flags, even a rank whose own timings are
+    /// clean, and only those: the calls stay matched across ranks.
+    #[test]
+    fn retime_follows_rank_zero_on_every_rank() {
+        let sizes: Vec<usize> = (10..=17).map(|e| 1usize << e).collect();
+        let algos = [Swept::Allgather(AllgatherAlgo::Ring)];
+        let counts = ThreadComm::run(3, |c| -> Result<(usize, Vec<usize>)> {
+            let mut t: Vec<Vec<Vec<f64>>> = sizes
+                .iter()
+                .map(|&n| vec![vec![2e-6 + 1e-10 * n as f64; 3]])
+                .collect();
+            let at = sizes.len() - 2;
+            if c.rank() == 0 {
+                t[at][0] = vec![1.0; 3];
+            }
+            let retimed = retime_outliers(&c, &algos, &sizes, 3, &mut t)?;
+            Ok((retimed, t.iter().map(|t| t[0].len()).collect()))
+        })
+        .unwrap();
+        let at = sizes.len() - 2;
+        for (retimed, lens) in &counts {
+            assert!(*retimed >= 1, "{counts:?}");
+            assert!(lens[at] > 3, "{counts:?}");
+            let again: usize = lens.iter().filter(|&&l| l > 3).count();
+            assert!(again <= *retimed, "{counts:?}");
+            assert_eq!(lens, &counts[0].1, "every rank timed the same sizes");
+        }
+    }
+
     #[test]
     fn calibrate_small_sweep_on_threads() {
         let opts = CalibrateOptions {
