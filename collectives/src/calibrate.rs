@@ -636,14 +636,14 @@ fn retime_outliers<C: Communicator + ?Sized>(
 ) -> Result<usize> {
     let mut retimed = 0;
     for _ in 0..RETIME_ROUNDS {
-        let mut mask = [0u64];
+        let mut mask = vec![0u64; sizes.len().div_ceil(64).max(1)];
         if comm.rank() == 0 {
-            mask[0] = outlier_sizes(sizes, t, algos.len());
+            mask = outlier_sizes(sizes, t, algos.len());
         }
         let opts = DenseOptions::default().unchecked();
         crate::dense::broadcast(comm, &mut mask, 0, BroadcastAlgo::Binomial, &opts)?;
-        let at: Vec<usize> = (0..sizes.len().min(64))
-            .filter(|&j| mask[0] >> j & 1 == 1)
+        let at: Vec<usize> = (0..sizes.len())
+            .filter(|&j| mask[j / 64] >> (j % 64) & 1 == 1)
             .collect();
         if at.is_empty() {
             break;
@@ -660,10 +660,11 @@ fn retime_outliers<C: Communicator + ?Sized>(
     Ok(retimed)
 }
 
-/// The sizes (bit `j` for `sizes[j]`, the first 64) at which the piecewise fit of some
-/// algorithm's medians misses by more than [`cost_model::fit::PIECEWISE_TARGET_REL`].
-fn outlier_sizes(sizes: &[usize], t: &[Vec<Vec<f64>>], algos: usize) -> u64 {
-    let mut mask = 0u64;
+/// The sizes (bit `j % 64` of word `j / 64` for `sizes[j]`; at least one word) at which
+/// the piecewise fit of some algorithm's medians misses by more than
+/// [`cost_model::fit::PIECEWISE_TARGET_REL`].
+fn outlier_sizes(sizes: &[usize], t: &[Vec<Vec<f64>>], algos: usize) -> Vec<u64> {
+    let mut mask = vec![0u64; sizes.len().div_ceil(64).max(1)];
     for a in 0..algos {
         let samples: Vec<Sample> = sizes
             .iter()
@@ -673,10 +674,10 @@ fn outlier_sizes(sizes: &[usize], t: &[Vec<Vec<f64>>], algos: usize) -> u64 {
         let Ok(fit) = fit_piecewise(&samples, cost_model::calibration::MAX_SEGMENTS) else {
             continue;
         };
-        for (j, s) in samples.iter().enumerate().take(64) {
+        for (j, s) in samples.iter().enumerate() {
             let rel = ((fit.model.time_f(s.size) - s.time_s) / s.time_s).abs();
             if rel > cost_model::fit::PIECEWISE_TARGET_REL {
-                mask |= 1 << j;
+                mask[j / 64] |= 1 << (j % 64);
             }
         }
     }
@@ -1093,11 +1094,22 @@ mod tests {
         let sizes: Vec<usize> = (10..=24).map(|e| 1usize << e).collect();
         let clean = |n: usize| vec![2e-6 + 1e-10 * n as f64; 5];
         let mut t: Vec<Vec<Vec<f64>>> = sizes.iter().map(|&n| vec![clean(n), clean(n)]).collect();
-        assert_eq!(outlier_sizes(&sizes, &t, 2), 0);
+        assert_eq!(outlier_sizes(&sizes, &t, 2), vec![0]);
         let at = sizes.len() - 2;
         t[at][1] = vec![3.0 * t[at][1][0]; 5];
         let mask = outlier_sizes(&sizes, &t, 2);
-        assert_ne!(mask & 1 << at, 0, "{mask:b}");
+        assert_ne!(mask[0] & 1 << at, 0, "{mask:?}");
+        // Past 64 sizes, the second word: a sawtooth from size 56 on, which no six
+        // segments follow.
+        let many: Vec<usize> = (1..=70).map(|j| j << 14).collect();
+        let mut t: Vec<Vec<Vec<f64>>> = many.iter().map(|&n| vec![clean(n)]).collect();
+        assert_eq!(outlier_sizes(&many, &t, 1), vec![0, 0]);
+        for j in (56..70).step_by(2) {
+            t[j][0] = vec![3.0 * t[j][0][0]; 5];
+        }
+        let mask = outlier_sizes(&many, &t, 1);
+        assert_ne!(mask[1], 0, "{mask:?}");
+        assert_eq!(mask[1] >> 6, 0, "no bit past the 70 sizes: {mask:?}");
     }
 
     /// Every rank times again the sizes rank 0 flags, even a rank whose own timings are

@@ -35,8 +35,7 @@ fn main() {
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut grad = vec![0f32; d];
     let mut warm = ExactTopK::new();
-    let mut cold = ExactTopK::new();
-    cold.set_warm_start(false);
+    let mut cold = ExactTopK::new().with_warm_start(false);
     let (mut ef_warm, mut ef_cold) = (ErrorFeedback::new(d), ErrorFeedback::new(d));
     let (mut t_warm, mut t_cold) = (Vec::new(), Vec::new());
     for step in 0..steps {

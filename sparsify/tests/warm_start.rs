@@ -77,8 +77,8 @@ fn warm_equals_cold(
 
 #[test]
 fn exact_and_mstopk_warm_start_selects_as_cold() {
-    // Just above the smallest that starts warm, on the small-tensor path, sampled in serial, split over the pool, and split
-    // with a zeroing pass (k ≥ 2^15).
+    // Just above the smallest that starts warm, on the small-tensor path, sampled in
+    // serial, split over the pool, and split with a zeroing pass (k ≥ 2^15).
     let shapes = [
         (5_000, 50),
         (1 << 14, 16),
