@@ -52,6 +52,9 @@ pub struct MsTopK {
     /// Scratch of the selection among the candidates, per parallel piece.
     work: split::Work,
     warm: WarmStart,
+    /// (rounds run, of which answered by [`Few`]) by the last search, for the tests.
+    #[cfg(test)]
+    searched: (usize, usize),
 }
 
 impl Default for MsTopK {
@@ -94,6 +97,8 @@ impl MsTopK {
             maxes: Vec::new(),
             work: split::Work::default(),
             warm: WarmStart::default(),
+            #[cfg(test)]
+            searched: (0, 0),
         }
     }
 
@@ -145,7 +150,26 @@ impl MsTopK {
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
         // (all magnitudes nearly equal); then every round counts all the bucket.
         let narrows = u >= mean;
+        // Once few are live, the later rounds test a mask over them instead.
+        let mut few: Option<Few> = None;
+        // The thresholds at `l` and `r`. Rounding to f32 keeps them monotone in `ratio`, so
+        // once both bounds came from rounds and their thresholds are adjacent floats, every
+        // later round repeats one of those two rounds (same threshold, same count, same
+        // decision): the bounds are final. That happens after about 24 rounds.
+        let (mut t_l, mut t_r) = (
+            abs_bits(round_threshold(mean, u, l)),
+            abs_bits(round_threshold(mean, u, r)),
+        );
+        #[cfg(test)]
+        {
+            self.searched = (0, 0);
+        }
         for _ in 0..self.rounds {
+            #[cfg(test)]
+            {
+                self.searched.0 += 1;
+                self.searched.1 += usize::from(few.is_some());
+            }
             let ratio = l + (r - l) / 2.0;
             let tb = abs_bits(round_threshold(mean, u, ratio));
             // (count ≤ k, count > 0)
@@ -156,6 +180,16 @@ impl MsTopK {
                 (buckets.of(tb) > kb, tb <= max_bits)
             } else if !narrows {
                 let nnz = above + kernel::count_ge(live, tb);
+                (nnz <= k, nnz > 0)
+            } else if let Some(f) = &mut few {
+                let hi = f.at_or_above(tb);
+                let nnz = above + hi.count_ones() as usize;
+                if nnz <= k {
+                    above = nnz;
+                    f.live &= !hi;
+                } else {
+                    f.live = hi;
+                }
                 (nnz <= k, nnz > 0)
             } else {
                 // Count the live magnitudes `>= tb`, then keep only the side later
@@ -181,6 +215,7 @@ impl MsTopK {
                     };
                     &mut rest[..n]
                 };
+                few = Few::of(live);
                 (nnz <= k, nnz > 0)
             };
             if fits {
@@ -188,9 +223,14 @@ impl MsTopK {
                 if some {
                     b.t1 = tb;
                 }
+                t_r = tb;
             } else {
                 l = ratio;
                 b.t2 = tb;
+                t_l = tb;
+            }
+            if narrows && l > 0.0 && r < 1.0 && t_r - t_l <= 1 {
+                break;
             }
         }
         b
@@ -313,6 +353,41 @@ impl MsTopK {
         });
         let b = self.search(t_low, mean, u, out.max_bits, k);
         Ok(self.pick(x, t_low, b, k))
+    }
+}
+
+/// At most 16 live magnitudes of the search as a mask over a fixed array: the last rounds,
+/// which count a handful each, test them all at once instead of partitioning a slice.
+#[derive(Debug, Clone, Copy)]
+struct Few {
+    /// The magnitudes, padded with -1 (below every threshold).
+    m: [i32; 16],
+    /// Which of them are still live.
+    live: u16,
+}
+
+impl Few {
+    /// `live` as a mask when it holds at most 16 magnitudes.
+    fn of(live: &[i32]) -> Option<Few> {
+        if live.len() > 16 {
+            return None;
+        }
+        let mut m = [-1; 16];
+        m[..live.len()].copy_from_slice(live);
+        Some(Few {
+            m,
+            live: ((1u32 << live.len()) - 1) as u16,
+        })
+    }
+
+    /// The live magnitudes `>= t` (for `t >= 0`), as a mask.
+    #[inline]
+    fn at_or_above(&self, t: i32) -> u16 {
+        let mut hit = 0u16;
+        for (j, &m) in self.m.iter().enumerate() {
+            hit |= u16::from(m >= t) << j;
+        }
+        hit & self.live
     }
 }
 
@@ -478,6 +553,7 @@ mod tests {
     use crate::exact::tests::{gen_vec, vec_strategy};
     use crate::{Error, ErrorFeedback};
     use proptest::prelude::*;
+    use rand::Rng;
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(40))]
@@ -501,6 +577,75 @@ mod tests {
             sg2.scatter_add_into(&mut back).unwrap();
             prop_assert_eq!(back, x);
         }
+    }
+
+    /// The search ends early once its bounds are adjacent floats, and answers its last
+    /// rounds from a mask over the few live magnitudes: with more rounds than the search
+    /// needs, the selection is still Algorithm 1's, and both shortcuts are taken.
+    #[test]
+    fn search_shortcuts_keep_algorithm_1() {
+        let (mut cases, mut early, mut masked) = (0, 0, 0);
+        // Kind 4: half zeros, the rest on 16 adjacent floats (and a few far above), so the
+        // last rounds' thresholds fall among the data and every ulp of the bounds counts.
+        let ulps = |s: u64, d: usize| -> Vec<f32> {
+            let mut rng = ChaCha8Rng::seed_from_u64(s);
+            (0..d)
+                .map(|i| {
+                    let m = if i % 97 == 0 {
+                        rng.gen_range(2.0f32..3.0)
+                    } else if i % 2 == 0 {
+                        // Zeros keep the mean below the cluster.
+                        0.0
+                    } else {
+                        f32::from_bits(0x3f80_0000 + rng.gen_range(0..16u32))
+                    };
+                    if rng.gen::<bool>() {
+                        m
+                    } else {
+                        -m
+                    }
+                })
+                .collect()
+        };
+        // Kind 5: half zeros, the rest 1.0 but every 16th the next float up, the maximum:
+        // for k between their counts, the search only fits at the maximum itself, after
+        // its lower bound has reached the float just below.
+        let top = |d: usize| -> Vec<f32> {
+            (0..d)
+                .map(|i| match (i % 2, i % 32) {
+                    (0, _) => 0.0,
+                    (_, 1) => f32::from_bits(0x3f80_0001),
+                    _ => 1.0,
+                })
+                .collect()
+        };
+        for kind in 0..6 {
+            for (s, d) in [(1u64, 3_000usize), (2, 20_000), (3, 70_000)] {
+                let seed = s * 7 + u64::from(kind);
+                let x = if kind < 4 {
+                    gen_vec(seed, d, kind)
+                } else if kind == 4 {
+                    ulps(seed, d)
+                } else {
+                    top(d)
+                };
+                for k in [1, 10, d / 100, d / 20, d / 10, d / 2] {
+                    for rounds in [30, 64] {
+                        let mut sel = MsTopK::new(rounds, s);
+                        let (a, _) = sel.select(&x, k).unwrap();
+                        let mut rng = ChaCha8Rng::seed_from_u64(s);
+                        let want = reference_mstopk(&x, k, rounds, &mut rng);
+                        assert_eq!(a.indices(), &want[..], "kind {kind} d {d} k {k}");
+                        let (run, few) = sel.searched;
+                        cases += 1;
+                        early += usize::from(run > 0 && run < rounds);
+                        masked += usize::from(few > 0);
+                    }
+                }
+            }
+        }
+        assert!(early * 2 > cases, "stopped early in {early} of {cases}");
+        assert!(masked * 3 > cases, "masked rounds in {masked} of {cases}");
     }
 
     #[test]

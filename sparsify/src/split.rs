@@ -463,8 +463,10 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
         }
         at += usize::from(keep);
         min = if keep { min.min(m) } else { min };
-        if !keep {
-            if let Residual::Restore(r) = &mut o.residual {
+        // The residual's kind first: a `Zero` one (the serial passes) adds no branch on
+        // `keep`, which is unpredictable.
+        if let Residual::Restore(r) = &mut o.residual {
+            if !keep {
                 r[j as usize - lo] = v;
             }
         }
@@ -595,10 +597,14 @@ pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (
     let (mut a, mut c) = (0, 0);
     for q in &mut w.pieces[..np] {
         let (ge1, ge2) = if np == 1 {
-            // Not prepared: count the one list.
-            let mags = cand.val.iter().map(|v| abs_bits(*v));
-            let ge = |t: i32| mags.clone().map(|m| usize::from(m >= t)).sum::<usize>();
-            (ge(p.t1), ge(p.t2))
+            // Not prepared: count the one list, both thresholds in one pass.
+            let (mut ge1, mut ge2) = (0u32, 0u32);
+            for v in &cand.val {
+                let m = abs_bits(*v);
+                ge1 += u32::from(m >= p.t1);
+                ge2 += u32::from(m >= p.t2);
+            }
+            (ge1 as usize, ge2 as usize)
         } else {
             (q.count_ge(b, p.t1), q.count_ge(b, p.t2))
         };
