@@ -42,7 +42,50 @@ pub(crate) struct Cand {
     /// Buffers of recycled results, for the next result ([`Cand::take`] and the
     /// selections).
     pub spare: Spare,
+    /// Whether the last batch of an [`EmitForm::Adaptive`] pass into this list used the
+    /// branch-free form: the next pass starts from it.
+    branch_free: bool,
 }
+
+/// How the AVX-512 passes emit their candidates ([`set_emit_form`]). Every form emits the
+/// same list; they differ in the branch taken per 64-element group.
+///
+/// The branch ("does the group hold a hit?") costs nothing when it is predicted and about
+/// 15 cycles when it is not. At ρ = 0.001 about 1 group in 12 holds a hit and the branch is
+/// predicted; at ρ = 0.01 about half do and it is a coin toss on fresh data. On the same
+/// input timed again and again the predictor learns the outcomes: a bench that reused
+/// two gradients hid this cost at 2^14–2^18, which a fresh gradient per call shows (exact
+/// top-k at 2^16, ρ = 0.01: 20.5 µs with the branch, 13.2 µs without, the floor 5.8 µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmitForm {
+    /// Per batch of 64 blocks (16 groups), the branch-free form when more than a quarter of
+    /// the last batch's groups held a hit, else the branch; a candidate list starts from
+    /// the form its last pass ended in. The default.
+    #[default]
+    Adaptive,
+    /// Test each group and skip those without a hit.
+    Branchy,
+    /// Write each group's first two hits unconditionally (a slot without a hit is
+    /// overwritten by the next write) and loop only past the second.
+    BranchFree,
+}
+
+/// The form every later pass of this process emits in (a diagnostic: the default,
+/// [`EmitForm::Adaptive`], is the fastest measured; the others let a bench compare).
+pub fn set_emit_form(form: EmitForm) {
+    EMIT_FORM.store(form as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The form set by [`set_emit_form`].
+pub fn emit_form() -> EmitForm {
+    match EMIT_FORM.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => EmitForm::Branchy,
+        2 => EmitForm::BranchFree,
+        _ => EmitForm::Adaptive,
+    }
+}
+
+static EMIT_FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 impl Cand {
     pub fn clear(&mut self) {
@@ -274,28 +317,22 @@ mod avx512_emit {
         }
     }
 
-    /// Four blocks of a batch (room already ensured) with one hit test for all 64
-    /// elements: `a` holds their values, also readable at `src`, and `off` is the index of
-    /// the first. At ρ = 0.01 a quarter of the branches a per-block test takes, each about
-    /// as unpredictable; the hits are then written by a loop over the set bits.
-    ///
-    /// `STREAMING` (passes that stream from memory) drops the hit test: the first two hits
-    /// are written unconditionally (a slot without a hit is overwritten by the next write,
-    /// the length advancing only past real ones), and only a group with three or more
-    /// (about 1 in 30 at ρ = 0.01) loops. The test is taken by about half the groups at
-    /// ρ = 0.01, and each mispredict drains the loads in flight: on data out of the cache
-    /// the branch-free form made the pass 5–10 % faster (2^22–2^26, ρ = 0.01), on data in
-    /// the L2 about 30 % slower (2^18), where those loads hit and the extra instructions
-    /// are what counts.
+    /// Four blocks of a batch (room already ensured): `a` holds their values, also readable
+    /// at `src`, and `off` is the index of the first. One hit test covers all 64 elements,
+    /// and the hits are written by a loop over the set bits. `BRANCH_FREE` ([`EmitForm`]) drops
+    /// the test: the first two hits are written unconditionally (a slot without a hit is
+    /// overwritten by the next write, the length advancing only past real ones), and only a
+    /// group with three or more (about 1 in 30 at ρ = 0.01) loops. Returns whether the
+    /// group held a hit.
     #[inline(always)]
-    unsafe fn group<const STATS: bool, const STREAMING: bool>(
+    unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
         a: [__m512; 4],
         src: *const f32,
         off: usize,
         tv: __m512i,
         w: &mut Batch,
         st: &mut State,
-    ) {
+    ) -> bool {
         // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl, `src` points
         // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
         // write lands below `w.len + 64`).
@@ -310,8 +347,9 @@ mod avx512_emit {
                 }
                 mm |= u64::from(_mm512_cmpge_epi32_mask(*b, tv)) << (16 * j);
             }
-            if !STREAMING && mm == 0 {
-                return;
+            let hit = mm != 0;
+            if !BRANCH_FREE && !hit {
+                return false;
             }
             // Non-finite values pass every threshold, so only groups with hits can hold one.
             let inf = _mm512_set1_epi32(INF_BITS);
@@ -319,7 +357,7 @@ mod avx512_emit {
                 st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
             }
             let mut len = w.len;
-            if STREAMING {
+            if BRANCH_FREE {
                 for _ in 0..2 {
                     // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
                     let j = (mm.trailing_zeros() & 63) as usize;
@@ -337,6 +375,7 @@ mod avx512_emit {
                 mm &= mm - 1;
             }
             w.len = len;
+            hit
         }
     }
 
@@ -372,14 +411,57 @@ mod avx512_emit {
         }
     }
 
+    /// The groups of one batch, `i` up to `end`, in one form ([`group`]); returns how
+    /// many held a hit. A function of its own per form, so that each keeps the pass's
+    /// state in registers: a run-time test of the form inside one loop made the branchy
+    /// form spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
+    /// 2.14×), and both loops inlined into one function cost the branch-free form 10–25 %.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool>(
+        i: &mut usize,
+        end: usize,
+        base: usize,
+        tv: __m512i,
+        w: &mut Batch,
+        st: &mut State,
+        src: *const f32,
+        load: &mut impl FnMut(usize) -> __m512,
+    ) -> u32 {
+        let mut hits = 0u32;
+        // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
+        unsafe {
+            while *i + 4 * BLOCK <= end {
+                let j = *i;
+                let a = [
+                    load(j),
+                    load(j + BLOCK),
+                    load(j + 2 * BLOCK),
+                    load(j + 3 * BLOCK),
+                ];
+                hits += u32::from(group::<STATS, BRANCH_FREE>(
+                    a,
+                    src.add(j),
+                    base + j,
+                    tv,
+                    w,
+                    st,
+                ));
+                *i += 4 * BLOCK;
+            }
+        }
+        hits
+    }
+
     /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
-    /// the block at `i` (and writes the accumulated ones back in a fused pass). `STREAMING`:
-    /// the data comes from memory ([`group`]); a constant, so that each form's
-    /// loop is compiled alone (a run-time test in the loop made the cached form spill its
-    /// accumulators: MSTopK at 2^14, ρ = 0.01, went from 1.67× to 2.14× the floor).
+    /// the block at `i` (and writes the accumulated ones back in a fused pass), emitting
+    /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
+    /// share of the last batch's groups that held a hit, starting from the form the
+    /// list's last pass ended in.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn blocks<const STATS: bool, const STREAMING: bool>(
+    unsafe fn blocks<const STATS: bool>(
         n: usize,
         base: usize,
         t: i32,
@@ -387,9 +469,15 @@ mod avx512_emit {
         cand: &mut Cand,
         st: &mut State,
         src: *const f32,
+        emit: EmitForm,
         mut load: impl FnMut(usize) -> __m512,
     ) {
         let whole = n / BLOCK * BLOCK;
+        let mut free = match emit {
+            EmitForm::Branchy => false,
+            EmitForm::BranchFree => true,
+            EmitForm::Adaptive => cand.branch_free,
+        };
         // SAFETY (whole body): AVX-512 is enabled by the callers; `block` writes at most
         // 16 entries per block, and each batch reserved room for all of its blocks.
         unsafe {
@@ -413,15 +501,14 @@ mod avx512_emit {
                     pv: cand.val.as_mut_ptr(),
                     len,
                 };
-                while i + 4 * BLOCK <= end {
-                    let a = [
-                        load(i),
-                        load(i + BLOCK),
-                        load(i + 2 * BLOCK),
-                        load(i + 3 * BLOCK),
-                    ];
-                    group::<STATS, STREAMING>(a, src.add(i), base + i, tv, &mut w, st);
-                    i += 4 * BLOCK;
+                let at = i;
+                let hits = if free {
+                    groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, src, &mut load)
+                } else {
+                    groups::<STATS, false>(&mut i, end, base, tv, &mut w, st, src, &mut load)
+                };
+                if emit == EmitForm::Adaptive {
+                    free = 4 * hits as usize * 4 * BLOCK > i - at;
                 }
                 while i < end {
                     block::<STATS>(load(i), base + i, tv, &mut w, st);
@@ -429,6 +516,9 @@ mod avx512_emit {
                 }
                 cand.idx.set_len(w.len);
                 cand.val.set_len(w.len);
+            }
+            if emit == EmitForm::Adaptive {
+                cand.branch_free = free;
             }
             if STATS {
                 // The lanes folded once, before the tail's elements (as [`abs_sum`]).
@@ -495,10 +585,10 @@ mod avx512_emit {
         }
     }
 
-    /// [`fused_body`] with AVX-512; `streaming` as in [`blocks`].
+    /// [`fused_body`] with AVX-512, emitting as `emit` asks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) fn fused<const STATS: bool>(
-        streaming: bool,
+        emit: EmitForm,
         r: &mut [f32],
         g: &[f32],
         base: usize,
@@ -523,11 +613,7 @@ mod avx512_emit {
         let src = pr.cast_const();
         // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both slices.
         unsafe {
-            if streaming {
-                blocks::<STATS, true>(n, base, t, cap, cand, &mut st, src, load);
-            } else {
-                blocks::<STATS, false>(n, base, t, cap, cand, &mut st, src, load);
-            }
+            blocks::<STATS>(n, base, t, cap, cand, &mut st, src, emit, load);
         }
         for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
             *rv += *gv;
@@ -616,7 +702,7 @@ mod avx512_emit {
         let px = x.as_ptr();
         // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
         unsafe {
-            blocks::<STATS, false>(n, base, t, cap, cand, &mut st, px, |i| {
+            blocks::<STATS>(n, base, t, cap, cand, &mut st, px, emit_form(), |i| {
                 _mm512_loadu_ps(px.add(i))
             });
         }
@@ -1005,12 +1091,12 @@ macro_rules! dispatch {
 
 /// [`fused_body`] on one range, from the widest build; then, while the range is still in
 /// cache, writes [`moments_chunk`] of the accumulated range to `mom` when given, and with
-/// `ZERO` zeroes in `r` the candidates this range added. `streaming`: the pass this range
-/// belongs to streams from memory ([`streams_from_memory`]).
+/// `ZERO` zeroes in `r` the candidates this range added. `emit`: how the AVX-512 build
+/// emits ([`EmitForm`]).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn fused_one<const STATS: bool, const ZERO: bool>(
-    streaming: bool,
+    emit: EmitForm,
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -1022,7 +1108,7 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     let before = cand.len();
     // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
     let cap = if ZERO { usize::MAX } else { cap };
-    let out = fused_any::<STATS>(streaming, r, g, base, t, cap, cand);
+    let out = fused_any::<STATS>(emit, r, g, base, t, cap, cand);
     if let Some(m) = mom {
         *m = moments_chunk(r);
     }
@@ -1037,7 +1123,7 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
 /// [`fused_body`] on one range, from the widest build.
 #[inline]
 fn fused_any<const STATS: bool>(
-    streaming: bool,
+    emit: EmitForm,
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -1048,7 +1134,7 @@ fn fused_any<const STATS: bool>(
     #[cfg(target_arch = "x86_64")]
     if isa() == Isa::Avx512 {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        return unsafe { avx512_emit::fused::<STATS>(streaming, r, g, base, t, cap, cand) };
+        return unsafe { avx512_emit::fused::<STATS>(emit, r, g, base, t, cap, cand) };
     }
     dispatch!(
         fused::<STATS>(r, g, base, t, cap, cand),
@@ -1141,45 +1227,6 @@ pub(crate) const PAR_MIN: usize = 1 << 20;
 
 /// Shortest piece of a parallel pass.
 const PIECE_MIN: usize = 1 << 16;
-
-/// Whether a fused pass over `n` elements streams from memory: its three arrays (`r` read
-/// and written, `g` read) exceed the last-level cache, so its loads miss and a pass is
-/// written for them (the `STREAMING` form of [`avx512_emit`]'s `group`).
-fn streams_from_memory(n: usize) -> bool {
-    n.saturating_mul(3 * std::mem::size_of::<f32>()) > last_level_cache()
-}
-
-/// Bytes of the last-level cache of CPU 0 (Linux sysfs), 32 MiB where it cannot be read.
-fn last_level_cache() -> usize {
-    static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LLC.get_or_init(|| {
-        (0..8)
-            .rev()
-            .find_map(|i| {
-                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-                let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
-                parse_cache_size(size.trim())
-            })
-            .unwrap_or(32 << 20)
-    })
-}
-
-/// A sysfs cache size (`"32768K"`, `"1M"`, `"512"`) in bytes.
-fn parse_cache_size(s: &str) -> Option<usize> {
-    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: usize = num.parse().ok()?;
-    let mult = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return None,
-    };
-    Some(n * mult)
-}
 
 /// Number of parallel pieces for a pass over `n` elements: 1 (serial) below [`PAR_MIN`] or
 /// on a one-thread pool, else two per thread (so work stealing evens out a busy core), each
@@ -1336,7 +1383,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     let t = t.min(INF_BITS);
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
-    let streaming = streams_from_memory(n);
+    let emit = emit_form();
     let mut sums = std::mem::take(&mut cand.sums);
     sums.clear();
     sums.resize(n.div_ceil(CHUNK), 0.0);
@@ -1347,16 +1394,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
         let before = cand.len();
         let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO || MOM, |lo, hi| {
             let m = moms.get_mut(lo / CHUNK).filter(|_| MOM);
-            fused_one::<STATS, ZERO>(
-                streaming,
-                &mut r[lo..hi],
-                &g[lo..hi],
-                base + lo,
-                t,
-                cap,
-                cand,
-                m,
-            )
+            fused_one::<STATS, ZERO>(emit, &mut r[lo..hi], &g[lo..hi], base + lo, t, cap, cand, m)
         });
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
         cand.sums = sums;
@@ -1396,7 +1434,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
             let out = serial_chunks::<STATS>(rp.len(), sp, ZERO || MOM, |lo, hi| {
                 let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
                 let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
-                fused_one::<STATS, ZERO>(streaming, rc, gc, b + lo, t, room, part, m)
+                fused_one::<STATS, ZERO>(emit, rc, gc, b + lo, t, room, part, m)
             });
             if let Some(f) = &f {
                 f(part, p);
@@ -2038,11 +2076,11 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// The streaming form of the AVX-512 pass (`group`'s `STREAMING`) emits exactly what the
-    /// cached form does: candidates, order, cap and overflow, statistics, non-finite
-    /// reporting and the accumulated vector, at hit rates from none to all.
+    /// Every emission form of the AVX-512 pass ([`EmitForm`]) emits the same: candidates,
+    /// order, cap and overflow, statistics, non-finite reporting and the accumulated vector,
+    /// at hit rates from none to all, and the adaptive one from either starting form.
     #[test]
-    fn streaming_pass_equals_the_cached_one() {
+    fn emission_forms_agree() {
         let mut compared = 0;
         for n in [63usize, 64 * 64 + 17, 3 * CHUNK + 5] {
             let g: Vec<f32> = (0..n)
@@ -2056,16 +2094,26 @@ mod tests {
                         if let Some(b) = bad {
                             r0[b] = f32::NAN;
                         }
-                        let run = |streaming: bool| {
+                        let run = |emit: EmitForm, start_free: bool| {
                             let mut r = r0.clone();
-                            let mut c = Cand::default();
-                            let o = fused_any::<true>(streaming, &mut r, &g, 5, t, cap, &mut c);
+                            let mut c = Cand {
+                                branch_free: start_free,
+                                ..Cand::default()
+                            };
+                            let o = fused_any::<true>(emit, &mut r, &g, 5, t, cap, &mut c);
                             let stats = (o.overflow, o.abs_sum.to_bits(), o.max_bits);
                             let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
                             (bits_of(&r), c.idx, bits_of(&c.val), stats, nf)
                         };
-                        let (a, b) = (run(true), run(false));
-                        assert_eq!(a, b, "n {n} t {t} cap {cap} bad {bad:?}");
+                        let a = run(EmitForm::Branchy, false);
+                        for (emit, start) in [
+                            (EmitForm::BranchFree, false),
+                            (EmitForm::Adaptive, false),
+                            (EmitForm::Adaptive, true),
+                        ] {
+                            let b = run(emit, start);
+                            assert_eq!(a, b, "{emit:?} from {start} n {n} t {t} cap {cap}");
+                        }
                         compared += usize::from(!a.1.is_empty());
                     }
                 }
@@ -2074,14 +2122,25 @@ mod tests {
         assert!(compared > 20, "most cases emit candidates: {compared}");
     }
 
+    /// An adaptive pass ends in the branch-free form where most groups hold a hit, and
+    /// in the branchy one where none do, whatever form it started from.
     #[test]
-    fn cache_sizes_parse() {
-        assert_eq!(parse_cache_size("32768K"), Some(32 << 20));
-        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
-        assert_eq!(parse_cache_size("512"), Some(512));
-        assert_eq!(parse_cache_size("12X"), None);
-        assert_eq!(parse_cache_size(""), None);
-        assert!(last_level_cache() > 0);
+    fn adaptive_form_follows_the_hit_rate() {
+        if isa() != Isa::Avx512 {
+            return;
+        }
+        let g: Vec<f32> = (0..4 * CHUNK).map(|i| 1.0 + (i % 7) as f32).collect();
+        for (t, want) in [(0, true), (abs_bits(5.5), true), (INF_BITS, false)] {
+            for start in [false, true] {
+                let mut r = vec![0.0f32; g.len()];
+                let mut c = Cand {
+                    branch_free: start,
+                    ..Cand::default()
+                };
+                fused_any::<false>(EmitForm::Adaptive, &mut r, &g, 0, t, usize::MAX, &mut c);
+                assert_eq!(c.branch_free, want, "t {t} from {start}");
+            }
+        }
     }
 
     #[test]

@@ -38,6 +38,7 @@ mod warm;
 pub use error::{Error, Result};
 pub use exact::ExactTopK;
 pub use feedback::{accumulate, ErrorFeedback};
+pub use kernel::{emit_form, set_emit_form, EmitForm};
 pub use kind::SelectorKind;
 pub use mstopk::MsTopK;
 pub use selector::{SelectInfo, Selection, Selector};
