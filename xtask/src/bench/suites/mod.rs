@@ -43,20 +43,25 @@ pub fn run(name: &str, ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput
 
 /// A deterministic pseudo-random gradient: roughly normal values, different per seed.
 pub fn gradient(d: usize, seed: u64) -> Vec<f32> {
+    let mut g = vec![0.0; d];
+    fill_gradient(&mut g, seed);
+    g
+}
+
+/// Overwrites `g` with the draw `seed` of [`gradient`].
+pub fn fill_gradient(g: &mut [f32], seed: u64) {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..d)
-        .map(|_| {
-            // Sum of four uniforms: cheap and bell-shaped.
-            let mut acc = 0.0f32;
-            for _ in 0..4 {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                acc += (s >> 40) as f32 / (1u64 << 24) as f32;
-            }
-            acc - 2.0
-        })
-        .collect()
+    for v in g {
+        // Sum of four uniforms: cheap and bell-shaped.
+        let mut acc = 0.0f32;
+        for _ in 0..4 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            acc += (s >> 40) as f32 / (1u64 << 24) as f32;
+        }
+        *v = acc - 2.0;
+    }
 }
 
 /// `serde_json` value helper.
