@@ -235,482 +235,8 @@ fn reserve_block(cand: &mut Cand, len: usize) {
     }
 }
 
-/// The passes written with AVX-512 intrinsics. Every block is written out branch-free: its
-/// hit mask drives two `vpcompress` stores at the end of the lists and the length advances
-/// by the mask's popcount, so a candidate costs no mispredicted branch (which, for data in
-/// cache, cost more than the pass itself at ρ = 0.01). Non-finite values are only flagged in
-/// the loop and located after it. Same candidates, order, cap handling, statistics (the
-/// `|x|` sum in the order of [`abs_sum`]) and non-finite reporting as [`fused_body`] /
-/// [`scan_body`]; blocks that would cross `cap` go through [`emit_block`].
 #[cfg(target_arch = "x86_64")]
-mod avx512_emit {
-    use super::*;
-    use std::arch::x86_64::*;
-
-    /// Running state of one pass.
-    struct State {
-        out: PassOut,
-        /// Lanes of some block that held a non-finite value.
-        nf: u16,
-        sum: f64,
-        /// Per-lane f32 sums of the whole blocks' magnitudes ([`abs_sum`]'s order).
-        lanes: __m512,
-        mx: __m512i,
-    }
-
-    /// [`tree16`] of one register: halves, then quarters, then `(b0 + b2) + (b1 + b3)`.
-    #[inline(always)]
-    unsafe fn tree16_zmm(v: __m512) -> f32 {
-        // SAFETY: register-only AVX-512F/SSE operations, enabled by the callers.
-        unsafe {
-            let a = _mm256_add_ps(
-                _mm512_castps512_ps256(v),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-            );
-            let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-            _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
-        }
-    }
-
-    /// Blocks per batch: the lists get room for a whole batch at once, so the loop keeps
-    /// their length and pointers in registers (a length stored and reloaded per block puts
-    /// a store-forwarding round trip on the loop's critical path).
-    const BATCH: usize = 64;
-
-    /// The per-block state that stays in registers during a batch.
-    struct Batch {
-        pi: *mut u32,
-        pv: *mut f32,
-        len: usize,
-    }
-
-    /// One block of a batch (room already ensured): `a` holds its values, `off` the index of
-    /// its first one.
-    #[inline(always)]
-    unsafe fn block<const STATS: bool>(
-        a: __m512,
-        off: usize,
-        tv: __m512i,
-        w: &mut Batch,
-        st: &mut State,
-    ) {
-        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl and reserved
-        // room for 16 more entries at `w.len` in both lists.
-        unsafe {
-            let bits = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fff_ffff));
-            let m = _mm512_cmpge_epi32_mask(bits, tv);
-            if STATS {
-                st.lanes = _mm512_add_ps(st.lanes, _mm512_castsi512_ps(bits));
-                st.mx = _mm512_max_epi32(st.mx, bits);
-            }
-            if m == 0 {
-                return;
-            }
-            // Non-finite values pass every threshold, so only blocks with hits can hold one.
-            st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
-            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
-            _mm512_storeu_si512(w.pi.add(w.len).cast(), _mm512_maskz_compress_epi32(m, idx));
-            _mm512_storeu_ps(w.pv.add(w.len), _mm512_maskz_compress_ps(m, a));
-            w.len += m.count_ones() as usize;
-        }
-    }
-
-    /// Four blocks of a batch (room already ensured): `a` holds their values, also readable
-    /// at `src`, and `off` is the index of the first. One hit test covers all 64 elements,
-    /// and the hits are written by a loop over the set bits. `BRANCH_FREE` ([`EmitForm`]) drops
-    /// the test: the first two hits are written unconditionally (a slot without a hit is
-    /// overwritten by the next write, the length advancing only past real ones), and only a
-    /// group with three or more (about 1 in 30 at ρ = 0.01) loops. Returns whether the
-    /// group held a hit.
-    #[inline(always)]
-    unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
-        a: [__m512; 4],
-        src: *const f32,
-        off: usize,
-        tv: __m512i,
-        w: &mut Batch,
-        st: &mut State,
-    ) -> bool {
-        // SAFETY (whole body): the caller runs on a CPU with avx512f/bw/vl, `src` points
-        // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
-        // write lands below `w.len + 64`).
-        unsafe {
-            let absm = _mm512_set1_epi32(0x7fff_ffff);
-            let bits = a.map(|v| _mm512_and_si512(_mm512_castps_si512(v), absm));
-            let mut mm = 0u64;
-            for (j, b) in bits.iter().enumerate() {
-                if STATS {
-                    st.lanes = _mm512_add_ps(st.lanes, _mm512_castsi512_ps(*b));
-                    st.mx = _mm512_max_epi32(st.mx, *b);
-                }
-                mm |= u64::from(_mm512_cmpge_epi32_mask(*b, tv)) << (16 * j);
-            }
-            let hit = mm != 0;
-            if !BRANCH_FREE && !hit {
-                return false;
-            }
-            // Non-finite values pass every threshold, so only groups with hits can hold one.
-            let inf = _mm512_set1_epi32(INF_BITS);
-            for b in &bits {
-                st.nf |= _mm512_cmpge_epi32_mask(*b, inf);
-            }
-            let mut len = w.len;
-            if BRANCH_FREE {
-                for _ in 0..2 {
-                    // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
-                    let j = (mm.trailing_zeros() & 63) as usize;
-                    w.pi.add(len).write((off + j) as u32);
-                    w.pv.add(len).write(src.add(j).read());
-                    len += usize::from(mm != 0);
-                    mm &= mm.wrapping_sub(1);
-                }
-            }
-            while mm != 0 {
-                let j = mm.trailing_zeros() as usize;
-                w.pi.add(len).write((off + j) as u32);
-                w.pv.add(len).write(src.add(j).read());
-                len += 1;
-                mm &= mm - 1;
-            }
-            w.len = len;
-            hit
-        }
-    }
-
-    /// One block near `cap`: entry by entry through [`emit_block`].
-    #[inline(always)]
-    unsafe fn capped_block<const STATS: bool>(
-        a: __m512,
-        off: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-        st: &mut State,
-    ) {
-        // SAFETY: register operations and stores into local arrays; AVX-512 is enabled.
-        unsafe {
-            let bits = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fff_ffff));
-            if STATS {
-                st.lanes = _mm512_add_ps(st.lanes, _mm512_castsi512_ps(bits));
-                st.mx = _mm512_max_epi32(st.mx, bits);
-            }
-            st.nf |= _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(INF_BITS));
-            // Once over `cap` the list is final: a hit only confirms the overflow.
-            if st.out.overflow {
-                return;
-            }
-            if _mm512_cmpge_epi32_mask(bits, _mm512_set1_epi32(t)) != 0 {
-                let mut v = [0.0f32; BLOCK];
-                let mut b = [0i32; BLOCK];
-                _mm512_storeu_ps(v.as_mut_ptr(), a);
-                _mm512_storeu_si512(b.as_mut_ptr().cast(), bits);
-                emit_block(&v, &b, off, t, cap, cand, &mut st.out);
-            }
-        }
-    }
-
-    /// The groups of one batch, `i` up to `end`, in one form ([`group`]); returns how
-    /// many held a hit. A function of its own per form, so that each keeps the pass's
-    /// state in registers: a run-time test of the form inside one loop made the branchy
-    /// form spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
-    /// 2.14×), and both loops inlined into one function cost the branch-free form 10–25 %.
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool>(
-        i: &mut usize,
-        end: usize,
-        base: usize,
-        tv: __m512i,
-        w: &mut Batch,
-        st: &mut State,
-        src: *const f32,
-        load: &mut impl FnMut(usize) -> __m512,
-    ) -> u32 {
-        let mut hits = 0u32;
-        // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
-        unsafe {
-            while *i + 4 * BLOCK <= end {
-                let j = *i;
-                let a = [
-                    load(j),
-                    load(j + BLOCK),
-                    load(j + 2 * BLOCK),
-                    load(j + 3 * BLOCK),
-                ];
-                hits += u32::from(group::<STATS, BRANCH_FREE>(
-                    a,
-                    src.add(j),
-                    base + j,
-                    tv,
-                    w,
-                    st,
-                ));
-                *i += 4 * BLOCK;
-            }
-        }
-        hits
-    }
-
-    /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
-    /// the block at `i` (and writes the accumulated ones back in a fused pass), emitting
-    /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
-    /// share of the last batch's groups that held a hit, starting from the form the
-    /// list's last pass ended in.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn blocks<const STATS: bool>(
-        n: usize,
-        base: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-        st: &mut State,
-        src: *const f32,
-        emit: EmitForm,
-        mut load: impl FnMut(usize) -> __m512,
-    ) {
-        let whole = n / BLOCK * BLOCK;
-        let mut free = match emit {
-            EmitForm::Branchy => false,
-            EmitForm::BranchFree => true,
-            EmitForm::Adaptive => cand.branch_free,
-        };
-        // SAFETY (whole body): AVX-512 is enabled by the callers; `block` writes at most
-        // 16 entries per block, and each batch reserved room for all of its blocks.
-        unsafe {
-            let tv = _mm512_set1_epi32(t);
-            let mut i = 0;
-            while i < whole {
-                let end = (i + BATCH * BLOCK).min(whole);
-                let room = (end - i) + BLOCK;
-                let len = cand.idx.len();
-                if len + room > cap {
-                    while i < end {
-                        capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
-                        i += BLOCK;
-                    }
-                    continue;
-                }
-                cand.idx.reserve(room);
-                cand.val.reserve(room);
-                let mut w = Batch {
-                    pi: cand.idx.as_mut_ptr(),
-                    pv: cand.val.as_mut_ptr(),
-                    len,
-                };
-                let at = i;
-                let hits = if free {
-                    groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, src, &mut load)
-                } else {
-                    groups::<STATS, false>(&mut i, end, base, tv, &mut w, st, src, &mut load)
-                };
-                if emit == EmitForm::Adaptive {
-                    free = 4 * hits as usize * 4 * BLOCK > i - at;
-                }
-                while i < end {
-                    block::<STATS>(load(i), base + i, tv, &mut w, st);
-                    i += BLOCK;
-                }
-                cand.idx.set_len(w.len);
-                cand.val.set_len(w.len);
-            }
-            if emit == EmitForm::Adaptive {
-                cand.branch_free = free;
-            }
-            if STATS {
-                // The lanes folded once, before the tail's elements (as [`abs_sum`]).
-                st.sum += f64::from(tree16_zmm(st.lanes));
-                st.lanes = _mm512_setzero_ps();
-            }
-        }
-    }
-
-    /// The scalar tail of a pass (fewer than 16 elements), continuing its statistics.
-    #[inline(always)]
-    fn tail<const STATS: bool>(
-        x: &[f32],
-        off: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-        st: &mut State,
-    ) -> i32 {
-        let mut mx = 0i32;
-        for (j, &a) in x.iter().enumerate() {
-            let ab = abs_bits(a);
-            if STATS {
-                st.sum += f64::from(f32::from_bits(ab as u32));
-                mx = mx.max(ab);
-            }
-            if ab >= t {
-                emit(a, ab, off + j, cap, cand, &mut st.out);
-            }
-        }
-        mx
-    }
-
-    /// Closes a pass over `acc` (the values the pass compared) that started at `base`.
-    #[inline(always)]
-    unsafe fn finish<const STATS: bool>(
-        st: State,
-        tail_mx: i32,
-        acc: &[f32],
-        base: usize,
-    ) -> PassOut {
-        let mut out = st.out;
-        if st.nf != 0 || out.non_finite.is_some() {
-            let i = acc.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            out.non_finite = Some((base + i, acc[i]));
-        }
-        if STATS {
-            out.abs_sum = st.sum;
-            // SAFETY: register-only AVX-512F reduction, enabled by the callers.
-            out.max_bits = unsafe { _mm512_reduce_max_epi32(st.mx) }.max(tail_mx);
-        }
-        out
-    }
-
-    fn state() -> State {
-        State {
-            out: PassOut::new(),
-            nf: 0,
-            sum: 0.0,
-            // SAFETY: register-only AVX-512F, only reached from the enabled passes.
-            lanes: unsafe { _mm512_setzero_ps() },
-            // SAFETY: as above.
-            mx: unsafe { _mm512_setzero_si512() },
-        }
-    }
-
-    /// [`fused_body`] with AVX-512, emitting as `emit` asks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) fn fused<const STATS: bool>(
-        emit: EmitForm,
-        r: &mut [f32],
-        g: &[f32],
-        base: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-    ) -> PassOut {
-        let n = r.len().min(g.len());
-        let whole = n / BLOCK * BLOCK;
-        let mut st = state();
-        let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
-        // One block at `i`, accumulated and stored (`blocks` passes whole blocks below
-        // `whole <= n`, within both slices).
-        let load = |i: usize| {
-            // SAFETY: as just said; AVX-512 is enabled here.
-            unsafe {
-                let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
-                _mm512_storeu_ps(pr.add(i), a);
-                a
-            }
-        };
-        let src = pr.cast_const();
-        // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both slices.
-        unsafe {
-            blocks::<STATS>(n, base, t, cap, cand, &mut st, src, emit, load);
-        }
-        for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
-            *rv += *gv;
-        }
-        let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
-        // SAFETY: AVX-512 is enabled here.
-        unsafe { finish::<STATS>(st, mx, &r[..n], base) }
-    }
-
-    /// [`add_max_body`] with AVX-512, in the same order (so the same maxima and bits of
-    /// the sum): one vector add, `max` and (with `STATS`) lane sum per block. The portable
-    /// body compiles to 128-bit vectors even where AVX-512 is enabled, four times the
-    /// instructions.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) fn add_max<const STATS: bool>(
-        r: &mut [f32],
-        g: &[f32],
-        maxes: &mut [i32],
-    ) -> (i32, f64) {
-        let n = r.len().min(g.len());
-        let blocks = n / BLOCK;
-        let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
-        // SAFETY (whole block): AVX-512 is enabled here; loads and stores stay below
-        // `blocks * BLOCK <= n`, and `maxes` (checked by slicing) has a span's entries.
-        unsafe {
-            let absm = _mm512_set1_epi32(0x7fff_ffff);
-            let mut m = _mm512_setzero_si512();
-            let mut top = _mm512_set1_epi32(-1);
-            let mut lanes = _mm512_setzero_ps();
-            let mut total = 0.0f64;
-            // One block at `i`: accumulated, stored, into the span's maxima and the lanes.
-            let block = |i: usize, m: &mut __m512i, lanes: &mut __m512| {
-                let a = _mm512_add_ps(_mm512_loadu_ps(pr.add(i)), _mm512_loadu_ps(pg.add(i)));
-                _mm512_storeu_ps(pr.add(i), a);
-                let bits = _mm512_and_si512(_mm512_castps_si512(a), absm);
-                *m = _mm512_max_epi32(*m, bits);
-                if STATS {
-                    *lanes = _mm512_add_ps(*lanes, _mm512_castsi512_ps(bits));
-                }
-            };
-            // Whole spans: sixteen blocks without a test between them.
-            let spans = blocks / BLOCK;
-            for s in 0..spans {
-                for j in 0..BLOCK {
-                    block((s * BLOCK + j) * BLOCK, &mut m, &mut lanes);
-                }
-                let at = s * BLOCK;
-                _mm512_storeu_si512(maxes[at..at + BLOCK].as_mut_ptr().cast(), m);
-                top = _mm512_max_epi32(top, m);
-                m = _mm512_setzero_si512();
-                if STATS && s % (CHUNK / GROUP_SPAN) == CHUNK / GROUP_SPAN - 1 {
-                    total += f64::from(tree16_zmm(lanes));
-                    lanes = _mm512_setzero_ps();
-                }
-            }
-            // The whole blocks of the last, partial span (a chunk is a whole number of
-            // spans, so none of them ends one).
-            for b in spans * BLOCK..blocks {
-                block(b * BLOCK, &mut m, &mut lanes);
-            }
-            // The last, partial chunk and span, as in the portable body.
-            let (mut mm, mut tops) = ([0i32; BLOCK], [0i32; BLOCK]);
-            _mm512_storeu_si512(mm.as_mut_ptr().cast(), m);
-            _mm512_storeu_si512(tops.as_mut_ptr().cast(), top);
-            let chunk = f64::from(tree16_zmm(lanes));
-            let lo = blocks * BLOCK;
-            let (r, g) = (&mut r[lo..n], &g[lo..n]);
-            total += add_max_end::<STATS>(r, g, n, mm, maxes, &mut tops, chunk);
-            let top = _mm512_loadu_si512(tops.as_ptr().cast());
-            (_mm512_reduce_max_epi32(top).max(-1), total)
-        }
-    }
-
-    /// [`scan_body`] with AVX-512.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) fn scan<const STATS: bool>(
-        x: &[f32],
-        base: usize,
-        t: i32,
-        cap: usize,
-        cand: &mut Cand,
-    ) -> PassOut {
-        let n = x.len();
-        let whole = n / BLOCK * BLOCK;
-        let mut st = state();
-        let px = x.as_ptr();
-        // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
-        unsafe {
-            blocks::<STATS>(n, base, t, cap, cand, &mut st, px, emit_form(), |i| {
-                _mm512_loadu_ps(px.add(i))
-            });
-        }
-        let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
-        // SAFETY: AVX-512 is enabled here.
-        unsafe { finish::<STATS>(st, mx, x, base) }
-    }
-}
+mod wide;
 
 /// Emits the entries of one block whose magnitude bits reach `t`, in index order. The
 /// common case (all finite, room for a whole block under `cap`) is branch-free: every
@@ -998,29 +524,6 @@ macro_rules! isa_build {
             use super::*;
 
             #[target_feature(enable = $feat)]
-            pub(super) fn fused<const STATS: bool>(
-                r: &mut [f32],
-                g: &[f32],
-                base: usize,
-                t: i32,
-                cap: usize,
-                cand: &mut Cand,
-            ) -> PassOut {
-                fused_body::<STATS>(r, g, base, t, cap, cand)
-            }
-
-            #[target_feature(enable = $feat)]
-            pub(super) fn scan<const STATS: bool>(
-                x: &[f32],
-                base: usize,
-                t: i32,
-                cap: usize,
-                cand: &mut Cand,
-            ) -> PassOut {
-                scan_body::<STATS>(x, base, t, cap, cand)
-            }
-
-            #[target_feature(enable = $feat)]
             pub(super) fn add(r: &mut [f32], g: &[f32]) {
                 add_body(r, g)
             }
@@ -1028,15 +531,6 @@ macro_rules! isa_build {
             #[target_feature(enable = $feat)]
             pub(super) fn moments(x: &[f32]) -> (f64, f64, i32) {
                 moments_body(x)
-            }
-
-            #[target_feature(enable = $feat)]
-            pub(super) fn add_max<const STATS: bool>(
-                r: &mut [f32],
-                g: &[f32],
-                maxes: &mut [i32],
-            ) -> (i32, f64) {
-                add_max_body::<STATS>(r, g, maxes)
             }
 
             #[target_feature(enable = $feat)]
@@ -1131,15 +625,15 @@ fn fused_any<const STATS: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
+    match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        return unsafe { avx512_emit::fused::<STATS>(emit, r, g, base, t, cap, cand) };
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { wide::avx512::fused::<STATS>(emit, r, g, base, t, cap, cand) },
+        // SAFETY: `isa()` checked at run time that the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { wide::avx2::fused::<STATS>(emit, r, g, base, t, cap, cand) },
+        _ => fused_body::<STATS>(r, g, base, t, cap, cand),
     }
-    dispatch!(
-        fused::<STATS>(r, g, base, t, cap, cand),
-        fused_body::<STATS>(r, g, base, t, cap, cand)
-    )
 }
 
 /// Puts the recorded values of `cand` back into `residual` (undoing a `ZERO` pass).
@@ -1158,15 +652,15 @@ pub(crate) fn scan_one<const STATS: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
+    match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        return unsafe { avx512_emit::scan::<STATS>(x, base, t, cap, cand) };
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { wide::avx512::scan::<STATS>(x, base, t, cap, cand) },
+        // SAFETY: `isa()` checked at run time that the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { wide::avx2::scan::<STATS>(x, base, t, cap, cand) },
+        _ => scan_body::<STATS>(x, base, t, cap, cand),
     }
-    dispatch!(
-        scan::<STATS>(x, base, t, cap, cand),
-        scan_body::<STATS>(x, base, t, cap, cand)
-    )
 }
 
 /// [`add_max_body`] from the widest build.
@@ -1176,15 +670,15 @@ pub(crate) fn add_max_one<const STATS: bool>(
     g: &[f32],
     maxes: &mut [i32],
 ) -> (i32, f64) {
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
-        // SAFETY: `isa()` checked at run time that the CPU has AVX-512F/BW/VL.
-        return unsafe { avx512_emit::add_max::<STATS>(r, g, maxes) };
+    match isa() {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { wide::avx512::add_max::<STATS>(r, g, maxes) },
+        // SAFETY: `isa()` checked at run time that the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { wide::avx2::add_max::<STATS>(r, g, maxes) },
+        _ => add_max_body::<STATS>(r, g, maxes),
     }
-    dispatch!(
-        add_max::<STATS>(r, g, maxes),
-        add_max_body::<STATS>(r, g, maxes)
-    )
 }
 
 /// [`count_ge_body`] from the widest build.
@@ -2122,11 +1616,94 @@ mod tests {
         assert!(compared > 20, "most cases emit candidates: {compared}");
     }
 
+    /// The vector passes of every instruction set this CPU has ([`wide`]) equal the
+    /// portable bodies bit for bit: candidates, order, cap and overflow, statistics,
+    /// non-finite reporting and the accumulated vector, fused and read-only, at hit rates
+    /// from none to all, in every emission form.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_passes_equal_the_portable_bodies() {
+        type Pass = (
+            Vec<u32>,
+            Vec<u32>,
+            Vec<u32>,
+            (bool, u64, i32),
+            Option<(usize, u32)>,
+        );
+        let seen = |r: &[f32], c: Cand, o: PassOut| -> Pass {
+            let stats = (o.overflow, o.abs_sum.to_bits(), o.max_bits);
+            let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
+            (bits_of(r), c.idx, bits_of(&c.val), stats, nf)
+        };
+        let isas: Vec<(&str, bool)> = vec![
+            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("avx512", isa() == Isa::Avx512),
+        ];
+        let (mut compared, mut emitted) = (0, 0);
+        for n in [15usize, 63, 64 * 64 + 17, 3 * CHUNK + 5] {
+            let g: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01)
+                .collect();
+            for t in [INF_BITS, abs_bits(5.01), abs_bits(4.55), 0, i32::MIN] {
+                for cap in [usize::MAX, n / 20, 3] {
+                    for bad in [None, Some(n / 2)] {
+                        let mut r0: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.001).collect();
+                        if let Some(b) = bad {
+                            r0[b] = f32::NAN;
+                        }
+                        let (mut r, mut c) = (r0.clone(), Cand::default());
+                        let o = fused_body::<true>(&mut r, &g, 5, t, cap, &mut c);
+                        let want = seen(&r, c, o);
+                        let mut c = Cand::default();
+                        let o = scan_body::<true>(&r0, 5, t, cap, &mut c);
+                        let want_scan = seen(&r0, c, o);
+                        for &(name, has) in isas.iter().filter(|i| i.1) {
+                            for emit in
+                                [EmitForm::Branchy, EmitForm::BranchFree, EmitForm::Adaptive]
+                            {
+                                let (mut r, mut c) = (r0.clone(), Cand::default());
+                                let mut c2 = Cand::default();
+                                // SAFETY: the CPU has the instruction set (`has`).
+                                let (o, o2) = unsafe {
+                                    assert!(has);
+                                    if name == "avx2" {
+                                        (
+                                            wide::avx2::fused::<true>(
+                                                emit, &mut r, &g, 5, t, cap, &mut c,
+                                            ),
+                                            wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2),
+                                        )
+                                    } else {
+                                        (
+                                            wide::avx512::fused::<true>(
+                                                emit, &mut r, &g, 5, t, cap, &mut c,
+                                            ),
+                                            wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2),
+                                        )
+                                    }
+                                };
+                                let what = format!("{name} {emit:?} n {n} t {t} cap {cap} {bad:?}");
+                                assert_eq!(seen(&r, c, o), want, "fused {what}");
+                                assert_eq!(seen(&r0, c2, o2), want_scan, "scan {what}");
+                                compared += 1;
+                            }
+                        }
+                        emitted += usize::from(!want.1.is_empty());
+                    }
+                }
+            }
+        }
+        if isas.iter().any(|i| i.1) {
+            assert!(compared > 100, "compared {compared}");
+        }
+        assert!(emitted > 40, "most cases emit candidates: {emitted}");
+    }
+
     /// An adaptive pass ends in the branch-free form where most groups hold a hit, and
     /// in the branchy one where none do, whatever form it started from.
     #[test]
     fn adaptive_form_follows_the_hit_rate() {
-        if isa() != Isa::Avx512 {
+        if isa() == Isa::Base {
             return;
         }
         let g: Vec<f32> = (0..4 * CHUNK).map(|i| 1.0 + (i % 7) as f32).collect();

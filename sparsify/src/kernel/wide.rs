@@ -1,0 +1,718 @@
+//! The fused and read-only passes written with vector intrinsics, once, for every
+//! instruction set that has a [`Wide`] register type: AVX-512 (one `zmm` per 16-element
+//! block) and AVX2 (two `ymm`). Each block's hit test is a mask compare; a group of four
+//! blocks shares one branch (or none, [`EmitForm`]), and its hits are written by a loop
+//! over the set bits of the group's 64-bit mask, so a candidate costs no mispredicted
+//! branch of its own (which, for data in cache, cost more than the pass itself at
+//! ρ = 0.01). Non-finite values are only flagged in the loop and located after it. Same
+//! candidates, order, cap handling, statistics (the `|x|` sum in the order of
+//! [`abs_sum`]) and non-finite reporting as [`fused_body`] / [`scan_body`]; blocks that
+//! would cross `cap` go through [`emit_block`].
+//!
+//! Why AVX2 too: the portable bodies, auto-vectorised for AVX2, test one 16-element block
+//! per branch and call [`emit_block`] for every block with a hit; on an AVX2-only CPU
+//! (AMD EPYC, 2 threads) that left the threshold selector at 1.57× the floor at 2^20,
+//! ρ = 0.01 (`docs/results/topk.md`).
+#![cfg(target_arch = "x86_64")]
+
+use super::*;
+use std::arch::x86_64::*;
+
+/// Sixteen 32-bit lanes (one [`BLOCK`]) in the registers of one instruction set, read as
+/// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
+/// run inside a function with that instruction set enabled (where it is inlined).
+pub(super) trait Wide: Copy {
+    /// Sixteen values from `p`.
+    unsafe fn load(p: *const f32) -> Self;
+    /// Stores the sixteen lanes at `p`.
+    unsafe fn store(self, p: *mut f32);
+    /// Lane-wise `f32` sum.
+    unsafe fn add_f32(self, o: Self) -> Self;
+    /// The magnitude bits ([`abs_bits`]) of each lane.
+    unsafe fn abs(self) -> Self;
+    /// Bit `j` set where lane `j` (as `i32`) is at least lane `j` of `t`.
+    unsafe fn ge_mask(self, t: Self) -> u16;
+    /// `v` in every lane.
+    unsafe fn splat_i32(v: i32) -> Self;
+    /// All lanes zero.
+    unsafe fn zero() -> Self;
+    /// Lane-wise `i32` maximum.
+    unsafe fn max_i32(self, o: Self) -> Self;
+    /// [`tree16`] of the lanes as `f32`: halves, then quarters, then `(b0 + b2) + (b1 + b3)`.
+    unsafe fn tree16(self) -> f32;
+    /// The largest lane as `i32`.
+    unsafe fn reduce_max_i32(self) -> i32;
+    /// Writes the lanes set in `m` (indices `off + j`, values `a[j]`) packed at `pi` and
+    /// `pv`, each with room for 16.
+    unsafe fn compress(m: u16, a: Self, off: usize, pi: *mut u32, pv: *mut f32);
+}
+
+/// An AVX-512 register.
+#[derive(Clone, Copy)]
+pub(super) struct Zmm(__m512);
+
+impl Wide for Zmm {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller enabled AVX-512F and `p` has 16 readable values.
+        Zmm(unsafe { _mm512_loadu_ps(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: as in `load`, for 16 writable values.
+        unsafe { _mm512_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn add_f32(self, o: Self) -> Self {
+        // SAFETY: register-only, AVX-512F enabled by the caller.
+        Zmm(unsafe { _mm512_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let m = _mm512_set1_epi32(0x7fff_ffff);
+            Zmm(_mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_castps_si512(self.0),
+                m,
+            )))
+        }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(self, t: Self) -> u16 {
+        // SAFETY: as in `add_f32`.
+        unsafe { _mm512_cmpge_epi32_mask(_mm512_castps_si512(self.0), _mm512_castps_si512(t.0)) }
+    }
+    #[inline(always)]
+    unsafe fn splat_i32(v: i32) -> Self {
+        // SAFETY: as in `add_f32`.
+        Zmm(unsafe { _mm512_castsi512_ps(_mm512_set1_epi32(v)) })
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: as in `add_f32`.
+        Zmm(unsafe { _mm512_setzero_ps() })
+    }
+    #[inline(always)]
+    unsafe fn max_i32(self, o: Self) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let m = _mm512_max_epi32(_mm512_castps_si512(self.0), _mm512_castps_si512(o.0));
+            Zmm(_mm512_castsi512_ps(m))
+        }
+    }
+    #[inline(always)]
+    unsafe fn tree16(self) -> f32 {
+        // SAFETY: register-only AVX-512F/SSE operations, enabled by the caller.
+        unsafe {
+            let v = self.0;
+            let a = _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            );
+            tree8(a)
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max_i32(self) -> i32 {
+        // SAFETY: as in `add_f32`.
+        unsafe { _mm512_reduce_max_epi32(_mm512_castps_si512(self.0)) }
+    }
+    #[inline(always)]
+    unsafe fn compress(m: u16, a: Self, off: usize, pi: *mut u32, pv: *mut f32) {
+        // SAFETY: AVX-512F enabled by the caller; both lists have room for 16.
+        unsafe {
+            let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let idx = _mm512_add_epi32(_mm512_set1_epi32(off as u32 as i32), lanes);
+            _mm512_storeu_si512(pi.cast(), _mm512_maskz_compress_epi32(m, idx));
+            _mm512_storeu_ps(pv, _mm512_maskz_compress_ps(m, a.0));
+        }
+    }
+}
+
+/// The last steps of [`Wide::tree16`] on the sum of the two halves: quarters, then
+/// `(b0 + b2) + (b1 + b3)`.
+#[inline(always)]
+unsafe fn tree8(a: __m256) -> f32 {
+    // SAFETY: register-only AVX/SSE operations, enabled by the callers.
+    unsafe {
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+    }
+}
+
+/// Two AVX2 registers: lanes 0–7 and 8–15.
+#[derive(Clone, Copy)]
+pub(super) struct Ymm2([__m256; 2]);
+
+impl Ymm2 {
+    /// Both halves as `i32`.
+    #[inline(always)]
+    unsafe fn ints(self) -> [__m256i; 2] {
+        // SAFETY: register-only casts, AVX enabled by the caller.
+        unsafe { self.0.map(|v| _mm256_castps_si256(v)) }
+    }
+    #[inline(always)]
+    unsafe fn of_ints(v: [__m256i; 2]) -> Self {
+        // SAFETY: as in `ints`.
+        Ymm2(unsafe { v.map(|v| _mm256_castsi256_ps(v)) })
+    }
+}
+
+impl Wide for Ymm2 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller enabled AVX2 and `p` has 16 readable values.
+        unsafe { Ymm2([_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: as in `load`, for 16 writable values.
+        unsafe {
+            _mm256_storeu_ps(p, self.0[0]);
+            _mm256_storeu_ps(p.add(8), self.0[1]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_f32(self, o: Self) -> Self {
+        // SAFETY: register-only, AVX2 enabled by the caller.
+        unsafe {
+            Ymm2([
+                _mm256_add_ps(self.0[0], o.0[0]),
+                _mm256_add_ps(self.0[1], o.0[1]),
+            ])
+        }
+    }
+    #[inline(always)]
+    unsafe fn abs(self) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            Ymm2([_mm256_and_ps(self.0[0], m), _mm256_and_ps(self.0[1], m)])
+        }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(self, t: Self) -> u16 {
+        // `x >= t` is `!(t > x)`: exact for every `t`, where `x > t - 1` overflows at
+        // `i32::MIN`.
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let (x, t) = (self.ints(), t.ints());
+            let lt = |j: usize| {
+                let gt = _mm256_cmpgt_epi32(t[j], x[j]);
+                _mm256_movemask_ps(_mm256_castsi256_ps(gt)) as u16
+            };
+            !(lt(0) | (lt(1) << 8))
+        }
+    }
+    #[inline(always)]
+    unsafe fn splat_i32(v: i32) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe { Ymm2::of_ints([_mm256_set1_epi32(v); 2]) }
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe { Ymm2([_mm256_setzero_ps(); 2]) }
+    }
+    #[inline(always)]
+    unsafe fn max_i32(self, o: Self) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let (a, b) = (self.ints(), o.ints());
+            Ymm2::of_ints([_mm256_max_epi32(a[0], b[0]), _mm256_max_epi32(a[1], b[1])])
+        }
+    }
+    #[inline(always)]
+    unsafe fn tree16(self) -> f32 {
+        // SAFETY: as in `add_f32`.
+        unsafe { tree8(_mm256_add_ps(self.0[0], self.0[1])) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max_i32(self) -> i32 {
+        let mut l = [0i32; 16];
+        // SAFETY: `l` has room for 16 lanes; AVX2 enabled by the caller.
+        unsafe { self.store(l.as_mut_ptr().cast()) };
+        l.into_iter().fold(i32::MIN, i32::max)
+    }
+    #[inline(always)]
+    unsafe fn compress(m: u16, a: Self, off: usize, pi: *mut u32, pv: *mut f32) {
+        let mut v = [0.0f32; 16];
+        // SAFETY: `v` has room for 16; both lists have room for 16 and the loop writes
+        // one entry per set bit of `m`.
+        unsafe {
+            a.store(v.as_mut_ptr());
+            let (mut m, mut n) = (m, 0);
+            while m != 0 {
+                let j = m.trailing_zeros() as usize;
+                pi.add(n).write((off + j) as u32);
+                pv.add(n).write(v[j]);
+                n += 1;
+                m &= m - 1;
+            }
+        }
+    }
+}
+
+/// The passes of one instruction set: module `$m`, its functions compiled with `$feat`
+/// enabled, its blocks in registers of type `$w` ([`Wide`]).
+macro_rules! wide_passes {
+    ($m:ident, $feat:literal, $w:ty) => {
+        pub(super) mod $m {
+            use super::*;
+
+            /// This instruction set's 16-lane register.
+            type W = $w;
+
+            /// Running state of one pass.
+            struct State {
+                out: PassOut,
+                /// Lanes of some block that held a non-finite value.
+                nf: u16,
+                sum: f64,
+                /// Per-lane f32 sums of the whole blocks' magnitudes ([`abs_sum`]'s order).
+                lanes: W,
+                mx: W,
+            }
+
+            /// Blocks per batch: the lists get room for a whole batch at once, so the loop keeps
+            /// their length and pointers in registers (a length stored and reloaded per block puts
+            /// a store-forwarding round trip on the loop's critical path).
+            const BATCH: usize = 64;
+
+            /// The per-block state that stays in registers during a batch.
+            struct Batch {
+                pi: *mut u32,
+                pv: *mut f32,
+                len: usize,
+            }
+
+            /// One block of a batch (room already ensured): `a` holds its values, `off` the index of
+            /// its first one.
+            #[inline(always)]
+            unsafe fn block<const STATS: bool>(
+                a: W,
+                off: usize,
+                tv: W,
+                w: &mut Batch,
+                st: &mut State,
+            ) {
+                // SAFETY (whole body): the caller runs on a CPU with this module's features and reserved
+                // room for 16 more entries at `w.len` in both lists.
+                unsafe {
+                    let bits = a.abs();
+                    let m = bits.ge_mask(tv);
+                    if STATS {
+                        st.lanes = st.lanes.add_f32(bits);
+                        st.mx = st.mx.max_i32(bits);
+                    }
+                    if m == 0 {
+                        return;
+                    }
+                    // Non-finite values pass every threshold, so only blocks with hits can hold one.
+                    st.nf |= bits.ge_mask(W::splat_i32(INF_BITS));
+                    W::compress(m, a, off, w.pi.add(w.len), w.pv.add(w.len));
+                    w.len += m.count_ones() as usize;
+                }
+            }
+
+            /// Four blocks of a batch (room already ensured): `a` holds their values, also readable
+            /// at `src`, and `off` is the index of the first. One hit test covers all 64 elements,
+            /// and the hits are written by a loop over the set bits. `BRANCH_FREE` ([`EmitForm`]) drops
+            /// the test: the first two hits are written unconditionally (a slot without a hit is
+            /// overwritten by the next write, the length advancing only past real ones), and only a
+            /// group with three or more (about 1 in 30 at ρ = 0.01) loops. Returns whether the
+            /// group held a hit.
+            #[inline(always)]
+            unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
+                a: [W; 4],
+                src: *const f32,
+                off: usize,
+                tv: W,
+                w: &mut Batch,
+                st: &mut State,
+            ) -> bool {
+                // SAFETY (whole body): the caller runs on a CPU with this module's features, `src` points
+                // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
+                // write lands below `w.len + 64`).
+                unsafe {
+                    let bits = a.map(|v| v.abs());
+                    let mut mm = 0u64;
+                    for (j, b) in bits.iter().enumerate() {
+                        if STATS {
+                            st.lanes = st.lanes.add_f32(*b);
+                            st.mx = st.mx.max_i32(*b);
+                        }
+                        mm |= u64::from(b.ge_mask(tv)) << (16 * j);
+                    }
+                    let hit = mm != 0;
+                    if !BRANCH_FREE && !hit {
+                        return false;
+                    }
+                    // Non-finite values pass every threshold, so only groups with hits can hold one.
+                    let inf = W::splat_i32(INF_BITS);
+                    for b in &bits {
+                        st.nf |= b.ge_mask(inf);
+                    }
+                    let mut len = w.len;
+                    if BRANCH_FREE {
+                        for _ in 0..2 {
+                            // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
+                            let j = (mm.trailing_zeros() & 63) as usize;
+                            w.pi.add(len).write((off + j) as u32);
+                            w.pv.add(len).write(src.add(j).read());
+                            len += usize::from(mm != 0);
+                            mm &= mm.wrapping_sub(1);
+                        }
+                    }
+                    while mm != 0 {
+                        let j = mm.trailing_zeros() as usize;
+                        w.pi.add(len).write((off + j) as u32);
+                        w.pv.add(len).write(src.add(j).read());
+                        len += 1;
+                        mm &= mm - 1;
+                    }
+                    w.len = len;
+                    hit
+                }
+            }
+
+            /// One block near `cap`: entry by entry through [`emit_block`].
+            #[inline(always)]
+            unsafe fn capped_block<const STATS: bool>(
+                a: W,
+                off: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+                st: &mut State,
+            ) {
+                // SAFETY: register operations and stores into local arrays; this module's features are enabled.
+                unsafe {
+                    let bits = a.abs();
+                    if STATS {
+                        st.lanes = st.lanes.add_f32(bits);
+                        st.mx = st.mx.max_i32(bits);
+                    }
+                    st.nf |= bits.ge_mask(W::splat_i32(INF_BITS));
+                    // Once over `cap` the list is final: a hit only confirms the overflow.
+                    if st.out.overflow {
+                        return;
+                    }
+                    if bits.ge_mask(W::splat_i32(t)) != 0 {
+                        let mut v = [0.0f32; BLOCK];
+                        let mut b = [0i32; BLOCK];
+                        a.store(v.as_mut_ptr());
+                        bits.store(b.as_mut_ptr().cast());
+                        emit_block(&v, &b, off, t, cap, cand, &mut st.out);
+                    }
+                }
+            }
+
+            /// The groups of one batch, `i` up to `end`, in one form ([`group`]); returns how
+            /// many held a hit. A function of its own per form, so that each keeps the pass's
+            /// state in registers: a run-time test of the form inside one loop made the branchy
+            /// form spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
+            /// 2.14×), and both loops inlined into one function cost the branch-free form 10–25 %.
+            #[inline(never)]
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool>(
+                i: &mut usize,
+                end: usize,
+                base: usize,
+                tv: W,
+                w: &mut Batch,
+                st: &mut State,
+                src: *const f32,
+                load: &mut impl FnMut(usize) -> W,
+            ) -> u32 {
+                let mut hits = 0u32;
+                // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
+                unsafe {
+                    while *i + 4 * BLOCK <= end {
+                        let j = *i;
+                        let a = [
+                            load(j),
+                            load(j + BLOCK),
+                            load(j + 2 * BLOCK),
+                            load(j + 3 * BLOCK),
+                        ];
+                        hits += u32::from(group::<STATS, BRANCH_FREE>(
+                            a,
+                            src.add(j),
+                            base + j,
+                            tv,
+                            w,
+                            st,
+                        ));
+                        *i += 4 * BLOCK;
+                    }
+                }
+                hits
+            }
+
+            /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
+            /// the block at `i` (and writes the accumulated ones back in a fused pass), emitting
+            /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
+            /// share of the last batch's groups that held a hit, starting from the form the
+            /// list's last pass ended in.
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn blocks<const STATS: bool>(
+                n: usize,
+                base: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+                st: &mut State,
+                src: *const f32,
+                emit: EmitForm,
+                mut load: impl FnMut(usize) -> W,
+            ) {
+                let whole = n / BLOCK * BLOCK;
+                let mut free = match emit {
+                    EmitForm::Branchy => false,
+                    EmitForm::BranchFree => true,
+                    EmitForm::Adaptive => cand.branch_free,
+                };
+                // SAFETY (whole body): this module's features are enabled by the callers; `block` writes at most
+                // 16 entries per block, and each batch reserved room for all of its blocks.
+                unsafe {
+                    let tv = W::splat_i32(t);
+                    let mut i = 0;
+                    while i < whole {
+                        let end = (i + BATCH * BLOCK).min(whole);
+                        let room = (end - i) + BLOCK;
+                        let len = cand.idx.len();
+                        if len + room > cap {
+                            while i < end {
+                                capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
+                                i += BLOCK;
+                            }
+                            continue;
+                        }
+                        cand.idx.reserve(room);
+                        cand.val.reserve(room);
+                        let mut w = Batch {
+                            pi: cand.idx.as_mut_ptr(),
+                            pv: cand.val.as_mut_ptr(),
+                            len,
+                        };
+                        let at = i;
+                        let hits = if free {
+                            groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, src, &mut load)
+                        } else {
+                            groups::<STATS, false>(
+                                &mut i, end, base, tv, &mut w, st, src, &mut load,
+                            )
+                        };
+                        if emit == EmitForm::Adaptive {
+                            free = 4 * hits as usize * 4 * BLOCK > i - at;
+                        }
+                        while i < end {
+                            block::<STATS>(load(i), base + i, tv, &mut w, st);
+                            i += BLOCK;
+                        }
+                        cand.idx.set_len(w.len);
+                        cand.val.set_len(w.len);
+                    }
+                    if emit == EmitForm::Adaptive {
+                        cand.branch_free = free;
+                    }
+                    if STATS {
+                        // The lanes folded once, before the tail's elements (as [`abs_sum`]).
+                        st.sum += f64::from(st.lanes.tree16());
+                        st.lanes = W::zero();
+                    }
+                }
+            }
+
+            /// The scalar tail of a pass (fewer than 16 elements), continuing its statistics.
+            #[inline(always)]
+            fn tail<const STATS: bool>(
+                x: &[f32],
+                off: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+                st: &mut State,
+            ) -> i32 {
+                let mut mx = 0i32;
+                for (j, &a) in x.iter().enumerate() {
+                    let ab = abs_bits(a);
+                    if STATS {
+                        st.sum += f64::from(f32::from_bits(ab as u32));
+                        mx = mx.max(ab);
+                    }
+                    if ab >= t {
+                        emit(a, ab, off + j, cap, cand, &mut st.out);
+                    }
+                }
+                mx
+            }
+
+            /// Closes a pass over `acc` (the values the pass compared) that started at `base`.
+            #[inline(always)]
+            unsafe fn finish<const STATS: bool>(
+                st: State,
+                tail_mx: i32,
+                acc: &[f32],
+                base: usize,
+            ) -> PassOut {
+                let mut out = st.out;
+                if st.nf != 0 || out.non_finite.is_some() {
+                    let i = acc.iter().position(|v| !v.is_finite()).unwrap_or(0);
+                    out.non_finite = Some((base + i, acc[i]));
+                }
+                if STATS {
+                    out.abs_sum = st.sum;
+                    // SAFETY: register-only reduction, its features enabled by the callers.
+                    out.max_bits = unsafe { st.mx.reduce_max_i32() }.max(tail_mx);
+                }
+                out
+            }
+
+            fn state() -> State {
+                State {
+                    out: PassOut::new(),
+                    nf: 0,
+                    sum: 0.0,
+                    // SAFETY: register-only, only reached from the enabled passes.
+                    lanes: unsafe { W::zero() },
+                    // SAFETY: as above.
+                    mx: unsafe { W::zero() },
+                }
+            }
+
+            /// [`fused_body`] in this module's registers, emitting as `emit` asks.
+            #[target_feature(enable = $feat)]
+            pub(crate) fn fused<const STATS: bool>(
+                emit: EmitForm,
+                r: &mut [f32],
+                g: &[f32],
+                base: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+            ) -> PassOut {
+                let n = r.len().min(g.len());
+                let whole = n / BLOCK * BLOCK;
+                let mut st = state();
+                let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
+                // One block at `i`, accumulated and stored (`blocks` passes whole blocks below
+                // `whole <= n`, within both slices).
+                let load = |i: usize| {
+                    // SAFETY: as just said; this module's features are enabled here.
+                    unsafe {
+                        let a = W::load(pr.add(i)).add_f32(W::load(pg.add(i)));
+                        a.store(pr.add(i));
+                        a
+                    }
+                };
+                let src = pr.cast_const();
+                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both slices.
+                unsafe {
+                    blocks::<STATS>(n, base, t, cap, cand, &mut st, src, emit, load);
+                }
+                for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
+                    *rv += *gv;
+                }
+                let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
+                // SAFETY: this module's features are enabled here.
+                unsafe { finish::<STATS>(st, mx, &r[..n], base) }
+            }
+
+            /// [`add_max_body`] in this module's registers, in the same order (so the same maxima and bits of
+            /// the sum): one vector add, `max` and (with `STATS`) lane sum per block. The portable
+            /// body compiles to 128-bit vectors even where wider ones are enabled, up to four times the
+            /// instructions.
+            #[target_feature(enable = $feat)]
+            pub(crate) fn add_max<const STATS: bool>(
+                r: &mut [f32],
+                g: &[f32],
+                maxes: &mut [i32],
+            ) -> (i32, f64) {
+                let n = r.len().min(g.len());
+                let blocks = n / BLOCK;
+                let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
+                // SAFETY (whole block): this module's features are enabled here; loads and stores stay below
+                // `blocks * BLOCK <= n`, and `maxes` (checked by slicing) has a span's entries.
+                unsafe {
+                    let mut m = W::zero();
+                    let mut top = W::splat_i32(-1);
+                    let mut lanes = W::zero();
+                    let mut total = 0.0f64;
+                    // One block at `i`: accumulated, stored, into the span's maxima and the lanes.
+                    let block = |i: usize, m: &mut W, lanes: &mut W| {
+                        let a = W::load(pr.add(i)).add_f32(W::load(pg.add(i)));
+                        a.store(pr.add(i));
+                        let bits = a.abs();
+                        *m = m.max_i32(bits);
+                        if STATS {
+                            *lanes = lanes.add_f32(bits);
+                        }
+                    };
+                    // Whole spans: sixteen blocks without a test between them.
+                    let spans = blocks / BLOCK;
+                    for s in 0..spans {
+                        for j in 0..BLOCK {
+                            block((s * BLOCK + j) * BLOCK, &mut m, &mut lanes);
+                        }
+                        let at = s * BLOCK;
+                        m.store(maxes[at..at + BLOCK].as_mut_ptr().cast());
+                        top = top.max_i32(m);
+                        m = W::zero();
+                        if STATS && s % (CHUNK / GROUP_SPAN) == CHUNK / GROUP_SPAN - 1 {
+                            total += f64::from(lanes.tree16());
+                            lanes = W::zero();
+                        }
+                    }
+                    // The whole blocks of the last, partial span (a chunk is a whole number of
+                    // spans, so none of them ends one).
+                    for b in spans * BLOCK..blocks {
+                        block(b * BLOCK, &mut m, &mut lanes);
+                    }
+                    // The last, partial chunk and span, as in the portable body.
+                    let (mut mm, mut tops) = ([0i32; BLOCK], [0i32; BLOCK]);
+                    m.store(mm.as_mut_ptr().cast());
+                    top.store(tops.as_mut_ptr().cast());
+                    let chunk = f64::from(lanes.tree16());
+                    let lo = blocks * BLOCK;
+                    let (r, g) = (&mut r[lo..n], &g[lo..n]);
+                    total += add_max_end::<STATS>(r, g, n, mm, maxes, &mut tops, chunk);
+                    let top = W::load(tops.as_ptr().cast());
+                    (top.reduce_max_i32().max(-1), total)
+                }
+            }
+
+            /// [`scan_body`] in this module's registers.
+            #[target_feature(enable = $feat)]
+            pub(crate) fn scan<const STATS: bool>(
+                x: &[f32],
+                base: usize,
+                t: i32,
+                cap: usize,
+                cand: &mut Cand,
+            ) -> PassOut {
+                let n = x.len();
+                let whole = n / BLOCK * BLOCK;
+                let mut st = state();
+                let px = x.as_ptr();
+                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
+                unsafe {
+                    blocks::<STATS>(n, base, t, cap, cand, &mut st, px, emit_form(), |i| {
+                        W::load(px.add(i))
+                    });
+                }
+                let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
+                // SAFETY: this module's features are enabled here.
+                unsafe { finish::<STATS>(st, mx, x, base) }
+            }
+        }
+    };
+}
+
+wide_passes!(avx512, "avx512f,avx512bw,avx512vl", Zmm);
+wide_passes!(avx2, "avx2", Ymm2);
