@@ -151,12 +151,17 @@ impl Ymm2 {
     #[inline(always)]
     unsafe fn ints(self) -> [__m256i; 2] {
         // SAFETY: register-only casts, AVX enabled by the caller.
-        unsafe { self.0.map(|v| _mm256_castps_si256(v)) }
+        unsafe {
+            [
+                _mm256_castps_si256(self.0[0]),
+                _mm256_castps_si256(self.0[1]),
+            ]
+        }
     }
     #[inline(always)]
     unsafe fn of_ints(v: [__m256i; 2]) -> Self {
         // SAFETY: as in `ints`.
-        Ymm2(unsafe { v.map(|v| _mm256_castsi256_ps(v)) })
+        Ymm2(unsafe { [_mm256_castsi256_ps(v[0]), _mm256_castsi256_ps(v[1])] })
     }
 }
 
@@ -337,7 +342,8 @@ macro_rules! wide_passes {
                 // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
                 // write lands below `w.len + 64`).
                 unsafe {
-                    let bits = a.map(|v| v.abs());
+                    // Not `a.map(..)`: its closure is not inlined into this instruction set's code.
+                    let bits = [a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()];
                     let mut mm = 0u64;
                     for (j, b) in bits.iter().enumerate() {
                         if STATS {
