@@ -293,8 +293,8 @@ macro_rules! wide_passes {
                 len: usize,
             }
 
-            /// One block of a batch (room already ensured): `a` holds its values, `off` the index of
-            /// its first one.
+            /// One block of a batch (room already ensured): `a` holds its values, `off` the
+            /// index of its first one.
             #[inline(always)]
             unsafe fn block<const STATS: bool>(
                 a: W,
@@ -303,8 +303,8 @@ macro_rules! wide_passes {
                 w: &mut Batch,
                 st: &mut State,
             ) {
-                // SAFETY (whole body): the caller runs on a CPU with this module's features and reserved
-                // room for 16 more entries at `w.len` in both lists.
+                // SAFETY (whole body): the caller runs on a CPU with this module's features
+                // and reserved room for 16 more entries at `w.len` in both lists.
                 unsafe {
                     let bits = a.abs();
                     let m = bits.ge_mask(tv);
@@ -315,20 +315,21 @@ macro_rules! wide_passes {
                     if m == 0 {
                         return;
                     }
-                    // Non-finite values pass every threshold, so only blocks with hits can hold one.
+                    // Non-finite values pass every threshold, so only blocks with hits can
+                    // hold one.
                     st.nf |= bits.ge_mask(W::splat_i32(INF_BITS));
                     W::compress(m, a, off, w.pi.add(w.len), w.pv.add(w.len));
                     w.len += m.count_ones() as usize;
                 }
             }
 
-            /// Four blocks of a batch (room already ensured): `a` holds their values, also readable
-            /// at `src`, and `off` is the index of the first. One hit test covers all 64 elements,
-            /// and the hits are written by a loop over the set bits. `BRANCH_FREE` ([`EmitForm`]) drops
-            /// the test: the first two hits are written unconditionally (a slot without a hit is
-            /// overwritten by the next write, the length advancing only past real ones), and only a
-            /// group with three or more (about 1 in 30 at ρ = 0.01) loops. Returns whether the
-            /// group held a hit.
+            /// Four blocks of a batch (room already ensured): `a` holds their values, also
+            /// readable at `src`, and `off` is the index of the first. One hit test covers
+            /// all 64 elements, and the hits are written by a loop over the set bits.
+            /// `BRANCH_FREE` ([`EmitForm`]) drops the test: the first two hits are written
+            /// unconditionally (a slot without a hit is overwritten by the next write, the
+            /// length advancing only past real ones), and only a group with three or more
+            /// (about 1 in 30 at ρ = 0.01) loops. Returns whether the group held a hit.
             #[inline(always)]
             unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
                 a: [W; 4],
@@ -338,9 +339,9 @@ macro_rules! wide_passes {
                 w: &mut Batch,
                 st: &mut State,
             ) -> bool {
-                // SAFETY (whole body): the caller runs on a CPU with this module's features, `src` points
-                // at the 64 values, and room for 64 more entries at `w.len` is reserved (every
-                // write lands below `w.len + 64`).
+                // SAFETY (whole body): the caller runs on a CPU with this module's
+                // features, `src` points at the 64 values, and room for 64 more entries at
+                // `w.len` is reserved (every write lands below `w.len + 64`).
                 unsafe {
                     // Not `a.map(..)`: its closure is not inlined into this instruction set's code.
                     let bits = [a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()];
@@ -356,7 +357,8 @@ macro_rules! wide_passes {
                     if !BRANCH_FREE && !hit {
                         return false;
                     }
-                    // Non-finite values pass every threshold, so only groups with hits can hold one.
+                    // Non-finite values pass every threshold, so only groups with hits can
+                    // hold one.
                     let inf = W::splat_i32(INF_BITS);
                     for b in &bits {
                         st.nf |= b.ge_mask(inf);
@@ -394,7 +396,8 @@ macro_rules! wide_passes {
                 cand: &mut Cand,
                 st: &mut State,
             ) {
-                // SAFETY: register operations and stores into local arrays; this module's features are enabled.
+                // SAFETY: register operations and stores into local arrays; this module's
+                // features are enabled.
                 unsafe {
                     let bits = a.abs();
                     if STATS {
@@ -483,8 +486,9 @@ macro_rules! wide_passes {
                     EmitForm::BranchFree => true,
                     EmitForm::Adaptive => cand.branch_free,
                 };
-                // SAFETY (whole body): this module's features are enabled by the callers; `block` writes at most
-                // 16 entries per block, and each batch reserved room for all of its blocks.
+                // SAFETY (whole body): this module's features are enabled by the callers;
+                // `block` writes at most 16 entries per block, and each batch reserved room
+                // for all of its blocks.
                 unsafe {
                     let tv = W::splat_i32(t);
                     let mut i = 0;
@@ -630,10 +634,10 @@ macro_rules! wide_passes {
                 unsafe { finish::<STATS>(st, mx, &r[..n], base) }
             }
 
-            /// [`add_max_body`] in this module's registers, in the same order (so the same maxima and bits of
-            /// the sum): one vector add, `max` and (with `STATS`) lane sum per block. The portable
-            /// body compiles to 128-bit vectors even where wider ones are enabled, up to four times the
-            /// instructions.
+            /// [`add_max_body`] in this module's registers, in the same order (so the same
+            /// maxima and bits of the sum): one vector add, `max` and (with `STATS`) lane
+            /// sum per block. The portable body compiles to 128-bit vectors even where
+            /// wider ones are enabled, up to four times the instructions.
             #[target_feature(enable = $feat)]
             pub(crate) fn add_max<const STATS: bool>(
                 r: &mut [f32],
@@ -643,8 +647,9 @@ macro_rules! wide_passes {
                 let n = r.len().min(g.len());
                 let blocks = n / BLOCK;
                 let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
-                // SAFETY (whole block): this module's features are enabled here; loads and stores stay below
-                // `blocks * BLOCK <= n`, and `maxes` (checked by slicing) has a span's entries.
+                // SAFETY (whole block): this module's features are enabled here; loads and
+                // stores stay below `blocks * BLOCK <= n`, and `maxes` (checked by slicing)
+                // has a span's entries.
                 unsafe {
                     let mut m = W::zero();
                     let mut top = W::splat_i32(-1);
