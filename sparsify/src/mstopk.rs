@@ -131,9 +131,10 @@ impl MsTopK {
     /// Algorithm 1's N rounds on the candidates (`|x| ≥ t_low`, more than `k` of them, the
     /// largest magnitude `max_bits`), by counting ([`Self::search_by_counts`]) where few
     /// magnitudes are left to search, by one rank selection ([`Self::search_by_rank`])
-    /// where many are. On fresh gradients (the `multi`-style bench of this session, MSTopK
-    /// at ρ = 0.01): at 2^14 (about 220 magnitudes) counting took 2.08× the floor against
-    /// 2.42× by rank; at 2^20 (about 14 000) rank took 0.96–1.00× against 1.11–1.50×.
+    /// where many are. On fresh gradients (MSTopK at ρ = 0.01, an AVX-512 machine, a
+    /// measuring helper that was not kept): at 2^14 (about 220 magnitudes) counting took
+    /// 2.08× the floor against 2.42× by rank; at 2^20 (about 14 000) rank took 0.96–1.00×
+    /// against 1.11–1.50×.
     fn search(&mut self, t_low: i32, mean: f64, u: f64, max_bits: i32, k: usize) -> Bounds {
         let buckets = split::Buckets::new(t_low, k);
         let bound = split::ms_boundary(&self.cand, &buckets, k, &mut self.work);
