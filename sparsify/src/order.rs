@@ -87,13 +87,43 @@ pub(crate) fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
         // SAFETY: the CPU has AVX2 (checked just above).
         return unsafe { avx2::retain(v, t, at_or_above) };
     }
-    let mut kept = 0;
-    for j in 0..v.len() {
+    retain_from(v, 0, 0, t, at_or_above)
+}
+
+/// [`retain`] from position `from` on, `kept` elements already kept at the front (`kept
+/// <= from`): the portable loop, and the SIMD builds' tail.
+fn retain_from(v: &mut [i32], from: usize, mut kept: usize, t: i32, at_or_above: bool) -> usize {
+    for j in from..v.len() {
         let x = v[j];
         v[kept] = x;
         kept += usize::from((x >= t) == at_or_above);
     }
     kept
+}
+
+/// The last elements of a compaction round (see the AVX-512 `round`), `i..n`, one by one
+/// and without a branch, continuing its counts (above `hi`, kept in `lo..=hi`).
+///
+/// # Safety
+/// `src` valid for `n` reads, `dst` for `n` writes, not overlapping; `kept <= i`.
+unsafe fn round_rest(
+    src: *const i32,
+    (mut i, n): (usize, usize),
+    dst: *mut i32,
+    (lo, hi): (i32, i32),
+    (mut above, mut kept): (usize, usize),
+) -> (usize, usize) {
+    while i < n {
+        // SAFETY: `i < n` and `kept <= i`.
+        unsafe {
+            let x = *src.add(i);
+            above += usize::from(x > hi);
+            *dst.add(kept) = x;
+            kept += usize::from(x >= lo && x <= hi);
+        }
+        i += 1;
+    }
+    (above, kept)
 }
 
 thread_local! {
@@ -131,20 +161,8 @@ mod avx512 {
             }
             i += 16;
         }
-        while i < n {
-            // SAFETY: `i < n` and `kept <= i`.
-            unsafe {
-                let x = *src.add(i);
-                if x > hi {
-                    above += 1;
-                } else if x >= lo {
-                    *dst.add(kept) = x;
-                    kept += 1;
-                }
-            }
-            i += 1;
-        }
-        (above, kept)
+        // SAFETY: as this function's contract, and `kept <= i`.
+        unsafe { round_rest(src, (i, n), dst, (lo, hi), (above, kept)) }
     }
 
     /// [`super::retain`]: sixteen at a time, compacted in place (the store at the kept
@@ -172,12 +190,7 @@ mod avx512 {
             }
             i += 16;
         }
-        for j in whole..n {
-            let x = v[j];
-            v[kept] = x;
-            kept += usize::from((x >= t) == at_or_above);
-        }
-        kept
+        retain_from(v, whole, kept, t, at_or_above)
     }
 
     /// [`super::kth_largest`] by rounds of two-pivot compaction ([`by_rounds`]).
@@ -328,17 +341,8 @@ mod avx2 {
             }
             i += 8;
         }
-        while i < n {
-            // SAFETY: `i < n` and `kept <= i`.
-            unsafe {
-                let x = *src.add(i);
-                above += usize::from(x > hi);
-                *dst.add(kept) = x;
-                kept += usize::from(x >= lo && x <= hi);
-            }
-            i += 1;
-        }
-        (above, kept)
+        // SAFETY: as this function's contract, and `kept <= i`.
+        unsafe { round_rest(src, (i, n), dst, (lo, hi), (above, kept)) }
     }
 
     /// [`super::retain`], eight at a time, compacted in place (the store at the kept
@@ -367,12 +371,7 @@ mod avx2 {
             }
             i += 8;
         }
-        for j in whole..n {
-            let x = v[j];
-            v[kept] = x;
-            kept += usize::from((x >= t) == at_or_above);
-        }
-        kept
+        retain_from(v, whole, kept, t, at_or_above)
     }
 
     /// [`super::kth_largest`] by rounds of two-pivot compaction ([`by_rounds`]).
