@@ -4,7 +4,7 @@
 //! blocks shares one branch (or none, [`EmitForm`]), and its hits are written by a loop
 //! over the set bits of the group's 64-bit mask, so a candidate costs no mispredicted
 //! branch of its own (which, for data in cache, cost more than the pass itself at
-//! ρ = 0.01). Non-finite values are only flagged in the loop and located after it. Same
+//! ρ = 0.01). Non-finite values (candidates at any threshold) are looked for among the candidates after the loop, and located after it. Same
 //! candidates, order, cap handling, statistics (the `|x|` sum in the order of
 //! [`abs_sum`]) and non-finite reporting as [`fused_body`] / [`scan_body`]; blocks that
 //! would cross `cap` go through [`emit_block`].
@@ -30,8 +30,28 @@ pub(super) trait Wide: Copy {
     unsafe fn add_f32(self, o: Self) -> Self;
     /// The magnitude bits ([`abs_bits`]) of each lane.
     unsafe fn abs(self) -> Self;
-    /// Bit `j` set where lane `j` (as `i32`) is at least lane `j` of `t`.
-    unsafe fn ge_mask(self, t: Self) -> u16;
+    /// The operand of [`Self::ge_mask`] that tests against threshold bits `t`.
+    unsafe fn bound(t: i32) -> Self;
+    /// Bit `j` set where lane `j` (magnitude bits, so never negative) is at least the
+    /// threshold that `bound` ([`Self::bound`]) stands for.
+    unsafe fn ge_mask(self, bound: Self) -> u16;
+    /// [`Self::ge_mask`] of four blocks, block `j` in bits `16 j ..`.
+    #[inline(always)]
+    unsafe fn group_mask(b: &[Self; 4], bound: Self) -> u64 {
+        // SAFETY: the caller's features, as for every method.
+        unsafe {
+            u64::from(b[0].ge_mask(bound))
+                | u64::from(b[1].ge_mask(bound)) << 16
+                | u64::from(b[2].ge_mask(bound)) << 32
+                | u64::from(b[3].ge_mask(bound)) << 48
+        }
+    }
+    /// Whether any lane of the four blocks passes ([`Self::group_mask`]` != 0`).
+    #[inline(always)]
+    unsafe fn any_ge(b: &[Self; 4], bound: Self) -> bool {
+        // SAFETY: the caller's features, as for every method.
+        unsafe { Self::group_mask(b, bound) != 0 }
+    }
     /// `v` in every lane.
     unsafe fn splat_i32(v: i32) -> Self;
     /// All lanes zero.
@@ -77,6 +97,11 @@ impl Wide for Zmm {
                 m,
             )))
         }
+    }
+    #[inline(always)]
+    unsafe fn bound(t: i32) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe { Self::splat_i32(t) }
     }
     #[inline(always)]
     unsafe fn ge_mask(self, t: Self) -> u16 {
@@ -197,18 +222,62 @@ impl Wide for Ymm2 {
             Ymm2([_mm256_and_ps(self.0[0], m), _mm256_and_ps(self.0[1], m)])
         }
     }
+    /// `max(t, 0) - 1` in every lane: magnitude bits are never negative, so `x >= t` is
+    /// `x > max(t, 0) - 1`, one signed compare that cannot overflow (AVX2 has no `>=`,
+    /// and `!(t > x)` cost LLVM two instructions per compare).
     #[inline(always)]
-    unsafe fn ge_mask(self, t: Self) -> u16 {
-        // `x >= t` is `!(t > x)`: exact for every `t`, where `x > t - 1` overflows at
-        // `i32::MIN`.
+    unsafe fn bound(t: i32) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe { Self::splat_i32(t.max(0) - 1) }
+    }
+    #[inline(always)]
+    unsafe fn ge_mask(self, bound: Self) -> u16 {
         // SAFETY: as in `add_f32`.
         unsafe {
-            let (x, t) = (self.ints(), t.ints());
-            let lt = |j: usize| {
-                let gt = _mm256_cmpgt_epi32(t[j], x[j]);
-                _mm256_movemask_ps(_mm256_castsi256_ps(gt)) as u16
-            };
-            !(lt(0) | (lt(1) << 8))
+            let (x, b) = (self.ints(), bound.ints());
+            let lo = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x[0], b[0])));
+            let hi = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(x[1], b[1])));
+            (lo as u16) | ((hi as u16) << 8)
+        }
+    }
+    /// One compare of the lanes' maximum: a third of [`Self::group_mask`]'s instructions,
+    /// for the branchy form's test of a group that mostly holds no hit.
+    #[inline(always)]
+    unsafe fn any_ge(b: &[Self; 4], bound: Self) -> bool {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let [b0, b1, b2, b3] = [b[0].ints(), b[1].ints(), b[2].ints(), b[3].ints()];
+            let m01 = _mm256_max_epi32(
+                _mm256_max_epi32(b0[0], b0[1]),
+                _mm256_max_epi32(b1[0], b1[1]),
+            );
+            let m23 = _mm256_max_epi32(
+                _mm256_max_epi32(b2[0], b2[1]),
+                _mm256_max_epi32(b3[0], b3[1]),
+            );
+            let gt = _mm256_cmpgt_epi32(_mm256_max_epi32(m01, m23), bound.ints()[0]);
+            _mm256_testz_si256(gt, gt) == 0
+        }
+    }
+    /// The eight compares packed to bytes (two saturating packs, then one permutation that
+    /// undoes their interleaving of the 128-bit halves), one byte mask per 32 lanes.
+    #[inline(always)]
+    unsafe fn group_mask(b: &[Self; 4], bound: Self) -> u64 {
+        // SAFETY: as in `add_f32`.
+        // No closures: they are not inlined into AVX2 code (each intrinsic became a call).
+        unsafe {
+            let t = bound.ints()[0];
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let [b0, b1, b2, b3] = [b[0].ints(), b[1].ints(), b[2].ints(), b[3].ints()];
+            let p0 = _mm256_packs_epi32(_mm256_cmpgt_epi32(b0[0], t), _mm256_cmpgt_epi32(b0[1], t));
+            let p1 = _mm256_packs_epi32(_mm256_cmpgt_epi32(b1[0], t), _mm256_cmpgt_epi32(b1[1], t));
+            let p2 = _mm256_packs_epi32(_mm256_cmpgt_epi32(b2[0], t), _mm256_cmpgt_epi32(b2[1], t));
+            let p3 = _mm256_packs_epi32(_mm256_cmpgt_epi32(b3[0], t), _mm256_cmpgt_epi32(b3[1], t));
+            let lo = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p0, p1), order);
+            let hi = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p2, p3), order);
+            let lo = _mm256_movemask_epi8(lo) as u32;
+            let hi = _mm256_movemask_epi8(hi) as u32;
+            u64::from(lo) | u64::from(hi) << 32
         }
     }
     #[inline(always)]
@@ -274,7 +343,7 @@ macro_rules! wide_passes {
             struct State {
                 out: PassOut,
                 /// Lanes of some block that held a non-finite value.
-                nf: u16,
+                nf: u64,
                 sum: f64,
                 /// Per-lane f32 sums of the whole blocks' magnitudes ([`abs_sum`]'s order).
                 lanes: W,
@@ -315,9 +384,6 @@ macro_rules! wide_passes {
                     if m == 0 {
                         return;
                     }
-                    // Non-finite values pass every threshold, so only blocks with hits can
-                    // hold one.
-                    st.nf |= bits.ge_mask(W::splat_i32(INF_BITS));
                     W::compress(m, a, off, w.pi.add(w.len), w.pv.add(w.len));
                     w.len += m.count_ones() as usize;
                 }
@@ -345,24 +411,17 @@ macro_rules! wide_passes {
                 unsafe {
                     // Not `a.map(..)`: its closure is not inlined into this instruction set's code.
                     let bits = [a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()];
-                    let mut mm = 0u64;
-                    for (j, b) in bits.iter().enumerate() {
-                        if STATS {
+                    if STATS {
+                        for b in &bits {
                             st.lanes = st.lanes.add_f32(*b);
                             st.mx = st.mx.max_i32(*b);
                         }
-                        mm |= u64::from(b.ge_mask(tv)) << (16 * j);
                     }
-                    let hit = mm != 0;
-                    if !BRANCH_FREE && !hit {
+                    if !BRANCH_FREE && !W::any_ge(&bits, tv) {
                         return false;
                     }
-                    // Non-finite values pass every threshold, so only groups with hits can
-                    // hold one.
-                    let inf = W::splat_i32(INF_BITS);
-                    for b in &bits {
-                        st.nf |= b.ge_mask(inf);
-                    }
+                    let mut mm = W::group_mask(&bits, tv);
+                    let hit = mm != 0;
                     let mut len = w.len;
                     if BRANCH_FREE {
                         for _ in 0..2 {
@@ -404,12 +463,12 @@ macro_rules! wide_passes {
                         st.lanes = st.lanes.add_f32(bits);
                         st.mx = st.mx.max_i32(bits);
                     }
-                    st.nf |= bits.ge_mask(W::splat_i32(INF_BITS));
+                    st.nf |= u64::from(bits.ge_mask(W::bound(INF_BITS)));
                     // Once over `cap` the list is final: a hit only confirms the overflow.
                     if st.out.overflow {
                         return;
                     }
-                    if bits.ge_mask(W::splat_i32(t)) != 0 {
+                    if bits.ge_mask(W::bound(t)) != 0 {
                         let mut v = [0.0f32; BLOCK];
                         let mut b = [0i32; BLOCK];
                         a.store(v.as_mut_ptr());
@@ -490,13 +549,14 @@ macro_rules! wide_passes {
                 // `block` writes at most 16 entries per block, and each batch reserved room
                 // for all of its blocks.
                 unsafe {
-                    let tv = W::splat_i32(t);
+                    let tv = W::bound(t);
+                    let from = cand.val.len();
                     let mut i = 0;
                     while i < whole {
                         let end = (i + BATCH * BLOCK).min(whole);
                         let room = (end - i) + BLOCK;
                         let len = cand.idx.len();
-                        if len + room > cap {
+                        if len + room > cap || t > INF_BITS {
                             while i < end {
                                 capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
                                 i += BLOCK;
@@ -530,6 +590,17 @@ macro_rules! wide_passes {
                     }
                     if emit == EmitForm::Adaptive {
                         cand.branch_free = free;
+                    }
+                    // A non-finite value passes every threshold up to `INF_BITS` (a higher
+                    // one took the capped path, which checks every block), so it is among
+                    // the candidates: looking there, not at every block, keeps the check off
+                    // the loop. The capped path writes no more once over `cap`, but it
+                    // checked its blocks itself.
+                    if cand.val[from.min(cand.val.len())..]
+                        .iter()
+                        .any(|v| !v.is_finite())
+                    {
+                        st.nf = 1;
                     }
                     if STATS {
                         // The lanes folded once, before the tail's elements (as [`abs_sum`]).
