@@ -22,6 +22,8 @@ use std::arch::x86_64::*;
 /// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
 /// run inside a function with that instruction set enabled (where it is inlined).
 pub(super) trait Wide: Copy {
+    /// Hits per group that the branch-free form writes unconditionally ([`EmitForm`]).
+    const FREE_WRITES: usize;
     /// Sixteen values from `p`.
     unsafe fn load(p: *const f32) -> Self;
     /// Stores the sixteen lanes at `p`.
@@ -72,6 +74,8 @@ pub(super) trait Wide: Copy {
 pub(super) struct Zmm(__m512);
 
 impl Wide for Zmm {
+    /// Two, as measured on an AVX-512 CPU (before the AVX2 build existed).
+    const FREE_WRITES: usize = 2;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: the caller enabled AVX-512F and `p` has 16 readable values.
@@ -191,6 +195,11 @@ impl Ymm2 {
 }
 
 impl Wide for Ymm2 {
+    /// One: each unconditional write costs a store and a value read back, and on an AMD
+    /// EPYC (Zen 3) one write instead of two took the threshold pass at 2^14, ρ = 0.01,
+    /// from 4.5–5.1 µs to 4.1–4.3 µs (floor 2.3–2.5 µs), though a group with two hits
+    /// (1 in 7 at ρ = 0.01) now loops.
+    const FREE_WRITES: usize = 1;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: the caller enabled AVX2 and `p` has 16 readable values.
@@ -392,10 +401,10 @@ macro_rules! wide_passes {
             /// Four blocks of a batch (room already ensured): `a` holds their values, also
             /// readable at `src`, and `off` is the index of the first. One hit test covers
             /// all 64 elements, and the hits are written by a loop over the set bits.
-            /// `BRANCH_FREE` ([`EmitForm`]) drops the test: the first two hits are written
-            /// unconditionally (a slot without a hit is overwritten by the next write, the
-            /// length advancing only past real ones), and only a group with three or more
-            /// (about 1 in 30 at ρ = 0.01) loops. Returns whether the group held a hit.
+            /// `BRANCH_FREE` ([`EmitForm`]) drops the test: the first [`Wide::FREE_WRITES`]
+            /// hits are written unconditionally (a slot without a hit is overwritten by the
+            /// next write, the length advancing only past real ones), and only a group with
+            /// more loops (at ρ = 0.01, about 1 in 30 past two, 1 in 7 past one). Returns whether the group held a hit.
             #[inline(always)]
             unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
                 a: [W; 4],
@@ -424,7 +433,7 @@ macro_rules! wide_passes {
                     let hit = mm != 0;
                     let mut len = w.len;
                     if BRANCH_FREE {
-                        for _ in 0..2 {
+                        for _ in 0..W::FREE_WRITES {
                             // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
                             let j = (mm.trailing_zeros() & 63) as usize;
                             w.pi.add(len).write((off + j) as u32);
