@@ -1228,11 +1228,18 @@ pub(crate) fn keep_top(
     let n = idx.len().min(val.len());
     let (mut len, mut ties_left, mut done) = (0usize, ties, 0usize);
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
-        // SAFETY: AVX-512 checked just above; both outputs have room for `k + BLOCK`.
-        (len, ties_left, done) = unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) };
+    match isa() {
+        // SAFETY: AVX-512 checked by `isa`; both outputs have room for `k + BLOCK`.
+        Isa::Avx512 => {
+            (len, ties_left, done) = unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
+        }
+        // SAFETY: AVX2 checked by `isa`; as above.
+        Isa::Avx2 => {
+            (len, ties_left, done) = unsafe { avx2_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
+        }
+        Isa::Base => {}
     }
-    // The rest (all of it without AVX-512), branch-free: every entry is written at the
+    // The rest (all of it without SIMD), branch-free: every entry is written at the
     // end of the lists and the length advances only for a kept one, which for a kept
     // fraction near one half is several times faster than a branch per entry.
     for (&i, &v) in idx[done..n].iter().zip(&val[done..n]) {
@@ -1302,6 +1309,63 @@ mod avx512_keep {
                 len += keep.count_ones() as usize;
             }
             at += BLOCK;
+        }
+        (len.min(k), ties_left, at)
+    }
+}
+
+/// [`keep_top`]'s whole groups of eight with AVX2: the kept lanes of each are moved to
+/// the front by one permutation ([`order::avx2::pack`]) and stored whole, the length
+/// advancing by their count. The scalar loop carries the length from one entry to the
+/// next (about 3 ns an entry on an AMD EPYC: 2.4 µs of exact top-k's 23 µs at 2^16,
+/// ρ = 0.01).
+#[cfg(target_arch = "x86_64")]
+mod avx2_keep {
+    use crate::order::avx2::pack;
+    use std::arch::x86_64::*;
+
+    /// As `avx512_keep::keep_top`, eight at a time.
+    ///
+    /// # Safety
+    /// AVX2; `pi` and `pv` valid for `k + 16` writes.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn keep_top(
+        idx: &[u32],
+        val: &[f32],
+        kth: i32,
+        ties: usize,
+        k: usize,
+        pi: *mut u32,
+        pv: *mut f32,
+    ) -> (usize, usize, usize) {
+        let n = idx.len().min(val.len());
+        let whole = n / 8 * 8;
+        let (vk, abs) = (_mm256_set1_epi32(kth), _mm256_set1_epi32(0x7fff_ffff));
+        let (mut len, mut ties_left) = (0usize, ties);
+        let mut at = 0;
+        while at < whole && len <= k {
+            // SAFETY: `at + 8 <= n` reads; `len <= k` so the stores end within `k + 8`.
+            unsafe {
+                let vi = _mm256_loadu_si256(idx.as_ptr().add(at).cast());
+                let vv = _mm256_loadu_si256(val.as_ptr().add(at).cast());
+                let m = _mm256_and_si256(vv, abs);
+                let gt = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(m, vk)));
+                let mut keep = gt as u32;
+                if ties_left > 0 {
+                    let eq = _mm256_cmpeq_epi32(m, vk);
+                    let mut eq = _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32;
+                    while eq != 0 && ties_left > 0 {
+                        // The lowest lane at the k-th magnitude still to take.
+                        keep |= eq & eq.wrapping_neg();
+                        eq &= eq - 1;
+                        ties_left -= 1;
+                    }
+                }
+                _mm256_storeu_si256(pi.add(len).cast(), pack(vi, keep));
+                _mm256_storeu_si256(pv.add(len).cast(), pack(vv, keep));
+                len += keep.count_ones() as usize;
+            }
+            at += 8;
         }
         (len.min(k), ties_left, at)
     }

@@ -273,7 +273,7 @@ fn by_rounds(
 /// The AVX2 builds of the rounds: AVX2 has no compress instruction, so eight lanes are
 /// packed by one permutation looked up from their mask ([`PACK`]).
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
@@ -299,9 +299,13 @@ mod avx2 {
     /// [`pack_table`], built at compile time.
     static PACK: [u32; 256] = pack_table();
 
-    /// The lanes of `x` set in `mask` (8 bits), moved to the front in order.
+    /// The lanes of `x` set in `mask` (8 bits), moved to the front in order (the other
+    /// lanes follow in some order).
+    ///
+    /// # Safety
+    /// AVX2, enabled by the caller (this is inlined into it).
     #[inline(always)]
-    unsafe fn pack(x: __m256i, mask: u32) -> __m256i {
+    pub(crate) unsafe fn pack(x: __m256i, mask: u32) -> __m256i {
         // SAFETY: register-only AVX2, enabled by the callers; `mask < 256`.
         unsafe {
             let e = _mm256_set1_epi32(*PACK.get_unchecked(mask as usize) as i32);
