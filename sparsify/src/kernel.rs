@@ -1231,7 +1231,8 @@ pub(crate) fn keep_top(
     match isa() {
         // SAFETY: AVX-512 checked by `isa`; both outputs have room for `k + BLOCK`.
         Isa::Avx512 => {
-            (len, ties_left, done) = unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
+            (len, ties_left, done) =
+                unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
         }
         // SAFETY: AVX2 checked by `isa`; as above.
         Isa::Avx2 => {

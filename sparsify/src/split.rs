@@ -448,6 +448,9 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
     if std::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F checked just above.
         (at, rank, min, done) = unsafe { avx512_write::blocks(l, class, o, lo) };
+    } else if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked just above.
+        (at, rank, min, done) = unsafe { avx2_write::blocks(l, class, o, lo) };
     }
     for (&j, &v) in l.idx[done..].iter().zip(&l.val[done..]) {
         let m = abs_bits(v);
@@ -476,7 +479,7 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
 
 #[cfg(target_arch = "x86_64")]
 mod avx512_write {
-    use super::{Class, Out, Residual};
+    use super::{ranked_lanes, Class, Out, Residual};
     use crate::kernel::Cand;
     use std::arch::x86_64::*;
 
@@ -516,23 +519,7 @@ mod avx512_write {
                 let sure = _mm512_cmpgt_epi32_mask(m, gt);
                 let band = _mm512_cmpge_epi32_mask(m, b0) & _mm512_cmple_epi32_mask(m, b1);
                 let nb = band.count_ones() as usize;
-                let ranked = if nb == 0 || rank >= end || rank + nb <= start {
-                    0
-                } else if rank >= start && rank + nb <= end {
-                    band
-                } else {
-                    // The block straddles the ranked range: lane by lane.
-                    let (mut bits, mut r, mut keep) = (band, rank, 0u16);
-                    while bits != 0 {
-                        let lane = bits & bits.wrapping_neg();
-                        if r >= start && r < end {
-                            keep |= lane;
-                        }
-                        r += 1;
-                        bits &= bits - 1;
-                    }
-                    keep
-                };
+                let ranked = ranked_lanes(u32::from(band), rank, (start, end)) as u16;
                 rank += nb;
                 let keep = sure | ranked;
                 _mm512_storeu_si512(pi.add(at).cast(), _mm512_maskz_compress_epi32(keep, vi));
@@ -551,6 +538,111 @@ mod avx512_write {
             i += 16;
         }
         (at, rank, _mm512_reduce_min_epi32(vmin), i)
+    }
+}
+
+/// [`write_piece`]'s whole groups of eight with AVX2: the kept lanes moved to the front
+/// by one permutation ([`crate::order::avx2::pack`]). The scalar loop's branch on whether
+/// to put an entry back was a coin toss for the entries near the k-th magnitude.
+#[cfg(target_arch = "x86_64")]
+mod avx2_write {
+    use super::{ranked_lanes, Class, Out, Residual};
+    use crate::kernel::Cand;
+    use crate::order::avx2::pack;
+    use std::arch::x86_64::*;
+
+    /// The sign bits of the eight lanes (a compare's result) as a mask.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bits(v: __m256i) -> u32 {
+        _mm256_movemask_ps(_mm256_castsi256_ps(v)) as u32
+    }
+
+    /// As `avx512_write::blocks`, eight at a time, while `at + 8` fits the share.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn blocks(
+        l: &Cand,
+        class: Class,
+        o: &mut Out<'_>,
+        lo: usize,
+    ) -> (usize, usize, i32, usize) {
+        let n = l.idx.len().min(l.val.len());
+        let count = o.idx.len();
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        // `m >= band.0` is `m > band.0 - 1`; magnitudes are never negative, so a band
+        // from 0 or below starts at -1 without overflow.
+        let (gt, b0, b1) = (
+            _mm256_set1_epi32(class.gt),
+            _mm256_set1_epi32(class.band.0.max(0) - 1),
+            _mm256_set1_epi32(class.band.1),
+        );
+        let lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        let mut vmin = _mm256_set1_epi32(i32::MAX);
+        let (mut at, mut rank, mut i) = (0usize, 0usize, 0usize);
+        let (pi, pv) = (
+            o.idx.as_mut_ptr().cast::<u32>(),
+            o.val.as_mut_ptr().cast::<f32>(),
+        );
+        while i + 8 <= n && at + 8 <= count {
+            // SAFETY: `i + 8 <= n` reads; `at + 8 <= count` writes within the share.
+            unsafe {
+                let vi = _mm256_loadu_si256(l.idx.as_ptr().add(i).cast());
+                let vv = _mm256_loadu_si256(l.val.as_ptr().add(i).cast());
+                let m = _mm256_and_si256(vv, abs);
+                let sure = bits(_mm256_cmpgt_epi32(m, gt));
+                let band = bits(_mm256_cmpgt_epi32(m, b0)) & !bits(_mm256_cmpgt_epi32(m, b1));
+                let keep = sure | ranked_lanes(band, rank, o.piece.ranked);
+                rank += band.count_ones() as usize;
+                _mm256_storeu_si256(pi.add(at).cast(), pack(vi, keep));
+                _mm256_storeu_si256(pv.add(at).cast(), pack(vv, keep));
+                at += keep.count_ones() as usize;
+                // The kept lanes' magnitudes into the minimum, the others as `i32::MAX`.
+                let kv = _mm256_set1_epi32(keep as i32);
+                let kv = _mm256_cmpeq_epi32(_mm256_and_si256(kv, lane_bits), lane_bits);
+                vmin =
+                    _mm256_min_epi32(vmin, _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), m, kv));
+                if let Residual::Restore(r) = &mut o.residual {
+                    let mut dropped = !keep & 0xff;
+                    while dropped != 0 {
+                        let lane = dropped.trailing_zeros() as usize;
+                        r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
+                        dropped &= dropped - 1;
+                    }
+                }
+            }
+            i += 8;
+        }
+        let mut lanes = [0i32; 8];
+        // SAFETY: `lanes` has room for eight.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), vmin) };
+        (at, rank, lanes.into_iter().fold(i32::MAX, i32::min), i)
+    }
+}
+
+/// The lanes of `band` (a lane mask of ranked candidates, the first of them ranked `rank`
+/// among its piece's) whose rank falls in `start..end`.
+#[inline(always)]
+fn ranked_lanes(band: u32, rank: usize, (start, end): (usize, usize)) -> u32 {
+    let nb = band.count_ones() as usize;
+    if nb == 0 || rank >= end || rank + nb <= start {
+        0
+    } else if rank >= start && rank + nb <= end {
+        band
+    } else {
+        // The group straddles the ranked range: lane by lane.
+        let (mut bits, mut r, mut keep) = (band, rank, 0u32);
+        while bits != 0 {
+            let lane = bits & bits.wrapping_neg();
+            if r >= start && r < end {
+                keep |= lane;
+            }
+            r += 1;
+            bits &= bits - 1;
+        }
+        keep
     }
 }
 
