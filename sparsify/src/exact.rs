@@ -154,8 +154,11 @@ impl ExactTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
-        self.cand
-            .join_if_fewer(if zero { split::PAR_CAND } else { usize::MAX });
+        self.cand.join_if_fewer(if zero {
+            split::PAR_CAND
+        } else {
+            split::SPLIT_CAND
+        });
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing
             // pass, put back what was not).
@@ -166,10 +169,14 @@ impl ExactTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
-        let res = split::Residual::Restore(residual);
+        let res = if zero {
+            split::Residual::Restore(residual)
+        } else {
+            split::Residual::Zero(residual)
+        };
         let (idx, val, kth) = split::select_k(
             &mut self.cand,
-            &split::Buckets::new(t, k),
+            (&split::Buckets::new(t, k), zero),
             k,
             res,
             &mut self.work,
@@ -295,6 +302,46 @@ pub(crate) mod tests {
                 prop_assert_eq!(a.to_bits(), b.to_bits());
             }
         }
+    }
+
+    #[test]
+    fn split_pass_selects_from_lists_kept_apart() {
+        // A pass split over two threads with `k` below `PAR_CAND` but more candidates
+        // than `SPLIT_CAND`: the lists stay apart (`split::kth_of_lists`) and each piece
+        // writes its share and zeroes its entries. Magnitudes on a grid of 1/256, so the
+        // k-th magnitude is shared by many entries across both pieces (ties go to the
+        // lower index), warm and cold calls alike.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let d = (1 << 20) + 17;
+            let k = 12_000;
+            let mut sel = ExactTopK::new();
+            let mut ef = ErrorFeedback::new(d);
+            let mut apart = 0;
+            for step in 0..4u64 {
+                let g: Vec<f32> = gen_vec(step, d, 0)
+                    .iter()
+                    .map(|x| (x * 256.0).round() / 256.0)
+                    .collect();
+                let acc: Vec<f32> = ef.residual().iter().zip(&g).map(|(a, b)| a + b).collect();
+                let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
+                apart += usize::from(sel.cand.lists().0.len() > 1);
+                assert_eq!(sg.indices(), &reference_topk(&acc, k)[..], "step {step}");
+                let mut back = ef.residual().to_vec();
+                sg.scatter_add_into(&mut back).unwrap();
+                for (a, b) in back.iter().zip(&acc) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "step {step}");
+                }
+                let kth = sg.values().iter().map(|v| v.abs()).fold(f32::MAX, f32::min);
+                let tied = acc.iter().filter(|v| v.abs() == kth).count();
+                assert!(tied > 2, "step {step}: {tied} entries at the k-th magnitude");
+                sel.recycle(sg);
+            }
+            assert!(apart >= 3, "the lists stayed apart in {apart} of 4 steps");
+        });
     }
 
     #[test]

@@ -23,6 +23,11 @@ use crate::spare::Spare;
 /// among in serial ([`Cand::join_if_fewer`]).
 pub(crate) const PAR_CAND: usize = 1 << 15;
 
+/// Below this many candidates in all, the lists of a split pass that did not zero its
+/// candidates are joined and selected among in serial; from it on they stay apart
+/// ([`kth_of_lists`]) and the result is written by the pieces in parallel.
+pub(crate) const SPLIT_CAND: usize = 1 << 13;
+
 /// Most buckets of a histogram (a power of two): they span one binade above the
 /// threshold.
 const MAX_BUCKETS_LOG: u32 = 11;
@@ -202,25 +207,25 @@ fn boundary(np: usize, b: &Buckets, k: usize, strict: usize, w: &mut Work) -> (u
 }
 
 /// Exact top-`k` (largest magnitude, the lower index on ties) among the candidates of
-/// `cand`, all of magnitude `>= b.t` and [`prepare`]d with layout `b`, for
-/// `0 < k <= cand.len()`: the selected (indices, values) in index order and the `k`-th
+/// `cand`, all of magnitude `>= b.t` and, when `prepared`, [`prepare`]d with layout `b`,
+/// for `0 < k <= cand.len()`: the selected (indices, values) in index order and the `k`-th
 /// magnitude's bits. See [`write`] for the residual.
 pub(crate) fn select_k(
     cand: &mut Cand,
-    b: &Buckets,
+    (b, prepared): (&Buckets, bool),
     k: usize,
     residual: Residual<'_>,
     w: &mut Work,
 ) -> (Vec<u32>, Vec<f32>, i32) {
     with_spare(cand, |cand, spare| {
-        select_k_in(cand, b, k, residual, w, spare)
+        select_k_in(cand, (b, prepared), k, residual, w, spare)
     })
 }
 
 /// [`select_k`] with the result written into `spare`'s buffers where they fit.
 fn select_k_in(
     cand: &Cand,
-    b: &Buckets,
+    (b, prepared): (&Buckets, bool),
     k: usize,
     residual: Residual<'_>,
     w: &mut Work,
@@ -251,8 +256,10 @@ fn select_k_in(
         let p = &mut w.pieces[0];
         (p.sure, p.ranked, p.count) = (0, (0, k - gt), k);
         kth
-    } else {
+    } else if prepared {
         kth_of_prepared(np, b, k, w)
+    } else {
+        kth_of_lists(lists, k, w)
     };
     let class = Class::above_then_ties(kth);
     let (idx, val) = write(lists, piece, residual, w, class, spare);
@@ -279,6 +286,38 @@ fn kth_of_prepared(np: usize, b: &Buckets, k: usize, w: &mut Work) -> i32 {
     for p in &mut w.pieces[..np] {
         let take = p.ranked.1.min(ties - taken);
         taken += take;
+        p.ranked = (0, take);
+        p.count = p.sure + take;
+    }
+    kth
+}
+
+/// The `k`-th magnitude over the lists of a split pass that were not [`prepare`]d (fewer
+/// candidates than [`PAR_CAND`]), selected in serial among all of their magnitudes, with
+/// each piece's share set as [`kth_of_prepared`] does. The lists stay apart, so that
+/// [`write`] builds the result and finishes the residual piece by piece in parallel:
+/// joined, the serial copy and the serial zeroing of the taken entries (in a residual that
+/// had left the core's caches) cost about a fifth of the floor at 2^20, ρ = 0.01.
+fn kth_of_lists(lists: &[Cand], k: usize, w: &mut Work) -> i32 {
+    w.members.clear();
+    for l in lists {
+        w.members.extend(l.val.iter().map(|v| abs_bits(*v)));
+    }
+    let kth = order::kth_largest(&mut w.members, k);
+    let mut ties = k;
+    for (p, l) in w.pieces.iter_mut().zip(lists) {
+        let (gt, eq) = l.val.iter().fold((0, 0), |(gt, eq), v| {
+            let m = abs_bits(*v);
+            (gt + usize::from(m > kth), eq + usize::from(m == kth))
+        });
+        p.sure = gt;
+        p.ranked = (0, eq);
+        ties -= gt;
+    }
+    // `ties` is now the count of the k-th magnitude still to take, lowest pieces first.
+    for p in &mut w.pieces[..lists.len()] {
+        let take = p.ranked.1.min(ties);
+        ties -= take;
         p.ranked = (0, take);
         p.count = p.sure + take;
     }
