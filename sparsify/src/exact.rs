@@ -337,7 +337,10 @@ pub(crate) mod tests {
                 }
                 let kth = sg.values().iter().map(|v| v.abs()).fold(f32::MAX, f32::min);
                 let tied = acc.iter().filter(|v| v.abs() == kth).count();
-                assert!(tied > 2, "step {step}: {tied} entries at the k-th magnitude");
+                assert!(
+                    tied > 2,
+                    "step {step}: {tied} entries at the k-th magnitude"
+                );
                 sel.recycle(sg);
             }
             assert!(apart >= 3, "the lists stayed apart in {apart} of 4 steps");
