@@ -1263,6 +1263,19 @@ pub(crate) fn keep_top(
     (out_i, out_v)
 }
 
+/// The lanes of `eq` (a lane mask at the k-th magnitude) to keep: the lowest ones, as many
+/// as `ties_left` allows, which it counts down.
+#[inline(always)]
+fn take_ties(mut eq: u32, ties_left: &mut usize) -> u32 {
+    let mut keep = 0;
+    while eq != 0 && *ties_left > 0 {
+        keep |= eq & eq.wrapping_neg();
+        eq &= eq - 1;
+        *ties_left -= 1;
+    }
+    keep
+}
+
 /// [`keep_top`]'s whole blocks with AVX-512: a mask of the kept lanes, compressed into
 /// the outputs sixteen at a time.
 #[cfg(target_arch = "x86_64")]
@@ -1297,14 +1310,9 @@ mod avx512_keep {
                 let vi = _mm512_loadu_si512(idx.as_ptr().add(at).cast());
                 let vv = _mm512_loadu_si512(val.as_ptr().add(at).cast());
                 let m = _mm512_and_si512(vv, abs);
-                let mut keep = _mm512_cmpgt_epi32_mask(m, vk);
-                let mut eq = _mm512_cmpeq_epi32_mask(m, vk);
-                while eq != 0 && ties_left > 0 {
-                    // The lowest lane at the k-th magnitude still to take.
-                    keep |= eq & eq.wrapping_neg();
-                    eq &= eq - 1;
-                    ties_left -= 1;
-                }
+                let eq = u32::from(_mm512_cmpeq_epi32_mask(m, vk));
+                let keep =
+                    _mm512_cmpgt_epi32_mask(m, vk) | super::take_ties(eq, &mut ties_left) as u16;
                 _mm512_storeu_si512(pi.add(len).cast(), _mm512_maskz_compress_epi32(keep, vi));
                 _mm512_storeu_si512(pv.add(len).cast(), _mm512_maskz_compress_epi32(keep, vv));
                 len += keep.count_ones() as usize;
@@ -1322,7 +1330,7 @@ mod avx512_keep {
 /// ρ = 0.01).
 #[cfg(target_arch = "x86_64")]
 mod avx2_keep {
-    use crate::order::avx2::pack;
+    use crate::order::avx2::{gt_mask, pack};
     use std::arch::x86_64::*;
 
     /// As `avx512_keep::keep_top`, eight at a time.
@@ -1350,18 +1358,9 @@ mod avx2_keep {
                 let vi = _mm256_loadu_si256(idx.as_ptr().add(at).cast());
                 let vv = _mm256_loadu_si256(val.as_ptr().add(at).cast());
                 let m = _mm256_and_si256(vv, abs);
-                let gt = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(m, vk)));
-                let mut keep = gt as u32;
-                if ties_left > 0 {
-                    let eq = _mm256_cmpeq_epi32(m, vk);
-                    let mut eq = _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32;
-                    while eq != 0 && ties_left > 0 {
-                        // The lowest lane at the k-th magnitude still to take.
-                        keep |= eq & eq.wrapping_neg();
-                        eq &= eq - 1;
-                        ties_left -= 1;
-                    }
-                }
+                let eq = _mm256_cmpeq_epi32(m, vk);
+                let eq = _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32;
+                let keep = gt_mask(m, vk) | super::take_ties(eq, &mut ties_left);
                 _mm256_storeu_si256(pi.add(len).cast(), pack(vi, keep));
                 _mm256_storeu_si256(pv.add(len).cast(), pack(vv, keep));
                 len += keep.count_ones() as usize;

@@ -316,8 +316,11 @@ pub(crate) mod avx2 {
     }
 
     /// The lanes of `a > b`, as an 8-bit mask.
+    ///
+    /// # Safety
+    /// AVX2, enabled by the caller (this is inlined into it).
     #[inline(always)]
-    unsafe fn gt_mask(a: __m256i, b: __m256i) -> u32 {
+    pub(crate) unsafe fn gt_mask(a: __m256i, b: __m256i) -> u32 {
         // SAFETY: register-only AVX2, enabled by the callers.
         unsafe { _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, b))) as u32 }
     }

@@ -518,7 +518,7 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
 
 #[cfg(target_arch = "x86_64")]
 mod avx512_write {
-    use super::{ranked_lanes, Class, Out, Residual};
+    use super::{ranked_lanes, Class, Out};
     use crate::kernel::Cand;
     use std::arch::x86_64::*;
 
@@ -565,14 +565,7 @@ mod avx512_write {
                 _mm512_storeu_si512(pv.add(at).cast(), _mm512_maskz_compress_epi32(keep, vv));
                 at += keep.count_ones() as usize;
                 vmin = _mm512_mask_min_epi32(vmin, keep, vmin, m);
-                if let Residual::Restore(r) = &mut o.residual {
-                    let mut dropped = !keep;
-                    while dropped != 0 {
-                        let lane = dropped.trailing_zeros() as usize;
-                        r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
-                        dropped &= dropped - 1;
-                    }
-                }
+                super::put_back(o, l, i, u32::from(!keep), lo);
             }
             i += 16;
         }
@@ -585,17 +578,10 @@ mod avx512_write {
 /// to put an entry back was a coin toss for the entries near the k-th magnitude.
 #[cfg(target_arch = "x86_64")]
 mod avx2_write {
-    use super::{ranked_lanes, Class, Out, Residual};
+    use super::{ranked_lanes, Class, Out};
     use crate::kernel::Cand;
-    use crate::order::avx2::pack;
+    use crate::order::avx2::{gt_mask, pack};
     use std::arch::x86_64::*;
-
-    /// The sign bits of the eight lanes (a compare's result) as a mask.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn bits(v: __m256i) -> u32 {
-        _mm256_movemask_ps(_mm256_castsi256_ps(v)) as u32
-    }
 
     /// As `avx512_write::blocks`, eight at a time, while `at + 8` fits the share.
     ///
@@ -631,8 +617,8 @@ mod avx2_write {
                 let vi = _mm256_loadu_si256(l.idx.as_ptr().add(i).cast());
                 let vv = _mm256_loadu_si256(l.val.as_ptr().add(i).cast());
                 let m = _mm256_and_si256(vv, abs);
-                let sure = bits(_mm256_cmpgt_epi32(m, gt));
-                let band = bits(_mm256_cmpgt_epi32(m, b0)) & !bits(_mm256_cmpgt_epi32(m, b1));
+                let sure = gt_mask(m, gt);
+                let band = gt_mask(m, b0) & !gt_mask(m, b1);
                 let keep = sure | ranked_lanes(band, rank, o.piece.ranked);
                 rank += band.count_ones() as usize;
                 _mm256_storeu_si256(pi.add(at).cast(), pack(vi, keep));
@@ -643,14 +629,7 @@ mod avx2_write {
                 let kv = _mm256_cmpeq_epi32(_mm256_and_si256(kv, lane_bits), lane_bits);
                 vmin =
                     _mm256_min_epi32(vmin, _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), m, kv));
-                if let Residual::Restore(r) = &mut o.residual {
-                    let mut dropped = !keep & 0xff;
-                    while dropped != 0 {
-                        let lane = dropped.trailing_zeros() as usize;
-                        r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
-                        dropped &= dropped - 1;
-                    }
-                }
+                super::put_back(o, l, i, !keep & 0xff, lo);
             }
             i += 8;
         }
@@ -658,6 +637,19 @@ mod avx2_write {
         // SAFETY: `lanes` has room for eight.
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), vmin) };
         (at, rank, lanes.into_iter().fold(i32::MAX, i32::min), i)
+    }
+}
+
+/// With a `Restore` residual, puts back the candidates of `l` at `i + lane` for each lane
+/// set in `dropped` (those a SIMD group of [`write_piece`] did not keep).
+#[inline(always)]
+fn put_back(o: &mut Out<'_>, l: &Cand, i: usize, mut dropped: u32, lo: usize) {
+    if let Residual::Restore(r) = &mut o.residual {
+        while dropped != 0 {
+            let lane = dropped.trailing_zeros() as usize;
+            r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
+            dropped &= dropped - 1;
+        }
     }
 }
 
