@@ -55,7 +55,8 @@ pub use chooser::{
 };
 pub use online::{
     OnlineChoice, CLOSE, EXPLORE_BURST, EXPLORE_CLOSE, EXPLORE_EARLY, EXPLORE_EVERY,
-    LEARNING_AGREEMENTS, SETTLE_CALLS, SWITCH_MARGIN,
+    EXPLORE_LONGEST, LEARNING_AGREEMENTS, SAMPLE_ALL_BYTES, SAMPLE_EVERY, SETTLE_CALLS,
+    SWITCH_MARGIN,
 };
 pub use reduce_scatter::{reduce_scatter, ReduceScatterAlgo};
 pub use util::{block_range, block_start};

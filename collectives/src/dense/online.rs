@@ -15,7 +15,9 @@
 //! window is [`EXPLORE_EARLY`] calls for the first [`LEARNING_AGREEMENTS`] agreements and
 //! [`EXPLORE_CLOSE`] after; from the first agreement on, a candidate whose time is not
 //! within [`CLOSE`] of the one in use takes only one turn in
-//! [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. The first
+//! [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. Each agreement that keeps the candidate in use
+//! doubles the window, up to [`EXPLORE_LONGEST`]; a switch, or a move of the time in use
+//! by [`CLOSE`], starts it over. The first
 //! [`SETTLE_CALLS`] calls after a change of candidate are not counted. Every few calls the
 //! ranks agree on the median times with one all-reduce of a float per candidate, and
 //! switch to the fastest when it was [`SWITCH_MARGIN`] faster than the one in use. The
@@ -53,6 +55,18 @@ pub const EXPLORE_EVERY: u64 = 128;
 /// not (at most 1/8 of the calls, each at most 25 % slower).
 pub const EXPLORE_CLOSE: u64 = 32;
 
+/// Longest window after learning: each agreement that keeps the candidate in use doubles
+/// the window from [`EXPLORE_CLOSE`] up to this. Why: with the window fixed at 32 calls,
+/// the bursts of the others cost the choice 3–9 % against its own pick's row at P = 2
+/// (`cargo xtask bench --mpi -n 2`, the shared-memory all-reduce 1.7× ahead of the
+/// others) and up to 16 % where a close candidate took every turn; past the longest window
+/// a close candidate runs 1/64 of the calls, a far one 1/256.
+pub const EXPLORE_LONGEST: u64 = 8 * EXPLORE_CLOSE;
+
+/// Agreements past learning that keep the candidate in use before the window reaches
+/// [`EXPLORE_LONGEST`].
+const DOUBLINGS: u32 = (EXPLORE_LONGEST / EXPLORE_CLOSE).ilog2();
+
 /// Agreed times closer than this factor count as close ([`EXPLORE_CLOSE`]).
 pub const CLOSE: f64 = 1.25;
 
@@ -79,6 +93,18 @@ const AGREE_BYTES: usize = 1 << 20;
 /// (later ones may lack a far candidate's, which keeps its agreed time).
 const AGREE_CALLS: (u64, u64) = (EXPLORE_EARLY, 64);
 
+/// Past learning and below [`SAMPLE_ALL_BYTES`], the candidate in use is timed once in this
+/// many calls. Why: under `mpirun -n 2` on the 2-vCPU VM, a 4 KiB all-reduce through the
+/// online choice took 0.15–0.25 µs more than the shared-memory algorithm called directly
+/// (1.14 µs), and reading the clock twice per call was the largest part of that in a
+/// profile; timing a quarter of the calls left 0.1–0.17 µs. A call of 4 KiB agrees every
+/// 64 calls, so a quarter of them still gives 16 timings.
+pub const SAMPLE_EVERY: u64 = 4;
+
+/// Calls of this many bytes or more time every call: a call takes 10 µs or more there,
+/// the clock 1 % or less, and they agree every 16 calls or fewer.
+pub const SAMPLE_ALL_BYTES: usize = 64 << 10;
+
 /// Most candidates besides the one in use: the calibrated choice is compared with the
 /// library's collective, the shared-memory algorithm and the best message-passing
 /// algorithm of ours, whichever of them differ from it.
@@ -101,8 +127,13 @@ struct Candidates<A> {
     agreed: Vec<Option<f64>>,
     /// Agreements so far.
     agreements: u32,
+    /// Agreements past learning since the candidate in use last changed: the window is
+    /// [`EXPLORE_CLOSE`] doubled this many times, up to [`EXPLORE_LONGEST`].
+    kept: u32,
     /// Calls between agreements.
     agree_every: u64,
+    /// The candidate in use is timed once in this many calls ([`Candidates::times`]).
+    sample_every: u64,
 }
 
 /// Calls of `bytes` between two agreements with `others` candidates besides the one in use.
@@ -118,6 +149,11 @@ impl<A: Copy> Candidates<A> {
         let n = algos.len();
         Candidates {
             agree_every: agree_every(bytes, n.saturating_sub(1)),
+            sample_every: if bytes < SAMPLE_ALL_BYTES {
+                SAMPLE_EVERY
+            } else {
+                1
+            },
             algos,
             current: 0,
             calls: 0,
@@ -125,11 +161,22 @@ impl<A: Copy> Candidates<A> {
             local: vec![Vec::new(); n],
             agreed: vec![None; n],
             agreements: 0,
+            kept: 0,
         }
     }
 
-    /// The candidate that the next call runs. The calls fall in windows of
-    /// [`EXPLORE_EARLY`] calls while learning and [`EXPLORE_CLOSE`] after; the last
+    /// Calls per window: [`EXPLORE_EARLY`] while learning, then [`EXPLORE_CLOSE`] doubled
+    /// for every agreement that kept the candidate in use, up to [`EXPLORE_LONGEST`].
+    fn window(&self) -> u64 {
+        if self.agreements < LEARNING_AGREEMENTS {
+            EXPLORE_EARLY
+        } else {
+            EXPLORE_CLOSE << self.kept.min(DOUBLINGS)
+        }
+    }
+
+    /// The candidate that the next call runs. The calls fall in windows
+    /// ([`Candidates::window`]); the last
     /// [`EXPLORE_BURST`] calls of a window go to the others in turn. One whose agreed time
     /// is not within [`CLOSE`] of the one in use takes only every
     /// `EXPLORE_EVERY / EXPLORE_CLOSE`-th of its turns, from the first agreement on: in a
@@ -141,12 +188,7 @@ impl<A: Copy> Candidates<A> {
         if others == 0 {
             return 0;
         }
-        let learning = self.agreements < LEARNING_AGREEMENTS;
-        let window = if learning {
-            EXPLORE_EARLY
-        } else {
-            EXPLORE_CLOSE
-        };
+        let window = self.window();
         if self.calls % window < window - EXPLORE_BURST {
             return self.current;
         }
@@ -165,10 +207,20 @@ impl<A: Copy> Candidates<A> {
         }
     }
 
-    /// Records a call of candidate `i` that took `secs` on this rank (counted once it has
-    /// run [`SETTLE_CALLS`] calls in a row); `true` when the ranks agree now (after this
-    /// call).
-    fn record(&mut self, i: usize, secs: f64) -> bool {
+    /// Whether the call about to run candidate `i` is timed: every call while learning
+    /// (the one in use runs two counted calls per window then) and of a candidate not in
+    /// use; past learning, of the one in use every [`SAMPLE_EVERY`]-th call below
+    /// [`SAMPLE_ALL_BYTES`] (every call from there).
+    fn times(&self, i: usize) -> bool {
+        i != self.current
+            || self.agreements < LEARNING_AGREEMENTS
+            || self.calls % self.sample_every == 0
+    }
+
+    /// Records a call of candidate `i` that took `secs` on this rank (`None`: not timed;
+    /// counted once it has run [`SETTLE_CALLS`] calls in a row); `true` when the ranks
+    /// agree now (after this call).
+    fn record(&mut self, i: usize, secs: Option<f64>) -> bool {
         if self.algos.len() == 1 {
             // Nothing to compare with: keep no samples (they would pile up unread).
             return false;
@@ -178,7 +230,7 @@ impl<A: Copy> Candidates<A> {
         } else {
             (i, 1)
         };
-        if self.last.1 > SETTLE_CALLS {
+        if let (true, Some(secs)) = (self.last.1 > SETTLE_CALLS, secs) {
             self.local[i].push(secs);
         }
         self.calls += 1;
@@ -196,8 +248,11 @@ impl<A: Copy> Candidates<A> {
     }
 
     /// Takes the all-reduced sums of the ranks' medians and moves to the fastest
-    /// candidate when it was [`SWITCH_MARGIN`] faster than the one in use.
+    /// candidate when it was [`SWITCH_MARGIN`] faster than the one in use; past learning,
+    /// keeping the one in use lengthens the window ([`Candidates::window`]); a switch, or
+    /// a move of the agreed time in use by [`CLOSE`] or more, starts it over.
     fn agree(&mut self, sums: &[f32]) {
+        let before = self.agreed[self.current];
         for ((agreed, local), &sum) in self.agreed.iter_mut().zip(&self.local).zip(sums) {
             if !local.is_empty() {
                 let t = sum as f64;
@@ -212,7 +267,20 @@ impl<A: Copy> Candidates<A> {
         if let (Some(now), Some((i, t))) = (self.agreed[self.current], fastest) {
             if t < now * (1.0 - SWITCH_MARGIN) {
                 self.current = i;
+                self.kept = 0;
+                return;
             }
+        }
+        // The time in use moved by more than CLOSE: the machine changed, and the others'
+        // agreed times, from before, may no longer rank them; explore often again.
+        let moved = match (before, self.agreed[self.current]) {
+            (Some(a), Some(b)) => a.max(b) >= CLOSE * a.min(b),
+            _ => false,
+        };
+        if moved {
+            self.kept = 0;
+        } else if self.agreements > LEARNING_AGREEMENTS {
+            self.kept = self.kept.saturating_add(1);
         }
     }
 }
@@ -323,12 +391,13 @@ impl OnlineChoice {
         timed(comm, state, |a| reduce_scatter(comm, buf, a, opts))
     }
 
-    /// Calls of a collective that moves `bytes` before it explores only now and then (the
-    /// first [`LEARNING_AGREEMENTS`] agreements), with the most candidates a size can have
-    /// (fewer candidates learn in fewer calls): a benchmark of the steady state runs these
-    /// first.
+    /// Calls of a collective that moves `bytes` before it explores at its slowest rate
+    /// when the candidate in use stays the fastest (the first [`LEARNING_AGREEMENTS`]
+    /// agreements, then the ones that lengthen the window up to [`EXPLORE_LONGEST`]), with
+    /// the most candidates a size can have (fewer candidates agree in fewer calls): a
+    /// benchmark of the steady state runs these first.
     pub fn learning_calls(bytes: usize) -> u64 {
-        agree_every(bytes, MAX_OTHERS) * LEARNING_AGREEMENTS as u64
+        agree_every(bytes, MAX_OTHERS) * u64::from(LEARNING_AGREEMENTS + DOUBLINGS)
     }
 
     /// The all-reduce algorithm in use for `bytes` with `f32` on the wire (`None` before
@@ -404,9 +473,9 @@ fn timed<C: Communicator + ?Sized, A: Copy, R>(
         return call(state.algos[0]);
     }
     let i = state.next();
-    let start = Instant::now();
+    let start = state.times(i).then(Instant::now);
     let out = call(state.algos[i])?;
-    if state.record(i, start.elapsed().as_secs_f64()) {
+    if state.record(i, start.map(|s| s.elapsed().as_secs_f64())) {
         let mut sums = state.local_medians();
         let algo = choose_allreduce_for(comm, sums.len() * 4, None);
         allreduce(comm, &mut sums, algo, &DenseOptions::default().unchecked())?;
@@ -429,7 +498,7 @@ mod tests {
         for call in 0..calls {
             let i = c.next();
             let secs = if i == 0 { 1e-3 } else { t(i as u8, call) };
-            if c.record(i, secs) {
+            if c.record(i, c.times(i).then_some(secs)) {
                 let m = c.local_medians();
                 c.agree(&m);
                 in_use.push(c.current);
@@ -477,7 +546,7 @@ mod tests {
         let mut c = Candidates::new(vec![0u8, 1, 2, 3], 64 << 10);
         for call in 0..OnlineChoice::learning_calls(64 << 10) {
             let i = c.next();
-            if c.record(i, 1e-3 * (4 - i) as f64) {
+            if c.record(i, Some(1e-3 * (4 - i) as f64)) {
                 let m = c.local_medians();
                 c.agree(&m);
             }
@@ -558,11 +627,97 @@ mod tests {
     }
 
     #[test]
+    fn the_window_lengthens_while_the_choice_stays_and_starts_over_when_it_moves() {
+        // Candidate 0 in use at 1 ms; candidate 1 close (1.1 ms), then candidate 0 slows
+        // to 2 ms from call 3000 on and candidate 1 takes over.
+        let mut c = Candidates::new(vec![0u8, 1], 64 << 10);
+        let (mut windows, mut runs_of_1) = (Vec::new(), 0);
+        for call in 0..6000u64 {
+            let i = c.next();
+            if (2048..2048 + 3 * EXPLORE_LONGEST).contains(&call) && i == 1 {
+                runs_of_1 += 1;
+            }
+            let slow = if call < 3000 { 1e-3 } else { 2e-3 };
+            let secs = [slow, 1.1e-3][i];
+            if c.record(i, Some(secs)) {
+                let m = c.local_medians();
+                c.agree(&m);
+                windows.push((call, c.window(), c.current));
+            }
+        }
+        let longest = windows.iter().find(|w| w.1 == EXPLORE_LONGEST).unwrap();
+        assert!(
+            longest.0 < OnlineChoice::learning_calls(64 << 10),
+            "{longest:?}"
+        );
+        assert!(windows.iter().filter(|w| w.0 < 3000).all(|w| w.2 == 0));
+        // Past the ramp, the close candidate runs one burst per longest window.
+        assert_eq!(runs_of_1, 3 * EXPLORE_BURST);
+        // Candidate 0 slowed: the window started over and the choice moved to 1.
+        let after = windows.iter().find(|w| w.0 >= 3000 && w.2 == 1).unwrap();
+        assert!(windows
+            .iter()
+            .any(|w| (3000..=after.0).contains(&w.0) && w.1 == EXPLORE_CLOSE));
+        assert!(after.0 < 3000 + 4 * EXPLORE_LONGEST, "{after:?}");
+        assert_eq!(windows.last().unwrap().2, 1);
+        // The time in use doubles while the other stays slower: no switch, but the window
+        // starts over.
+        let mut c = Candidates::new(vec![0u8, 1], 64 << 10);
+        let mut windows = Vec::new();
+        for call in 0..3000u64 {
+            let i = c.next();
+            let secs = [if call < 2000 { 1e-3 } else { 2e-3 }, 3e-3][i];
+            if c.record(i, Some(secs)) {
+                let m = c.local_medians();
+                c.agree(&m);
+                windows.push((call, c.window(), c.current));
+            }
+        }
+        assert!(windows.iter().all(|w| w.2 == 0));
+        let at = |call: u64| windows.iter().rev().find(|w| w.0 < call).unwrap().1;
+        assert_eq!(at(2000), EXPLORE_LONGEST);
+        assert!(windows
+            .iter()
+            .any(|w| (2000..2200).contains(&w.0) && w.1 == EXPLORE_CLOSE));
+    }
+
+    #[test]
+    fn small_calls_time_a_quarter_of_the_calls_in_use_and_still_find_the_fastest() {
+        // 4 KiB: candidate 2 fastest; every call of the others is timed, a quarter of
+        // the calls in use.
+        let mut c = Candidates::new(vec![0u8, 1, 2], 4 << 10);
+        let (mut timed_in_use, mut in_use, mut timed_other) = (0, 0, 0);
+        for call in 0..20_000u64 {
+            let i = c.next();
+            let timed = c.times(i);
+            if i == c.current && call >= 10_000 {
+                in_use += 1;
+                timed_in_use += u32::from(timed);
+            } else if i != c.current {
+                assert!(timed);
+                timed_other += 1;
+            }
+            let secs = [3e-6, 2e-6, 1e-6][i];
+            if c.record(i, timed.then_some(secs)) {
+                let m = c.local_medians();
+                c.agree(&m);
+            }
+        }
+        assert_eq!(c.current, 2);
+        assert!(timed_other > 0);
+        let share = f64::from(timed_in_use) / f64::from(in_use);
+        assert!((share - 1.0 / SAMPLE_EVERY as f64).abs() < 0.02, "{share}");
+        // From 64 KiB every call is timed.
+        let c = Candidates::new(vec![0u8, 1], SAMPLE_ALL_BYTES);
+        assert!((0..4).all(|_| c.times(0)));
+    }
+
+    #[test]
     fn with_one_candidate_it_never_explores_nor_agrees() {
         let mut c = Candidates::new(vec![7u8], 4);
         for _ in 0..1000 {
             assert_eq!(c.next(), 0);
-            assert!(!c.record(0, 1e-6));
+            assert!(!c.record(0, Some(1e-6)));
         }
         assert!(c.local.iter().all(Vec::is_empty), "no samples kept");
     }

@@ -263,7 +263,9 @@ fn measure(
             runners.push((NATIVE_AGAIN.into(), native_runner(c, op, n)));
         }
         // The online choice's first calls run both candidates half the time, up to the
-        // ranks' first agreements on their times: untimed, as a training loop's first steps,
+        // ranks' first agreements on their times, then explore less and less while the
+        // choice stays (`OnlineChoice::learning_calls`): untimed, as a training loop's
+        // first steps,
         // so that `auto` is timed in its steady state (which still runs the other candidate
         // now and then). Each after a barrier, as the timed calls below: at P = 2 the
         // shared-memory all-gather of 256 KiB ran 1.5× faster than MPI's call started from a
@@ -643,10 +645,11 @@ fn report(
          library's collective, the shared-memory algorithm and the best of ours from the \
          timings of its own calls, agreed across ranks, running the others in turn in \
          bursts of {} calls (each a burst in {} × m calls for m others, in {} × m while its \
-         time is within {}× of the one in use, in {} × m up to the ranks' {}th agreement) \
-         and leaving the first {} calls after each change uncounted. It is timed after \
-         those first agreements (its calls up to them untimed, as a training loop's first \
-         steps); its \
+         time is within {}× of the one in use, in {} × m up to the ranks' {}th agreement; \
+         past that, each agreement that keeps the one in use doubles these intervals, up \
+         to {}×) and leaving the first {} calls after each change uncounted. It is timed after \
+         those first agreements and the doublings (its calls up to them untimed, as a \
+         training loop's first steps); its \
          time includes the later bursts and the agreements. `auto picks` names what it used \
          at the end. {native_note}\n\n{}\n![{suite}]({plot_name})\n",
         match op {
@@ -669,6 +672,7 @@ fn report(
         collectives::dense::CLOSE,
         collectives::dense::EXPLORE_EARLY,
         collectives::dense::LEARNING_AGREEMENTS,
+        collectives::dense::EXPLORE_LONGEST / collectives::dense::EXPLORE_CLOSE,
         collectives::dense::SETTLE_CALLS,
         table(&header, &rows)
     );
