@@ -57,9 +57,8 @@ impl PeerMemory {
             )),
             PeerMemory::SameProcess => {
                 // SAFETY: the caller's contract, in this process.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len())
-                };
+                let src = unsafe { std::slice::from_raw_parts(src as *const u8, dst.len()) };
+                super::shm::copy(dst, src);
                 Ok(())
             }
             // SAFETY: the caller's contract, in rank r's process.

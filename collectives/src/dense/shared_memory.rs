@@ -29,7 +29,7 @@
 
 use std::ops::Range;
 
-use crate::comm::shm::{SharedSegment, SLOT_BYTES};
+use crate::comm::shm::{copy, copy_f32, SharedSegment, SLOT_BYTES};
 use crate::dense::util::block_range;
 use crate::dense::WireType;
 use crate::{Communicator, Error, Result};
@@ -86,7 +86,7 @@ unsafe fn slot_f32(seg: &SharedSegment, r: usize, which: usize, at: usize, len: 
 /// As [`slot_f32`] for every rank.
 unsafe fn sum_slots(seg: &SharedSegment, which: usize, at: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract, for every rank.
-    out.copy_from_slice(unsafe { slot_f32(seg, 0, which, at, out.len()) });
+    copy_f32(out, unsafe { slot_f32(seg, 0, which, at, out.len()) });
     for r in 1..seg.size() {
         // SAFETY: as above.
         let theirs = unsafe { slot_f32(seg, r, which, at, out.len()) };
@@ -175,7 +175,7 @@ fn owner_reduce_round(seg: &SharedSegment, which: usize, chunk: &mut [f32]) -> R
                 }
             }
         }
-        chunk[piece].copy_from_slice(sum);
+        copy_f32(&mut chunk[piece], sum);
         if streams {
             // The same place of this rank's slot as above.
             seg.put_streaming(which, start * 4, bytemuck::cast_slice(sum));
@@ -186,7 +186,7 @@ fn owner_reduce_round(seg: &SharedSegment, which: usize, chunk: &mut [f32]) -> R
         let theirs = block_range(n, p, r);
         // SAFETY: rank r's reduced block, written before the second synchronisation.
         let src = unsafe { slot_f32(seg, r, which, theirs.start, theirs.len()) };
-        chunk[theirs].copy_from_slice(src);
+        copy_f32(&mut chunk[theirs], src);
     }
     Ok(())
 }
@@ -217,7 +217,7 @@ pub(crate) fn allgatherv(
     displs: &[usize],
 ) -> Result<()> {
     let (p, me) = (seg.size(), seg.rank());
-    out[displs[me]..displs[me + 1]].copy_from_slice(mine);
+    copy(&mut out[displs[me]..displs[me + 1]], mine);
     let longest = (0..p).map(|r| displs[r + 1] - displs[r]).max().unwrap_or(0);
     if p == 1 {
         return Ok(());
@@ -255,7 +255,7 @@ fn allgatherv_through_slots(
             // and not rewritten before the next one.
             let src =
                 unsafe { std::slice::from_raw_parts(seg.slot(r, which) as *const u8, end - start) };
-            out[displs[r] + start..displs[r] + end].copy_from_slice(src);
+            copy(&mut out[displs[r] + start..displs[r] + end], src);
         }
     }
     Ok(())
