@@ -552,6 +552,18 @@ pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
     unsafe { copy_vectors(dst.as_mut_ptr(), src) }
 }
 
+/// [`copy`] with non-temporal stores: for a destination too large to stay in the cache,
+/// whose lines a plain store would first read from memory.
+pub(crate) fn copy_streaming_to(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between slices of different lengths"
+    );
+    // SAFETY: as in `copy`.
+    unsafe { copy_streaming(dst.as_mut_ptr(), src) }
+}
+
 /// [`copy`] of `f32` slices.
 pub(crate) fn copy_f32(dst: &mut [f32], src: &[f32]) {
     copy(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src));
