@@ -356,22 +356,57 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
     // Each slot holds P sub-slots of `sub` floats: sub-slot r carries a piece of block r.
     let sub = (SLOT_BYTES / 4 / p).max(1);
     let longest = n.div_ceil(p);
+    let mut acc = Vec::with_capacity(PIECE_FLOATS.min(longest));
     for from in (0..longest).step_by(sub) {
         let which = seg.next_round();
         let piece = |r: usize| {
             let b = block_range(n, p, r);
             b.start + from.min(b.len())..b.start + (from + sub).min(b.len())
         };
-        for r in 0..p {
+        // This rank's own piece stays in `buf`: no peer reads it.
+        for r in (0..p).filter(|&r| r != me) {
             seg.put(which, r * sub * 4, bytemuck::cast_slice(&buf[piece(r)]));
         }
         seg.sync()?;
         let here = piece(me);
-        // SAFETY: sub-slot `me` of every rank holds this round's piece of this rank's
-        // block, written before the synchronisation and not rewritten before the next.
-        unsafe { sum_slots(seg, which, me * sub, &mut buf[here]) };
+        // SAFETY: sub-slot `me` of every other rank holds this round's piece of this
+        // rank's block, written before the synchronisation and not rewritten before the
+        // next.
+        unsafe { sum_into_own(seg, which, me * sub, &mut buf[here], &mut acc) };
     }
     Ok(mine)
+}
+
+/// `own[i] = Σ_r part_r[i]` in rank order, where this rank's part is `own` itself and
+/// rank r's the floats of its slot `which` from float `at`: the sum of
+/// [`sum_slots`] without this rank's copy into its slot. Piece by piece through `acc`
+/// (at most [`PIECE_FLOATS`] long), which stays in the L1 cache.
+///
+/// # Safety
+/// As [`slot_f32`] for every other rank, `own.len()` floats from `at`.
+unsafe fn sum_into_own(
+    seg: &SharedSegment,
+    which: usize,
+    at: usize,
+    own: &mut [f32],
+    acc: &mut Vec<f32>,
+) {
+    let (p, me) = (seg.size(), seg.rank());
+    for start in (0..own.len()).step_by(PIECE_FLOATS) {
+        let len = PIECE_FLOATS.min(own.len() - start);
+        let mine = &mut own[start..start + len];
+        // SAFETY: the caller's contract, for every rank but this one.
+        let part = |r: usize| unsafe { slot_f32(seg, r, which, at + start, len) };
+        acc.clear();
+        acc.extend_from_slice(if me == 0 { mine } else { part(0) });
+        for r in 1..p {
+            let add: &[f32] = if r == me { mine } else { part(r) };
+            for (a, v) in acc.iter_mut().zip(add) {
+                *a += *v;
+            }
+        }
+        mine.copy_from_slice(acc);
+    }
 }
 
 #[cfg(test)]
@@ -589,8 +624,9 @@ mod tests {
                     let own = &inputs[rank];
                     for j in 0..n {
                         if range.contains(&j) {
-                            let want: f64 = inputs.iter().map(|x| x[j] as f64).sum();
-                            assert!((buf[j] as f64 - want).abs() <= 1e-4 * want.abs().max(1.0));
+                            // Added in rank order, as every other algorithm here.
+                            let want = inputs[1..].iter().fold(inputs[0][j], |a, x| a + x[j]);
+                            assert_eq!(buf[j].to_bits(), want.to_bits(), "p {p} n {n} j {j}");
                         } else {
                             assert_eq!(buf[j].to_bits(), own[j].to_bits(), "p {p} n {n}");
                         }
