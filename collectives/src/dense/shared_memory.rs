@@ -308,7 +308,14 @@ fn copy_out(dst: &mut [u8], src: &[u8], out_bytes: usize) {
 /// 4 ranks on the 2 cores the second exchange waits for a rank to be scheduled again, and
 /// the 256 KiB all-gather took 41 µs against the slots' 15 µs (P = 3) and 83 against 43
 /// (P = 4).
-pub const SINGLE_COPY_BYTES: usize = 64 << 10;
+///
+/// From 32 KiB since 2026-11-27 (it was 64 KiB). In `cargo xtask bench --mpi -n 2` the
+/// slots' all-gather of 64 KiB (32 KiB blocks) ran at 0.75–0.93× MPI's bus bandwidth in
+/// four runs of five, and the automatic choice fell back to MPI's call at 0.95–0.97×;
+/// three launches of 301 alternated calls, each after a barrier, timed the single copy at
+/// 8.4–9.7 µs, MPI's call at 10.4–11.8 µs and the slots at 7.6–11.5 µs: the single copy
+/// is the one that stays ahead.
+pub const SINGLE_COPY_BYTES: usize = 32 << 10;
 
 /// Smallest all-gather block that goes through the slots again (see
 /// [`SINGLE_COPY_BYTES`]).
