@@ -576,20 +576,14 @@ pub(crate) fn copy_f32(dst: &mut [f32], src: &[f32]) {
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 unsafe fn copy_vectors(dst: *mut u8, src: &[u8]) {
-    let len = src.len();
     #[cfg(target_arch = "x86_64")]
-    if len >= VECTOR_COPY_BYTES {
+    if src.len() >= VECTOR_COPY_BYTES {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_store_si128};
-        let head = dst.align_offset(16).min(len);
-        let end = head + (len - head) / 64 * 64;
-        // SAFETY: every access is inside `src` / `dst` (the caller's contract); the stores
-        // are to 16-byte aligned addresses.
+        // SAFETY: the caller's contract; `copy_in_parts` hands over whole 64-byte blocks
+        // whose stores are 16-byte aligned.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
-            let mut i = head;
-            while i < end {
-                let s = src.as_ptr().add(i) as *const __m128i;
-                let d = dst.add(i) as *mut __m128i;
+            copy_in_parts(dst, src, 64, |s, d| {
+                let (s, d) = (s as *const __m128i, d as *mut __m128i);
                 let v = [
                     _mm_loadu_si128(s),
                     _mm_loadu_si128(s.add(1)),
@@ -600,14 +594,12 @@ unsafe fn copy_vectors(dst: *mut u8, src: &[u8]) {
                 _mm_store_si128(d.add(1), v[1]);
                 _mm_store_si128(d.add(2), v[2]);
                 _mm_store_si128(d.add(3), v[3]);
-                i += 64;
-            }
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(end), dst.add(end), len - end);
-        }
+            })
+        };
         return;
     }
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) }
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
 }
 
 /// `dst[..src.len()] = src` with non-temporal stores (SSE2, every x86-64 CPU) for the
@@ -620,20 +612,12 @@ unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        let len = src.len();
-        let head = dst.align_offset(16).min(len);
-        let end = head + (len - head) / 16 * 16;
-        // SAFETY: every access is inside `src` / `dst` (the caller's contract); the stream
-        // stores are to 16-byte aligned addresses.
+        // SAFETY: the caller's contract; the stream stores are to 16-byte aligned
+        // addresses.
         unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
-            let mut i = head;
-            while i < end {
-                let v = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
-                _mm_stream_si128(dst.add(i) as *mut __m128i, v);
-                i += 16;
-            }
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(end), dst.add(end), len - end);
+            copy_in_parts(dst, src, 16, |s, d| {
+                _mm_stream_si128(d as *mut __m128i, _mm_loadu_si128(s as *const __m128i))
+            });
             _mm_sfence();
         }
     }
@@ -641,6 +625,36 @@ unsafe fn copy_streaming(dst: *mut u8, src: &[u8]) {
     // SAFETY: the caller's contract.
     unsafe {
         std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+    }
+}
+
+/// `dst[..src.len()] = src` in three parts: a plain copy up to the first 16-byte aligned
+/// byte of `dst`, `block(from, to)` for each whole block of `step` bytes after it (`to`
+/// 16-byte aligned), and a plain copy of the rest.
+///
+/// # Safety
+/// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`; `block` must
+/// read and write only its `step` bytes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn copy_in_parts(
+    dst: *mut u8,
+    src: &[u8],
+    step: usize,
+    mut block: impl FnMut(*const u8, *mut u8),
+) {
+    let len = src.len();
+    let head = dst.align_offset(16).min(len);
+    let end = head + (len - head) / step * step;
+    // SAFETY: every access is inside `src` / `dst` (the caller's contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+        let mut i = head;
+        while i < end {
+            block(src.as_ptr().add(i), dst.add(i));
+            i += step;
+        }
+        std::ptr::copy_nonoverlapping(src.as_ptr().add(end), dst.add(end), len - end);
     }
 }
 
