@@ -7,22 +7,21 @@
 //! ranked MPI's all-gather first at 16 KiB–1 MiB, and minutes later, with the vCPUs close,
 //! the shared-memory algorithm ran 1.5–2.3× faster there.
 //!
-//! How: per operation and size, the candidates are the calibrated choice
-//! ([`choose_allreduce_for`] and its siblings) and, where the communicator has them, the
-//! transport library's own collective, the shared-memory algorithm and the best
-//! message-passing algorithm of ours. Every call is timed. Most calls run the candidate in
-//! use; the last [`EXPLORE_BURST`] calls of every window run one of the others, in turn. A
-//! window is [`EXPLORE_EARLY`] calls for the first [`LEARNING_AGREEMENTS`] agreements and
-//! [`EXPLORE_CLOSE`] after; from the first agreement on, a candidate whose time is not
-//! within [`CLOSE`] of the one in use takes only one turn in
-//! [`EXPLORE_EVERY`]` / EXPLORE_CLOSE`. Each agreement that keeps the candidate in use
-//! doubles the window, up to [`EXPLORE_LONGEST`]; a switch, or a move of the time in use
-//! by [`CLOSE`], starts it over. The first
-//! [`SETTLE_CALLS`] calls after a change of candidate are not counted. Every few calls the
-//! ranks agree on the median times with one all-reduce of a float per candidate, and
-//! switch to the fastest when it was [`SWITCH_MARGIN`] faster than the one in use. The
-//! schedule depends on the call count alone and the decision on the all-reduced figures,
-//! so every rank runs the same algorithm in every call.
+//! How: per operation and size, the candidates are the calibrated choice ([`choose_allreduce_for`]
+//! and its siblings) and, where the communicator has them, the transport library's own collective,
+//! the shared-memory algorithm and the best message-passing algorithm of ours. Its calls are timed
+//! (below [`SAMPLE_ALL_BYTES`], past learning, one in [`SAMPLE_EVERY`] of the candidate in use).
+//! Most calls run the candidate in use; the last [`EXPLORE_BURST`] calls of every window run one of
+//! the others, in turn. A window is [`EXPLORE_EARLY`] calls for the first [`LEARNING_AGREEMENTS`]
+//! agreements and [`EXPLORE_CLOSE`] after; from the first agreement on, a candidate whose time is
+//! not within [`CLOSE`] of the one in use takes only one turn in [`EXPLORE_EVERY`]` /
+//! EXPLORE_CLOSE`. Each agreement that keeps the candidate in use doubles the window, up to
+//! [`EXPLORE_LONGEST`]; a switch, or a move of the time in use by [`CLOSE`], starts it over. The
+//! first [`SETTLE_CALLS`] calls after a change of candidate are not counted. Every few calls the
+//! ranks agree on the median times with one all-reduce of a float per candidate, and switch to the
+//! fastest when it was [`SWITCH_MARGIN`] faster than the one in use. The schedule depends on the
+//! call count alone and the decision on the all-reduced figures, so every rank runs the same
+//! algorithm in every call.
 
 use std::collections::HashMap;
 use std::ops::Range;
