@@ -360,9 +360,9 @@ const TOPK_MIN_REPS: usize = 21;
 /// Top-k selection time of each selector that `make` builds against tensor size
 /// (elements) at `density`: one error-feedback step (`r += g`, select, zero the selected
 /// entries of `r`), the call a training step makes. Medians of at least 21 timings (`reps`
-/// when more), every (selector, size) pair timed in turns ([`time_local_in_turns`]); one
+/// when more), every (selector, size) pair timed in turns (`time_local_in_turns`); one
 /// sample list per selector. The sizes that the fit misses by more than its target
-/// ([`topk_outliers`]) are timed again, up to [`RETIME_ROUNDS`] times, the new timings
+/// (`topk_outliers`) are timed again, up to `RETIME_ROUNDS` times, the new timings
 /// pooled with the first ones. Each pair has a selector of its own, as each group of a
 /// training step does, and its calls alternate between two gradient draws. `calibrate`
 /// builds them with the warm start off ([`sparsify::ExactTopK::set_warm_start`]): the
@@ -755,7 +755,7 @@ pub fn calibrate<C: Communicator + ?Sized>(
 }
 
 /// [`calibrate`], also returning for each collective how many of its sizes were timed
-/// again because some fit missed them (see [`retime_outliers`]).
+/// again because some fit missed them (see `retime_outliers`).
 pub fn calibrate_with_retimes<C: Communicator + ?Sized>(
     comm: &C,
     opts: &CalibrateOptions,
