@@ -468,15 +468,19 @@ fn topk_outliers(samples: &[Sample]) -> Vec<usize> {
     let Ok(fit) = fit_topk_piecewise(samples) else {
         return Vec::new();
     };
-    samples
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| {
-            let pred = fit.model.time(s.size as usize);
-            ((pred - s.time_s) / s.time_s).abs() > cost_model::fit::PIECEWISE_TARGET_REL
-        })
-        .map(|(j, _)| j)
-        .collect()
+    missed(samples, |d| fit.model.time(d as usize)).collect()
+}
+
+/// Indices of the samples that `predict` misses by more than
+/// [`cost_model::fit::PIECEWISE_TARGET_REL`] of the measured time.
+fn missed<'a>(
+    samples: &'a [Sample],
+    predict: impl Fn(f64) -> f64 + 'a,
+) -> impl Iterator<Item = usize> + 'a {
+    samples.iter().enumerate().filter_map(move |(j, s)| {
+        let rel = ((predict(s.size) - s.time_s) / s.time_s).abs();
+        (rel > cost_model::fit::PIECEWISE_TARGET_REL).then_some(j)
+    })
 }
 
 /// One dense algorithm that [`CalibrateOptions`] sweeps: what [`calibrate`] times and fits
@@ -731,11 +735,8 @@ fn outlier_sizes(sizes: &[usize], t: &[Vec<Vec<f64>>], algos: usize) -> Vec<u64>
         let Ok(fit) = fit_piecewise(&samples, cost_model::calibration::MAX_SEGMENTS) else {
             continue;
         };
-        for (j, s) in samples.iter().enumerate() {
-            let rel = ((fit.model.time_f(s.size) - s.time_s) / s.time_s).abs();
-            if rel > cost_model::fit::PIECEWISE_TARGET_REL {
-                mask[j / 64] |= 1 << (j % 64);
-            }
+        for j in missed(&samples, |n| fit.model.time_f(n)) {
+            mask[j / 64] |= 1 << (j % 64);
         }
     }
     mask

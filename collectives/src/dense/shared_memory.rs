@@ -120,6 +120,19 @@ pub(crate) fn allreduce(seg: &SharedSegment, buf: &mut [f32]) -> Result<()> {
 /// the L1 cache while every rank's piece is added to it.
 const PIECE_FLOATS: usize = 4096;
 
+/// `sum[i] = Σ_r part(r)[i]`, added in rank order (P ≥ 2), the order every rank and
+/// every algorithm here adds in.
+fn sum_in_rank_order<'a>(sum: &mut [f32], p: usize, part: impl Fn(usize) -> &'a [f32]) {
+    for ((s, a), b) in sum.iter_mut().zip(part(0)).zip(part(1)) {
+        *s = a + b;
+    }
+    for r in 2..p {
+        for (s, v) in sum.iter_mut().zip(part(r)) {
+            *s += *v;
+        }
+    }
+}
+
 /// One all-reduce round in which every rank reduces the 1/P block it owns: each rank puts
 /// only the blocks the others own in its slot, sums its own block (its own values straight
 /// from `chunk`, the peers' from their slots) piece by piece into `chunk` and into the same
@@ -166,14 +179,7 @@ fn owner_reduce_round(seg: &SharedSegment, which: usize, chunk: &mut [f32]) -> R
                     unsafe { slot_f32(seg, r, which, start, len) }
                 }
             };
-            for ((s, a), b) in sum.iter_mut().zip(part(0)).zip(part(1)) {
-                *s = a + b;
-            }
-            for r in 2..p {
-                for (s, v) in sum.iter_mut().zip(part(r)) {
-                    *s += *v;
-                }
-            }
+            sum_in_rank_order(sum, p, part);
         }
         copy_f32(&mut chunk[piece], sum);
         if streams {
@@ -363,7 +369,7 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
     // Each slot holds P sub-slots of `sub` floats: sub-slot r carries a piece of block r.
     let sub = (SLOT_BYTES / 4 / p).max(1);
     let longest = n.div_ceil(p);
-    let mut acc = Vec::with_capacity(PIECE_FLOATS.min(longest));
+    let mut acc = [0f32; PIECE_FLOATS];
     for from in (0..longest).step_by(sub) {
         let which = seg.next_round();
         let piece = |r: usize| {
@@ -386,8 +392,8 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
 
 /// `own[i] = Σ_r part_r[i]` in rank order, where this rank's part is `own` itself and
 /// rank r's the floats of its slot `which` from float `at`: the sum of
-/// [`sum_slots`] without this rank's copy into its slot. Piece by piece through `acc`
-/// (at most [`PIECE_FLOATS`] long), which stays in the L1 cache.
+/// [`sum_slots`] without this rank's copy into its slot. Piece by piece through `acc`,
+/// which stays in the L1 cache.
 ///
 /// # Safety
 /// As [`slot_f32`] for every other rank, `own.len()` floats from `at`.
@@ -396,23 +402,25 @@ unsafe fn sum_into_own(
     which: usize,
     at: usize,
     own: &mut [f32],
-    acc: &mut Vec<f32>,
+    acc: &mut [f32; PIECE_FLOATS],
 ) {
     let (p, me) = (seg.size(), seg.rank());
     for start in (0..own.len()).step_by(PIECE_FLOATS) {
         let len = PIECE_FLOATS.min(own.len() - start);
         let mine = &mut own[start..start + len];
-        // SAFETY: the caller's contract, for every rank but this one.
-        let part = |r: usize| unsafe { slot_f32(seg, r, which, at + start, len) };
-        acc.clear();
-        acc.extend_from_slice(if me == 0 { mine } else { part(0) });
-        for r in 1..p {
-            let add: &[f32] = if r == me { mine } else { part(r) };
-            for (a, v) in acc.iter_mut().zip(add) {
-                *a += *v;
-            }
+        {
+            let own_piece = &*mine;
+            // SAFETY: the caller's contract, for every rank but this one.
+            let part = |r: usize| {
+                if r == me {
+                    own_piece
+                } else {
+                    unsafe { slot_f32(seg, r, which, at + start, len) }
+                }
+            };
+            sum_in_rank_order(&mut acc[..len], p, part);
         }
-        mine.copy_from_slice(acc);
+        mine.copy_from_slice(&acc[..len]);
     }
 }
 
