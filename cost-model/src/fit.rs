@@ -402,7 +402,7 @@ fn line_ssr(samples: &[Sample]) -> Option<(LinearModel, f64)> {
 ///
 /// For each number of segments, every split between distinct measured sizes that leaves each
 /// segment at least two distinct sizes is considered (by dynamic programming) and the one with the smallest total `Σ ((pred − t)/t)²` is kept (a segment
-/// whose least-squares slope comes out negative is fitted flat, see [`segment_line`]); a split is only accepted when it divides that sum by at least
+/// whose least-squares slope comes out negative is fitted flat, see `segment_line`); a split is only accepted when it divides that sum by at least
 /// [`PIECEWISE_MIN_GAIN`] over the best fit with fewer segments, so data with one regime stays one
 /// line, or when that fit misses some size by more than [`PIECEWISE_TARGET_REL`] and the split
 /// misses by less. Fewer than 4 distinct sizes give a single line. Breakpoint placement and continuity: see

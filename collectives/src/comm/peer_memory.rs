@@ -1,4 +1,4 @@
-//! [`PeerMemory`]: how a rank of a [`SharedSegment`](super::shm::SharedSegment) reads a
+//! `PeerMemory`: how a rank of a [`SharedSegment`](super::shm::SharedSegment) reads a
 //! peer's own buffers (not its slots), so that a collective that only moves data copies
 //! each byte once instead of twice (into the sender's slot, out of it).
 //!

@@ -11,12 +11,12 @@
 //! Layout: one region per rank, a header (the rank's sequence flag and the count of ranks
 //! sleeping on it, on its own page) and
 //! two slots of [`SLOT_BYTES`]. A rank only writes its own region. Each synchronisation
-//! ([`SharedSegment::sync`]) publishes the rank's next sequence number and waits until every
+//! (`SharedSegment::sync`) publishes the rank's next sequence number and waits until every
 //! rank has published it, so that what was written before is visible after. Successive
 //! rounds alternate between the two slots: a rank rewrites a slot only after every rank has
 //! passed the next round's synchronisation, by which time all of them are done reading it.
 //!
-//! Writes into a slot ([`SharedSegment::put`]) use plain stores while they are fast, and
+//! Writes into a slot (`SharedSegment::put`) use plain stores while they are fast, and
 //! non-temporal stores while they are measured slow: see [`TIMED_PUT_BYTES`].
 
 use std::cell::Cell;
@@ -73,7 +73,7 @@ const POLL_FOR: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Smallest write into a slot that is timed, and that goes with non-temporal stores while
-/// plain ones are slow (see [`SharedSegment::put`]). From 16 KiB down to 4 KiB, the 16 KiB
+/// plain ones are slow (see `SharedSegment::put`). From 16 KiB down to 4 KiB, the 16 KiB
 /// all-gather at P = 2 (8 KiB per rank) went from 1.4–1.8 to 4.2–4.4 GB/s while the host
 /// kept the vCPUs apart, and stayed at 4–7 GB/s while it kept them close; two clock reads
 /// are a few per cent of a 4 KiB write.
@@ -271,7 +271,7 @@ impl SharedSegment {
         self.spins == SPINS_OWN_CORE
     }
 
-    /// Whether this rank reads its peers' published buffers ([`Self::read_peer`]); the
+    /// Whether this rank reads its peers' published buffers (`SharedSegment::read_peer`); the
     /// same answer on every rank.
     pub fn reads_peers(&self) -> bool {
         self.peers.reads_peers()

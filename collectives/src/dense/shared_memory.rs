@@ -5,7 +5,7 @@
 //! Why: within a node, a message-passing library copies every message through its
 //! transport's queues and pays a hand-shake per message, so a small all-reduce costs
 //! log₂ P round trips. Here every round is one copy into the rank's slot, one flag
-//! exchange ([`SharedSegment::sync`]) and a reduction (or copy) straight from the peers'
+//! exchange (`SharedSegment::sync`) and a reduction (or copy) straight from the peers'
 //! slots, the way intra-node collectives of NCCL, Gloo or DeepSpeed's shared-memory
 //! all-reduce work.
 //!
@@ -310,7 +310,7 @@ fn copy_out(dst: &mut [u8], src: &[u8], out_bytes: usize) {
 /// pinning and the second exchange), and from 512 KiB the slots' two pipelined rounds
 /// overlap one rank's copy-in with the other's copy-out, which the kernel's copy cannot.
 ///
-/// Only where every rank has a core of its own ([`SharedSegment::own_cores`]): with 3 and
+/// Only where every rank has a core of its own (`SharedSegment::own_cores`): with 3 and
 /// 4 ranks on the 2 cores the second exchange waits for a rank to be scheduled again, and
 /// the 256 KiB all-gather took 41 µs against the slots' 15 µs (P = 3) and 83 against 43
 /// (P = 4).
