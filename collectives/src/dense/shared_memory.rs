@@ -369,7 +369,9 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
     // Each slot holds P sub-slots of `sub` floats: sub-slot r carries a piece of block r.
     let sub = (SLOT_BYTES / 4 / p).max(1);
     let longest = n.div_ceil(p);
-    let mut acc = [0f32; PIECE_FLOATS];
+    // Scratch of at most a piece, sized to the block: a fixed `[f32; PIECE_FLOATS]` on the
+    // stack would zero 16 KiB on every call, more than a 4 KiB reduce-scatter moves.
+    let mut acc = vec![0f32; PIECE_FLOATS.min(longest)];
     for from in (0..longest).step_by(sub) {
         let which = seg.next_round();
         let piece = |r: usize| {
@@ -392,8 +394,8 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
 
 /// `own[i] = Σ_r part_r[i]` in rank order, where this rank's part is `own` itself and
 /// rank r's the floats of its slot `which` from float `at`: the sum of
-/// [`sum_slots`] without this rank's copy into its slot. Piece by piece through `acc`,
-/// which stays in the L1 cache.
+/// [`sum_slots`] without this rank's copy into its slot. Piece by piece through `acc`
+/// (at least `min(PIECE_FLOATS, own.len())` long), which stays in the L1 cache.
 ///
 /// # Safety
 /// As [`slot_f32`] for every other rank, `own.len()` floats from `at`.
@@ -402,7 +404,7 @@ unsafe fn sum_into_own(
     which: usize,
     at: usize,
     own: &mut [f32],
-    acc: &mut [f32; PIECE_FLOATS],
+    acc: &mut [f32],
 ) {
     let (p, me) = (seg.size(), seg.rank());
     for start in (0..own.len()).step_by(PIECE_FLOATS) {
