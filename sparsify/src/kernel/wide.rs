@@ -678,7 +678,7 @@ macro_rules! wide_passes {
 
             /// [`fused_body`] in this module's registers, emitting as `emit` asks.
             #[target_feature(enable = $feat)]
-            pub(crate) fn fused<const STATS: bool>(
+            pub(crate) fn fused<const STATS: bool, const PREFETCH: bool>(
                 emit: EmitForm,
                 r: &mut [f32],
                 g: &[f32],
@@ -696,6 +696,15 @@ macro_rules! wide_passes {
                 let load = |i: usize| {
                     // SAFETY: as just said; this module's features are enabled here.
                     unsafe {
+                        if PREFETCH {
+                            // A hint, never a fault: past the slices' end it touches nothing.
+                            let (rp, gp) = (
+                                pr.wrapping_add(i + PREFETCH_AHEAD),
+                                pg.wrapping_add(i + PREFETCH_AHEAD),
+                            );
+                            _mm_prefetch::<_MM_HINT_T0>(rp.cast_const().cast());
+                            _mm_prefetch::<_MM_HINT_T0>(gp.cast());
+                        }
                         let a = W::load(pr.add(i)).add_f32(W::load(pg.add(i)));
                         a.store(pr.add(i));
                         a
