@@ -126,10 +126,13 @@ impl ExactTopK {
         } else {
             (0, usize::MAX)
         };
+        // Warm, the pass zeroes from the last k-th magnitude up (what this call will most
+        // likely select); cold, every candidate.
+        let zero_from = warm.map_or(t, |t| t.max(self.warm.last_kth()));
         let (out, zero) = split::fused_pass::<false>(
             residual,
             grad,
-            (t, cap, k),
+            (t, zero_from, cap, k),
             &mut self.cand,
             &mut self.work.pieces,
         );
@@ -344,6 +347,70 @@ pub(crate) mod tests {
                 sel.recycle(sg);
             }
             assert!(apart >= 3, "the lists stayed apart in {apart} of 4 steps");
+        });
+    }
+
+    /// Warm calls on a pool with `k` past `PAR_CAND`: the pass zeroes from the last k-th
+    /// magnitude up, and the selection zeroes what it takes below it (the k-th magnitude
+    /// fell) and puts back what it drops above it (it rose). Both selectors against their
+    /// references, the residual bit for bit, with the k-th magnitude moving both ways.
+    #[test]
+    fn warm_zeroing_pass_settles_both_sides_of_the_last_kth() {
+        use crate::mstopk::reference_mstopk;
+        use crate::MsTopK;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let d = (1 << 20) + 17;
+            let k = 40_000;
+            assert!(k >= split::PAR_CAND);
+            let base = gen_vec(1, d, 0);
+            let (mut exact, mut ms) = (ExactTopK::new(), MsTopK::with_seed(3));
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let (mut below, mut above, mut last) = (0usize, 0usize, [0i32; 2]);
+            for (step, scale) in [1.0f32, 1.0, 1.004, 0.996, 1.003, 0.998].iter().enumerate() {
+                let g: Vec<f32> = base.iter().map(|x| x * scale).collect();
+                let mags: Vec<i32> = g.iter().map(|v| abs_bits(*v)).collect();
+                for (which, sel) in [&mut exact as &mut dyn Selector, &mut ms]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut ef = ErrorFeedback::new(d);
+                    let (sg, _) = ef.step(sel, &g, k).unwrap();
+                    let want = if which == 0 {
+                        reference_topk(&g, k)
+                    } else {
+                        reference_mstopk(&g, k, crate::mstopk::DEFAULT_ROUNDS, &mut rng)
+                    };
+                    assert_eq!(sg.indices(), &want[..], "selector {which} step {step}");
+                    let mut back = ef.residual().to_vec();
+                    sg.scatter_add_into(&mut back).unwrap();
+                    assert!(back.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let kth = sg.values().iter().map(|v| abs_bits(*v)).min().unwrap();
+                    if step > 0 {
+                        // Taken below the last k-th magnitude, or dropped at or above it.
+                        let (lo, hi) = (kth.min(last[which]), kth.max(last[which]));
+                        let n = mags.iter().filter(|&&m| m >= lo && m < hi).count();
+                        *(if kth < last[which] {
+                            &mut below
+                        } else {
+                            &mut above
+                        }) += n;
+                    }
+                    last[which] = kth;
+                    sel.recycle(sg);
+                }
+                assert!(exact.cand.lists().0.len() > 1, "step {step}: not split");
+            }
+            assert!(below > 100 && above > 100, "below {below}, above {above}");
+            for (calls, missed) in [exact.warm_starts(), ms.warm_starts()].map(Option::unwrap) {
+                assert!(
+                    calls >= 5 && missed == 0,
+                    "{calls} warm calls, {missed} missed"
+                );
+            }
         });
     }
 

@@ -45,6 +45,10 @@ pub(crate) struct Cand {
     /// Whether the last batch of an [`EmitForm::Adaptive`] pass into this list used the
     /// branch-free form: the next pass starts from it.
     branch_free: bool,
+    /// After a pass that zeroes its candidates (`ZERO`): the smallest magnitude bits it
+    /// zeroed; the candidates below it kept their value in the residual (see
+    /// [`fused_split`]).
+    pub(crate) zeroed_from: i32,
 }
 
 /// How the AVX-512 passes emit their candidates ([`set_emit_form`]). Every form emits the
@@ -595,7 +599,7 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     r: &mut [f32],
     g: &[f32],
     base: usize,
-    t: i32,
+    (t, zero_from): (i32, i32),
     cap: usize,
     cand: &mut Cand,
     mom: Option<&mut Moments>,
@@ -608,8 +612,10 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
         *m = moments_chunk(r);
     }
     if ZERO {
-        for &i in &cand.idx[before..] {
-            r[i as usize - base] = 0.0;
+        let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
+        for (&i, &v) in idx.iter().zip(val) {
+            // Branch-free: one below `zero_from` gets its own value back.
+            r[i as usize - base] = if abs_bits(v) >= zero_from { 0.0 } else { v };
         }
     }
     out
@@ -848,7 +854,8 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
-    fused_impl::<STATS, ZERO, false, ()>(r, g, base, t, cap, cand, None::<(_, fn(&Cand, &mut ()))>)
+    let post = None::<(_, fn(&Cand, &mut ()))>;
+    fused_impl::<STATS, ZERO, false, ()>(r, g, base, (t, 0), cap, cand, post)
 }
 
 /// [`fused_pass`] from index 0 into an empty `cand` that, when split over several pieces,
@@ -858,16 +865,23 @@ pub(crate) fn fused_pass<const STATS: bool, const ZERO: bool>(
 /// only on the pieces of a split pass, never on the one list of a serial one): the selection
 /// among them then runs per piece too ([`crate::split`]). Each piece keeps at most `cap`
 /// candidates (all of them with `ZERO`); the overflow flag is that of the whole.
+///
+/// With `ZERO`, the pass zeroes in `r` only the candidates with magnitude bits
+/// `>= zero_from` (every one for `zero_from <= t`), and records it in the lists
+/// ([`Cand::zeroed_from`]). Why: the selection then zeroes the ones it takes below it and
+/// puts back the ones it drops above it, scattered writes into a residual that has left
+/// the cache; with `zero_from` at the last call's k-th magnitude those are only the
+/// candidates between the last and this k-th magnitude, not every one it drops.
 pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default>(
     r: &mut [f32],
     g: &[f32],
-    t: i32,
+    (t, zero_from): (i32, i32),
     cap: usize,
     cand: &mut Cand,
     post: (&mut Vec<P>, impl Fn(&Cand, &mut P) + Sync + Send),
 ) -> PassOut {
     cand.clear();
-    fused_impl::<STATS, ZERO, false, P>(r, g, 0, t, cap, cand, Some(post))
+    fused_impl::<STATS, ZERO, false, P>(r, g, 0, (t, zero_from), cap, cand, Some(post))
 }
 
 /// [`fused_split`] with `ZERO` that also returns the sum and sum of squares of the
@@ -883,7 +897,7 @@ pub(crate) fn fused_moments_split(
     cand.clear();
     // Nothing to run per piece: a list of `()` allocates nothing.
     let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
-    let out = fused_impl::<false, true, true, ()>(r, g, 0, t, usize::MAX, cand, Some(post));
+    let out = fused_impl::<false, true, true, ()>(r, g, 0, (t, 0), usize::MAX, cand, Some(post));
     let (s, q) = cand
         .moms
         .iter()
@@ -899,12 +913,14 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     r: &mut [f32],
     g: &[f32],
     base: usize,
-    t: i32,
+    (t, zero_from): (i32, i32),
     cap: usize,
     cand: &mut Cand,
     post: Post<'_, P, impl Fn(&Cand, &mut P) + Sync + Send>,
 ) -> PassOut {
     let t = t.min(INF_BITS);
+    let tz = (t, zero_from);
+    cand.zeroed_from = zero_from;
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let emit = emit_form();
@@ -925,7 +941,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
                 &mut r[lo..hi],
                 &g[lo..hi],
                 base + lo,
-                t,
+                tz,
                 cap,
                 cand,
                 m,
@@ -965,11 +981,12 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
         .enumerate()
         .map(|(i, (((((rp, gp), part), sp), mp), p))| {
             part.clear();
+            part.zeroed_from = zero_from;
             let b = base + i * len;
             let out = serial_chunks::<STATS>(rp.len(), sp, ZERO || MOM, |lo, hi| {
                 let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
                 let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
-                fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, t, room, part, m)
+                fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, m)
             });
             if let Some(f) = &f {
                 f(part, p);

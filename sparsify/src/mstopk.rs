@@ -524,10 +524,12 @@ impl Selector for MsTopK {
             }
             (None, None) => (0, usize::MAX),
         };
+        // As in `ExactTopK`: warm, zero from the last selection's smallest magnitude up.
+        let zero_from = warm.map_or(t, |t| t.max(self.warm.last_kth()));
         let (out, zero) = split::fused_pass::<true>(
             residual,
             grad,
-            (t, cap, k),
+            (t, zero_from, cap, k),
             &mut self.cand,
             &mut self.work.pieces,
         );

@@ -38,10 +38,13 @@ const MAX_BUCKETS_LOG: u32 = 11;
 /// builds its histogram right after, and the selection puts back the few it does not take
 /// (fewer scattered writes into a residual that has left the cache); in one serial pass, or
 /// for small `k`, the selection zeroes what it takes. Returns the pass and whether it zeroed.
+///
+/// `zero_from`: where the zeroing pass starts zeroing (see [`crate::kernel::fused_split`]);
+/// the selectors pass the last call's k-th magnitude when they start warm.
 pub(crate) fn fused_pass<const STATS: bool>(
     residual: &mut [f32],
     grad: &[f32],
-    (t, cap, k): (i32, usize, usize),
+    (t, zero_from, cap, k): (i32, i32, usize, usize),
     cand: &mut Cand,
     pieces: &mut Vec<Piece>,
 ) -> (crate::kernel::PassOut, bool) {
@@ -53,9 +56,16 @@ pub(crate) fn fused_pass<const STATS: bool>(
         }
     });
     let out = if zero {
-        crate::kernel::fused_split::<STATS, true, _>(residual, grad, t, cap, cand, post)
+        crate::kernel::fused_split::<STATS, true, _>(
+            residual,
+            grad,
+            (t, zero_from),
+            cap,
+            cand,
+            post,
+        )
     } else {
-        crate::kernel::fused_split::<STATS, false, _>(residual, grad, t, cap, cand, post)
+        crate::kernel::fused_split::<STATS, false, _>(residual, grad, (t, t), cap, cand, post)
     };
     (out, zero)
 }
@@ -334,8 +344,9 @@ fn with_spare<R>(cand: &mut Cand, f: impl FnOnce(&Cand, &mut Spare) -> R) -> R {
 }
 
 /// The residual a selection finishes: none (a read-only selection), one whose selected
-/// entries are to be zeroed, or one whose candidates the pass already zeroed (the ones
-/// not selected get their values back).
+/// entries are to be zeroed, or one whose candidates the pass already zeroed from
+/// [`Cand::zeroed_from`] up (the ones not selected among those get their values back, and
+/// the ones selected below it are zeroed).
 pub(crate) enum Residual<'a> {
     None,
     Zero(&'a mut [f32]),
@@ -508,8 +519,8 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
         // The residual's kind first: a `Zero` one (the serial passes) adds no branch on
         // `keep`, which is unpredictable.
         if let Residual::Restore(r) = &mut o.residual {
-            if !keep {
-                r[j as usize - lo] = v;
+            if keep != (m >= l.zeroed_from) {
+                r[j as usize - lo] = if keep { 0.0 } else { v };
             }
         }
     }
@@ -544,6 +555,7 @@ mod avx512_write {
             _mm512_set1_epi32(class.band.1),
         );
         let mut vmin = _mm512_set1_epi32(i32::MAX);
+        let zf = _mm512_set1_epi32(l.zeroed_from);
         let (mut at, mut rank, mut i) = (0usize, 0usize, 0usize);
         let (pi, pv) = (
             o.idx.as_mut_ptr().cast::<u32>(),
@@ -565,7 +577,8 @@ mod avx512_write {
                 _mm512_storeu_si512(pv.add(at).cast(), _mm512_maskz_compress_epi32(keep, vv));
                 at += keep.count_ones() as usize;
                 vmin = _mm512_mask_min_epi32(vmin, keep, vmin, m);
-                super::put_back(o, l, i, u32::from(!keep), lo);
+                let zeroed = _mm512_cmpge_epi32_mask(m, zf);
+                super::settle(o, l, i, u32::from(keep ^ zeroed), lo);
             }
             i += 16;
         }
@@ -605,6 +618,8 @@ mod avx2_write {
             _mm256_set1_epi32(class.band.1),
         );
         let lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        // `m >= zeroed_from` as `m > zeroed_from - 1`, as for the band.
+        let zf = _mm256_set1_epi32(l.zeroed_from.max(0) - 1);
         let mut vmin = _mm256_set1_epi32(i32::MAX);
         let (mut at, mut rank, mut i) = (0usize, 0usize, 0usize);
         let (pi, pv) = (
@@ -629,7 +644,7 @@ mod avx2_write {
                 let kv = _mm256_cmpeq_epi32(_mm256_and_si256(kv, lane_bits), lane_bits);
                 vmin =
                     _mm256_min_epi32(vmin, _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), m, kv));
-                super::put_back(o, l, i, !keep & 0xff, lo);
+                super::settle(o, l, i, (keep ^ gt_mask(m, zf)) & 0xff, lo);
             }
             i += 8;
         }
@@ -640,15 +655,19 @@ mod avx2_write {
     }
 }
 
-/// With a `Restore` residual, puts back the candidates of `l` at `i + lane` for each lane
-/// set in `dropped` (those a SIMD group of [`write_piece`] did not keep).
+/// With a `Restore` residual, settles the candidates of `l` at `i + lane` for each lane
+/// set in `wrong` (those whose residual entry a SIMD group of [`write_piece`] must
+/// change: kept but not zeroed by the pass, or zeroed but not kept): zeroes the first and
+/// puts the value of the second back.
 #[inline(always)]
-fn put_back(o: &mut Out<'_>, l: &Cand, i: usize, mut dropped: u32, lo: usize) {
+fn settle(o: &mut Out<'_>, l: &Cand, i: usize, mut wrong: u32, lo: usize) {
     if let Residual::Restore(r) = &mut o.residual {
-        while dropped != 0 {
-            let lane = dropped.trailing_zeros() as usize;
-            r[l.idx[i + lane] as usize - lo] = l.val[i + lane];
-            dropped &= dropped - 1;
+        while wrong != 0 {
+            let lane = wrong.trailing_zeros() as usize;
+            let v = l.val[i + lane];
+            let zeroed = abs_bits(v) >= l.zeroed_from;
+            r[l.idx[i + lane] as usize - lo] = if zeroed { v } else { 0.0 };
+            wrong &= wrong - 1;
         }
     }
 }

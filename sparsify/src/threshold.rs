@@ -235,7 +235,7 @@ impl HardThreshold {
         // the pieces then copy their lists into the result in parallel.
         let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
         let (tb, all) = (ge_bits(t), usize::MAX);
-        let out = kernel::fused_split::<false, true, ()>(x, g, tb, all, &mut self.cand, post);
+        let out = kernel::fused_split::<false, true, ()>(x, g, (tb, tb), all, &mut self.cand, post);
         if out.non_finite.is_some() {
             split::restore(x, &self.cand);
             out.check()?;

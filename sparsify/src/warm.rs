@@ -103,6 +103,12 @@ impl WarmStart {
         Some(t.to_bits() as i32)
     }
 
+    /// The k-th magnitude (bits) of the last selection, 0 when there is none: where a warm
+    /// call's zeroing pass starts zeroing ([`crate::kernel::fused_split`]).
+    pub(crate) fn last_kth(&self) -> i32 {
+        self.kth
+    }
+
     /// Records how the pass of a call went: `warm` is the threshold [`Self::threshold`] gave
     /// (nothing to record when the call started cold), and the pass found `found`
     /// candidates (truncated when `overflow`) where the selection needs at least `need`.
