@@ -307,6 +307,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// A pool of two threads, so that passes over 2^20 elements or more are split.
+    fn two_threads() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn split_pass_selects_from_lists_kept_apart() {
         // A pass split over two threads with `k` below `PAR_CAND` but more candidates
@@ -314,11 +322,7 @@ pub(crate) mod tests {
         // writes its share and zeroes its entries. Magnitudes on a grid of 1/256, so the
         // k-th magnitude is shared by many entries across both pieces (ties go to the
         // lower index), warm and cold calls alike.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        two_threads().install(|| {
             let d = (1 << 20) + 17;
             let k = 12_000;
             let mut sel = ExactTopK::new();
@@ -358,11 +362,7 @@ pub(crate) mod tests {
     fn warm_zeroing_pass_settles_both_sides_of_the_last_kth() {
         use crate::mstopk::reference_mstopk;
         use crate::MsTopK;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        two_threads().install(|| {
             let d = (1 << 20) + 17;
             let k = 40_000;
             assert!(k >= split::PAR_CAND);
