@@ -126,9 +126,7 @@ impl ExactTopK {
         } else {
             (0, usize::MAX)
         };
-        // Warm, the pass zeroes from the last k-th magnitude up (what this call will most
-        // likely select); cold, every candidate.
-        let zero_from = warm.map_or(t, |t| t.max(self.warm.last_kth()));
+        let zero_from = self.warm.zero_from(warm, t);
         let (out, zero) = split::fused_pass::<false>(
             residual,
             grad,

@@ -524,8 +524,7 @@ impl Selector for MsTopK {
             }
             (None, None) => (0, usize::MAX),
         };
-        // As in `ExactTopK`: warm, zero from the last selection's smallest magnitude up.
-        let zero_from = warm.map_or(t, |t| t.max(self.warm.last_kth()));
+        let zero_from = self.warm.zero_from(warm, t);
         let (out, zero) = split::fused_pass::<true>(
             residual,
             grad,

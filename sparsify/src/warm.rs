@@ -103,10 +103,16 @@ impl WarmStart {
         Some(t.to_bits() as i32)
     }
 
-    /// The k-th magnitude (bits) of the last selection, 0 when there is none: where a warm
-    /// call's zeroing pass starts zeroing ([`crate::kernel::fused_split`]).
-    pub(crate) fn last_kth(&self) -> i32 {
-        self.kth
+    /// Where a call's zeroing pass from threshold `t` starts zeroing
+    /// ([`crate::kernel::fused_split`]): warm (`warm` is what [`Self::threshold`] gave), at
+    /// the last selection's k-th magnitude, what this call most likely selects; cold, at
+    /// `t` (every candidate).
+    pub(crate) fn zero_from(&self, warm: Option<i32>, t: i32) -> i32 {
+        if warm.is_some() {
+            t.max(self.kth)
+        } else {
+            t
+        }
     }
 
     /// Records how the pass of a call went: `warm` is the threshold [`Self::threshold`] gave
