@@ -369,26 +369,36 @@ pub(crate) fn reduce_scatter(seg: &SharedSegment, buf: &mut [f32]) -> Result<Ran
     // Each slot holds P sub-slots of `sub` floats: sub-slot r carries a piece of block r.
     let sub = (SLOT_BYTES / 4 / p).max(1);
     let longest = n.div_ceil(p);
-    // Scratch of at most a piece, sized to the block: a fixed `[f32; PIECE_FLOATS]` on the
-    // stack would zero 16 KiB on every call, more than a 4 KiB reduce-scatter moves.
-    let mut acc = vec![0f32; PIECE_FLOATS.min(longest)];
-    for from in (0..longest).step_by(sub) {
-        let which = seg.next_round();
-        let piece = |r: usize| {
-            let b = block_range(n, p, r);
-            b.start + from.min(b.len())..b.start + (from + sub).min(b.len())
-        };
-        // This rank's own piece stays in `buf`: no peer reads it.
-        for r in (0..p).filter(|&r| r != me) {
-            seg.put(which, r * sub * 4, bytemuck::cast_slice(&buf[piece(r)]));
-        }
-        seg.sync()?;
-        let here = piece(me);
-        // SAFETY: sub-slot `me` of every other rank holds this round's piece of this
-        // rank's block, written before the synchronisation and not rewritten before the
-        // next.
-        unsafe { sum_into_own(seg, which, me * sub, &mut buf[here], &mut acc) };
+    // Scratch of at most a piece, kept per thread and grown once: a fixed
+    // `[f32; PIECE_FLOATS]` on the stack zeroed 16 KiB on every call, more than a 4 KiB
+    // reduce-scatter moves, and a fresh buffer would allocate on every call.
+    thread_local! {
+        static ACC: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    ACC.with_borrow_mut(|acc| -> Result<()> {
+        let need = PIECE_FLOATS.min(longest);
+        if acc.len() < need {
+            acc.resize(need, 0.0);
+        }
+        for from in (0..longest).step_by(sub) {
+            let which = seg.next_round();
+            let piece = |r: usize| {
+                let b = block_range(n, p, r);
+                b.start + from.min(b.len())..b.start + (from + sub).min(b.len())
+            };
+            // This rank's own piece stays in `buf`: no peer reads it.
+            for r in (0..p).filter(|&r| r != me) {
+                seg.put(which, r * sub * 4, bytemuck::cast_slice(&buf[piece(r)]));
+            }
+            seg.sync()?;
+            let here = piece(me);
+            // SAFETY: sub-slot `me` of every other rank holds this round's piece of this
+            // rank's block, written before the synchronisation and not rewritten before the
+            // next.
+            unsafe { sum_into_own(seg, which, me * sub, &mut buf[here], acc) };
+        }
+        Ok(())
+    })?;
     Ok(mine)
 }
 
