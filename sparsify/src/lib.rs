@@ -315,6 +315,33 @@ mod tests {
         }
     }
 
+    /// MSTopK split over a pool selects as the literal Algorithm 1, read-only and fused,
+    /// with the pieces' candidates joined (`k` = d / 1000, d / 100) and kept per piece
+    /// with a histogram each (d / 30, a zeroing pass); the fused step's residual plus the
+    /// selection is the input.
+    #[test]
+    fn parallel_mstopk_matches_algorithm_1() {
+        let d = 3 * kernel::PAR_MIN + 123;
+        for kind in 0..2 {
+            let g = gen_vec(50 + u64::from(kind), d, kind);
+            for k in [d / 1000, d / 100, d / 30] {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+                let want = mstopk::reference_mstopk(&g, k, 30, &mut rng);
+                let (read, fused, residual) = on_pool(4, || {
+                    let (read, _) = MsTopK::with_seed(7).select(&g, k).unwrap();
+                    let mut ef = ErrorFeedback::new(d);
+                    let (fused, _) = ef.step(&mut MsTopK::with_seed(7), &g, k).unwrap();
+                    (read, fused, ef.residual().to_vec())
+                });
+                assert_eq!(read.indices(), &want[..], "{kind} {k}");
+                assert_eq!(fused, read, "{kind} {k}");
+                let mut back = residual;
+                fused.scatter_add_into(&mut back).unwrap();
+                assert_eq!(back, g, "{kind} {k}");
+            }
+        }
+    }
+
     #[test]
     fn parallel_reports_the_first_non_finite() {
         let d = 4 * kernel::PAR_MIN;
