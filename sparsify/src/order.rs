@@ -15,6 +15,13 @@ use std::cell::RefCell;
 /// Lists of at most this many elements are finished with `select_nth_unstable`.
 const SMALL: usize = 64;
 
+/// Lists of at most this many elements are selected among by one histogram round with
+/// AVX2 ([`avx2::kth_by_histogram`]) instead of the sampled rounds. A fused pass at
+/// 2^14–2^16 elements, ρ = 0.01, leaves a few hundred candidates; on the AVX2 EPYC VM the
+/// 164th largest of 213 magnitudes took 300 ns against 540 ns by rounds, of 800 about
+/// 1.1 µs against 1.2–1.5 µs, and of 3000, 3.5 µs against 3.1 µs.
+const HISTOGRAM_MAX: usize = 1024;
+
 /// The `m`-th largest element of `v` (`1 <= m <= v.len()`, duplicates counted, so the same
 /// value as `v.select_nth_unstable(v.len() - m)`). Leaves `v` in an unspecified order and
 /// possibly overwritten with other elements of `v`.
@@ -37,6 +44,17 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
     }
     #[cfg(target_arch = "x86_64")]
     if v.len() > SMALL && std::is_x86_feature_detected!("avx2") {
+        if v.len() <= HISTOGRAM_MAX {
+            return SPARE.with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if spare.len() < v.len() {
+                    spare.resize(v.len(), 0);
+                }
+                // SAFETY: the CPU has AVX2 (checked just above); `spare` holds `v.len()`
+                // and is not `v`.
+                unsafe { avx2::kth_by_histogram(v, m, spare.as_mut_ptr()) }
+            });
+        }
         // SAFETY: the CPU has AVX2 (checked just above).
         return unsafe { avx2::kth_largest(v, m) };
     }
@@ -379,6 +397,69 @@ pub(crate) mod avx2 {
             i += 8;
         }
         retain_from(v, whole, kept, t, at_or_above)
+    }
+
+    /// [`super::kth_largest`] of a short list by one histogram round: the span of `v`
+    /// in 64 buckets (counted in two interleaved histograms, so that runs of one bucket
+    /// do not chain their increments), the one that holds the rank found from the top, and
+    /// its members compacted by [`round`] into `dst` and selected among.
+    ///
+    /// # Safety
+    /// AVX2; `1 <= m <= v.len()`, `dst` valid for `v.len()` writes and not overlapping `v`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn kth_by_histogram(v: &[i32], m: usize, dst: *mut i32) -> i32 {
+        let n = v.len();
+        let (mut lo, mut hi) = (_mm256_set1_epi32(i32::MAX), _mm256_set1_epi32(i32::MIN));
+        let mut blocks = v.chunks_exact(8);
+        for b in &mut blocks {
+            // SAFETY: `b` holds 8 elements.
+            let x = unsafe { _mm256_loadu_si256(b.as_ptr().cast()) };
+            lo = _mm256_min_epi32(lo, x);
+            hi = _mm256_max_epi32(hi, x);
+        }
+        let (mut l, mut h) = ([0i32; 8], [0i32; 8]);
+        // SAFETY: both arrays hold 8 lanes.
+        unsafe {
+            _mm256_storeu_si256(l.as_mut_ptr().cast(), lo);
+            _mm256_storeu_si256(h.as_mut_ptr().cast(), hi);
+        }
+        let rest = blocks.remainder();
+        let mn = l.iter().chain(rest).copied().min().unwrap_or(i32::MAX);
+        let mx = h.iter().chain(rest).copied().max().unwrap_or(i32::MIN);
+        if mn == mx {
+            return mn;
+        }
+        let span = (i64::from(mx) - i64::from(mn)) as u64;
+        let shift = (64 - span.leading_zeros()).saturating_sub(6);
+        // Below 64 for every element: `(x - mn) >> shift <= span >> shift < 64`.
+        let bucket = |x: i32| ((i64::from(x) - i64::from(mn)) as u64 >> shift) as usize & 63;
+        let mut hist = [[0u32; 64]; 2];
+        let mut pairs = v.chunks_exact(2);
+        for p in &mut pairs {
+            hist[0][bucket(p[0])] += 1;
+            hist[1][bucket(p[1])] += 1;
+        }
+        for &x in pairs.remainder() {
+            hist[0][bucket(x)] += 1;
+        }
+        // The bucket where the count from the top first reaches `m` (bucket 0 at the
+        // latest: all `n >= m` elements are counted by then).
+        let (mut b, mut above) = (63usize, 0usize);
+        loop {
+            let c = (hist[0][b] + hist[1][b]) as usize;
+            if above + c >= m || b == 0 {
+                break;
+            }
+            above += c;
+            b -= 1;
+        }
+        let blo = (i64::from(mn) + ((b as i64) << shift)) as i32;
+        let bhi = (i64::from(mn) + ((b as i64 + 1) << shift) - 1).min(i64::from(mx)) as i32;
+        // SAFETY: `dst` has room for `n` and does not overlap `v`.
+        let (_, kept) = unsafe { round(v.as_ptr(), n, dst, blo, bhi) };
+        // SAFETY: `round` wrote `kept` elements at `dst`.
+        let members = unsafe { std::slice::from_raw_parts_mut(dst, kept) };
+        by_introselect(members, m - above)
     }
 
     /// [`super::kth_largest`] by rounds of two-pivot compaction ([`by_rounds`]).
