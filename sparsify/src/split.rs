@@ -401,7 +401,8 @@ fn write(
     let total: usize = pieces.iter().map(|p| p.count).sum();
     let (mut idx, mut val) = spare.lists(total);
     {
-        let mut outs: Vec<Out> = Vec::with_capacity(pieces.len());
+        // On the stack for up to eight pieces: a call allocates nothing in steady state.
+        let mut outs: smallvec::SmallVec<[Out; 8]> = smallvec::SmallVec::new();
         let (mut ri, mut rv) = (
             &mut idx.spare_capacity_mut()[..total],
             &mut val.spare_capacity_mut()[..total],
