@@ -149,6 +149,20 @@ impl Buckets {
     pub(crate) fn of(&self, m: i32) -> usize {
         ((m.wrapping_sub(self.t).max(0) as u32 >> self.shift) as usize).min(self.n - 1)
     }
+
+    /// The magnitude bits (never negative) `lo..=hi` that fall in bucket `j`
+    /// ([`Self::of`]): the first bucket reaches down to 0, the last one up to `i32::MAX`.
+    pub(crate) fn range(&self, j: usize) -> (i32, i32) {
+        let at = |j: usize| i64::from(self.t) + ((j as i64) << self.shift);
+        let lo = if j == 0 { 0 } else { at(j) };
+        let hi = if j + 1 >= self.n {
+            i64::from(i32::MAX)
+        } else {
+            at(j + 1) - 1
+        };
+        let clamp = |x: i64| x.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+        (clamp(lo), clamp(hi))
+    }
 }
 
 /// Histograms one list's magnitudes: what a piece computes right after its pass
@@ -201,16 +215,23 @@ fn boundary(lists: &[Cand], b: &Buckets, k: usize, strict: usize, w: &mut Work) 
         }
         above += c as usize;
     }
+    let (lo, hi) = b.range(kb);
     each(lists, &mut w.pieces[..np], |_, l, p| {
         p.kb = kb;
         p.members.clear();
         p.members.reserve(p.hist[kb] as usize);
-        for v in &l.val {
-            let m = abs_bits(*v);
-            if b.of(m) == kb {
-                p.members.push(m);
+        // Sixteen at a time: one test without a branch per element (vectorised), and the
+        // rare run that holds a member picked out one by one.
+        let mut runs = l.val.chunks_exact(16);
+        let inside = |v: &f32| (lo..=hi).contains(&abs_bits(*v));
+        for run in &mut runs {
+            if run.iter().fold(false, |any, v| any | inside(v)) {
+                p.members
+                    .extend(run.iter().filter(|v| inside(v)).map(|v| abs_bits(*v)));
             }
         }
+        let rest = runs.remainder().iter().filter(|v| inside(v));
+        p.members.extend(rest.map(|v| abs_bits(*v)));
     });
     w.members.clear();
     for p in &w.pieces[..np] {
@@ -925,6 +946,15 @@ mod tests {
         members.sort_unstable();
         direct_members.sort_unstable();
         assert_eq!(members, direct_members);
+        // Each bucket's range holds exactly the bits of that bucket, at its edges too.
+        for j in [0, 1, kb, b.n - 2, b.n - 1] {
+            let (lo, hi) = b.range(j);
+            for m in [lo, hi, t - 1, t, t + 1, i32::MAX, 0] {
+                assert_eq!((lo..=hi).contains(&m), b.of(m) == j, "bucket {j}, bits {m}");
+            }
+            assert_eq!(b.of(lo), j);
+            assert_eq!(b.of(hi), j);
+        }
         // Thresholds inside the boundary bucket and in buckets on both sides of it.
         let (mut inside, mut outside) = (0, 0);
         let mut xs: Vec<i32> = direct_members.clone();
