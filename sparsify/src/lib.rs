@@ -328,6 +328,7 @@ mod tests {
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
                 let want = mstopk::reference_mstopk(&g, k, 30, &mut rng);
                 let (read, fused, residual) = on_pool(4, || {
+                    assert!(kernel::pieces(d) > 1, "parallel path not taken");
                     let (read, _) = MsTopK::with_seed(7).select(&g, k).unwrap();
                     let mut ef = ErrorFeedback::new(d);
                     let (fused, _) = ef.step(&mut MsTopK::with_seed(7), &g, k).unwrap();

@@ -80,6 +80,8 @@ pub(crate) struct Piece {
     /// `kb` is `usize::MAX`), in list order.
     members: Vec<i32>,
     kb: usize,
+    /// The piece's candidates in the buckets above `kb` (set with `members`).
+    above_kb: usize,
     /// Candidates the piece keeps for sure, and its range of ranks among the ranked ones.
     sure: usize,
     ranked: (usize, usize),
@@ -92,11 +94,6 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
-    /// Number of the piece's candidates in the buckets above `j`.
-    fn above(&self, j: usize) -> usize {
-        self.hist[j + 1..].iter().map(|&c| c as usize).sum()
-    }
-
     /// Number of the piece's candidates (list `l`) with magnitude `>= x`: from the
     /// histogram and the members of bucket `kb` when `x` falls in it, else by counting.
     fn count_ge(&self, l: &Cand, b: &Buckets, x: i32) -> usize {
@@ -107,7 +104,7 @@ impl Piece {
         if j != self.kb {
             return l.val.iter().filter(|v| abs_bits(**v) >= x).count();
         }
-        self.above(j) + self.members.iter().filter(|&&m| m >= x).count()
+        self.above_kb + self.members.iter().filter(|&&m| m >= x).count()
     }
 }
 
@@ -218,6 +215,7 @@ fn boundary(lists: &[Cand], b: &Buckets, k: usize, strict: usize, w: &mut Work) 
     let (lo, hi) = b.range(kb);
     each(lists, &mut w.pieces[..np], |_, l, p| {
         p.kb = kb;
+        p.above_kb = p.hist[kb + 1..].iter().map(|&c| c as usize).sum();
         p.members.clear();
         p.members.reserve(p.hist[kb] as usize);
         // Sixteen at a time: one test without a branch per element (vectorised), and the
@@ -305,14 +303,14 @@ fn select_k_in(
 /// in piece order.
 fn kth_of_prepared(lists: &[Cand], b: &Buckets, k: usize, w: &mut Work) -> i32 {
     let np = lists.len();
-    let (kb, above) = boundary(lists, b, k, 0, w);
+    let (_, above) = boundary(lists, b, k, 0, w);
     let need = k - above;
     let kth = order::kth_largest(&mut w.members, need);
     let (mut ties, mut taken) = (need, 0);
     for p in &mut w.pieces[..np] {
         let gt = p.members.iter().filter(|&&m| m > kth).count();
         let eq = p.members.iter().filter(|&&m| m == kth).count();
-        p.sure = p.above(kb) + gt;
+        p.sure = p.above_kb + gt;
         ties -= gt;
         p.ranked = (0, eq);
     }
