@@ -11,6 +11,7 @@ use crate::dense::exec::run_bytes;
 use crate::dense::library::library_of;
 use crate::dense::shared_memory::{self, segment_of};
 use crate::dense::util::{check_call, gather_words};
+use crate::dense::wire::with_byte_scratch;
 use crate::dense::{tags, DenseOptions, Op, WireType};
 use crate::{Communicator, Error, Result, Tag};
 
@@ -304,14 +305,17 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
         AllgatherAlgo::Bruck => {
             // The plan works on a rotated copy in which this rank's block comes first.
             let (rot, steps) = plan::allgather_bruck(&displs, r, tag);
-            let mut tmp = vec![0u8; out.len()];
-            tmp[..rot[1]].copy_from_slice(mine);
-            run_bytes(comm, &mut tmp, &steps)?;
-            for i in 1..p {
-                let b = (r + i) % p;
-                out[displs[b]..displs[b + 1]].copy_from_slice(&tmp[rot[i]..rot[i + 1]]);
-            }
-            Ok(())
+            // The copy is pooled scratch: a fresh one per call faulted in its pages every
+            // time (at P = 2, 16 MiB took 4.5x the ring's time).
+            with_byte_scratch(out.len(), |tmp| {
+                tmp[..rot[1]].copy_from_slice(mine);
+                run_bytes(comm, tmp, &steps)?;
+                for i in 1..p {
+                    let b = (r + i) % p;
+                    out[displs[b]..displs[b + 1]].copy_from_slice(&tmp[rot[i]..rot[i + 1]]);
+                }
+                Ok(())
+            })
         }
     }
 }

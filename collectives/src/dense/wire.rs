@@ -151,6 +151,16 @@ fn give_storage(v: Vec<f32>) {
     });
 }
 
+/// Runs `f` on `n` bytes of this thread's pooled scratch (contents unspecified), which
+/// goes back to the pool afterwards: a call that needs a whole-message work copy (Bruck's
+/// rotated all-gather) neither allocates nor faults in fresh pages for it.
+pub(crate) fn with_byte_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut store = take_storage(n.div_ceil(4));
+    let r = f(&mut bytemuck::cast_slice_mut::<f32, u8>(&mut store)[..n]);
+    give_storage(store);
+    r
+}
+
 /// `n` elements of `W` viewed in `f32` storage (grown if needed).
 fn wire_view<W: WireElem>(store: &mut Vec<f32>, n: usize) -> &mut [W] {
     let words = (n * std::mem::size_of::<W>()).div_ceil(4);
