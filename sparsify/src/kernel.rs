@@ -614,8 +614,11 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     if ZERO {
         let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
         for (&i, &v) in idx.iter().zip(val) {
-            // Branch-free: one below `zero_from` gets its own value back.
-            r[i as usize - base] = if abs_bits(v) >= zero_from { 0.0 } else { v };
+            // Branch-free (a select compiled to a branch, which mispredicts where
+            // `zero_from` splits the candidates): one below `zero_from` gets its own value
+            // back, masked by all ones.
+            let keep = u32::from(abs_bits(v) < zero_from).wrapping_neg();
+            r[i as usize - base] = f32::from_bits(v.to_bits() & keep);
         }
     }
     out
@@ -887,17 +890,19 @@ pub(crate) fn fused_split<const STATS: bool, const ZERO: bool, P: Send + Default
 /// [`fused_split`] with `ZERO` that also returns the sum and sum of squares of the
 /// accumulated vector exactly as [`moments`] computes them (per [`CHUNK`], each chunk while
 /// it is in cache and before its candidates are zeroed): the statistics and the candidates
-/// of a Gaussian-k step in one pass.
+/// of a Gaussian-k step in one pass. Zeroes only the candidates from `zero_from` up, as
+/// [`fused_split`] does.
 pub(crate) fn fused_moments_split(
     r: &mut [f32],
     g: &[f32],
-    t: i32,
+    (t, zero_from): (i32, i32),
     cand: &mut Cand,
 ) -> (PassOut, (f64, f64)) {
     cand.clear();
     // Nothing to run per piece: a list of `()` allocates nothing.
     let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
-    let out = fused_impl::<false, true, true, ()>(r, g, 0, (t, 0), usize::MAX, cand, Some(post));
+    let tz = (t, zero_from);
+    let out = fused_impl::<false, true, true, ()>(r, g, 0, tz, usize::MAX, cand, Some(post));
     let (s, q) = cand
         .moms
         .iter()

@@ -624,7 +624,14 @@ impl GaussianK {
         } else {
             below(path.iter().map(|p| p.0).min().unwrap_or(0))
         };
-        let (out, (sum, sumsq)) = kernel::fused_moments_split(x, g, tl, &mut self.cand);
+        // Only the candidates from the estimated final threshold up are zeroed: the
+        // selection then writes back only those between it and the real one, not every
+        // candidate below the real one (scattered writes into a residual out of cache; at
+        // 2^22, ρ = 0.01, `perf` put the selection's writing at 0.56× the samples of
+        // `stream` when every candidate was zeroed, 0.26× with this).
+        let zero_from = last.max(tl);
+        let tz = (tl, zero_from);
+        let (out, (sum, sumsq)) = kernel::fused_moments_split(x, g, tz, &mut self.cand);
         if out.non_finite.is_some() {
             split::restore(x, &self.cand);
             out.check()?;
