@@ -742,14 +742,10 @@ pub(crate) fn add_one(r: &mut [f32], g: &[f32]) {
     dispatch!(add(r, g), add_body(r, g))
 }
 
-/// Sum and sum of squares of a short `x` (a sample), in f64.
-pub(crate) fn moments_of(x: &[f32]) -> (f64, f64) {
-    moments_chunk(x)
-}
-
-/// [`moments_body`] from the widest build.
+/// [`moments_body`] from the widest build: the sum and sum of squares, in f64, of one
+/// chunk or of a short `x` (a sample).
 #[inline]
-fn moments_chunk(x: &[f32]) -> Moments {
+pub(crate) fn moments_chunk(x: &[f32]) -> Moments {
     dispatch!(moments(x), moments_body(x))
 }
 
@@ -1731,21 +1727,41 @@ mod tests {
 
     #[test]
     fn moments_builds_agree_bitwise() {
-        // Whole groups of 16, a partial one, and values whose f64 sums round differently
-        // in another order (so a changed order or lane fails).
-        for n in [0usize, 7, 16, 100, CHUNK, CHUNK + 13] {
+        // Whole groups of 16 and partial ones, values of both signs at random scales over
+        // 2^±30, many draws of the short ones: the f64 sums then round differently when a
+        // lane, the order or the folding changes (builds that swapped two lanes of any one
+        // register failed this).
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let sizes = [0usize, 7, 16, 33, 100, CHUNK, CHUNK + 13];
+        for (draw, n) in sizes.iter().flat_map(|&n| (0..50).map(move |d| (d, n))) {
             let x: Vec<f32> = (0..n)
-                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 1.3e-3 + (i % 3) as f32 * 1e7)
+                .map(|_| {
+                    let h = next();
+                    let mag = (1.0 + (h >> 40) as f32 / (1u64 << 24) as f32)
+                        * 2f32.powi((h % 61) as i32 - 30);
+                    if h >> 63 == 1 {
+                        -mag
+                    } else {
+                        mag
+                    }
+                })
                 .collect();
             let (s, q) = moments_body(&x);
             let (s2, q2) = moments_chunk(&x);
             assert_eq!(
                 (s.to_bits(), q.to_bits()),
                 (s2.to_bits(), q2.to_bits()),
-                "n {n}"
+                "n {n} draw {draw}"
             );
             let direct: f64 = x.iter().map(|&v| f64::from(v)).sum();
-            assert!((s - direct).abs() <= 1e-9 * direct.abs().max(1.0), "n {n}");
+            let scale: f64 = x.iter().map(|&v| f64::from(v).abs()).sum();
+            assert!((s - direct).abs() <= 1e-12 * scale.max(1e-300), "n {n}");
         }
         // A non-finite value is reported with its index, a finite one is not.
         let mut x = vec![1.0f32; 3 * CHUNK];

@@ -597,7 +597,7 @@ impl GaussianK {
         let n = ((8.0 * (d as f64).sqrt()) as usize).max(1 << 10).min(d / 8);
         kernel::sample_vals(x, g, n, &mut self.sample);
         let ns = self.sample.len();
-        let (s, q) = kernel::moments_of(&self.sample);
+        let (s, q) = kernel::moments_chunk(&self.sample);
         self.mags.clear();
         self.mags.extend(self.sample.iter().map(|v| abs_bits(*v)));
         let mags = &self.mags;
