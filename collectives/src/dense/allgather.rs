@@ -306,7 +306,7 @@ pub(crate) fn gather_core<C: Communicator + ?Sized>(
             // The plan works on a rotated copy in which this rank's block comes first.
             let (rot, steps) = plan::allgather_bruck(&displs, r, tag);
             // The copy is pooled scratch: a fresh one per call faulted in its pages every
-            // time (at P = 2, 16 MiB took 4.5x the ring's time).
+            // time (at P = 2, 16 MiB took over 4x the ring's time).
             with_byte_scratch(out.len(), |tmp| {
                 tmp[..rot[1]].copy_from_slice(mine);
                 run_bytes(comm, tmp, &steps)?;
