@@ -1,10 +1,12 @@
 //! The fused and read-only passes written with vector intrinsics, once, for every
 //! instruction set that has a [`Wide`] register type: AVX-512 (one `zmm` per 16-element
 //! block) and AVX2 (two `ymm`). Each block's hit test is a mask compare; a group of four
-//! blocks shares one branch (or none, [`EmitForm`]), and its hits are written by a loop
-//! over the set bits of the group's 64-bit mask, so a candidate costs no mispredicted
-//! branch of its own (which, for data in cache, cost more than the pass itself at
-//! ρ = 0.01). Non-finite values (candidates at any threshold) are looked for among the candidates after the loop, and located after it. Same
+//! blocks shares one branch (or none, [`EmitForm`]), and its hits' indices are written by
+//! a loop over the set bits of the group's 64-bit mask, so a candidate costs no
+//! mispredicted branch of its own (which, for data in cache, cost more than the pass
+//! itself at ρ = 0.01); their values are read after each batch of 64 blocks. Non-finite
+//! values (candidates at any threshold) are looked for among the candidates after the
+//! loop, and located after it. Same
 //! candidates, order, cap handling, statistics (the `|x|` sum in the order of
 //! [`abs_sum`]) and non-finite reporting as [`fused_body`] / [`scan_body`]; blocks that
 //! would cross `cap` go through [`emit_block`].
@@ -195,8 +197,8 @@ impl Ymm2 {
 }
 
 impl Wide for Ymm2 {
-    /// One: each unconditional write costs a store and a value read back, and on an AMD
-    /// EPYC (Zen 3) one write instead of two took the threshold pass at 2^14, ρ = 0.01,
+    /// One: on an AMD EPYC (Zen 3), when each unconditional write also read its value
+    /// back (values are now read after the batch), one write instead of two took the threshold pass at 2^14, ρ = 0.01,
     /// from 4.5–5.1 µs to 4.1–4.3 µs (floor 2.3–2.5 µs), though a group with two hits
     /// (1 in 7 at ρ = 0.01) now loops.
     const FREE_WRITES: usize = 1;
@@ -398,25 +400,24 @@ macro_rules! wide_passes {
                 }
             }
 
-            /// Four blocks of a batch (room already ensured): `a` holds their values, also
-            /// readable at `src`, and `off` is the index of the first. One hit test covers
-            /// all 64 elements, and the hits are written by a loop over the set bits.
-            /// `BRANCH_FREE` ([`EmitForm`]) drops the test: the first [`Wide::FREE_WRITES`]
+            /// Four blocks of a batch (room already ensured): `a` holds their values and `off`
+            /// is the index of the first. One hit test covers all 64 elements, and the hits'
+            /// indices are written by a loop over the set bits (their values are read after
+            /// the batch, in [`blocks`]). `BRANCH_FREE` ([`EmitForm`]) drops the test: the first [`Wide::FREE_WRITES`]
             /// hits are written unconditionally (a slot without a hit is overwritten by the
             /// next write, the length advancing only past real ones), and only a group with
             /// more loops (at ρ = 0.01, about 1 in 30 past two, 1 in 7 past one). Returns whether the group held a hit.
             #[inline(always)]
             unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
                 a: [W; 4],
-                src: *const f32,
                 off: usize,
                 tv: W,
                 w: &mut Batch,
                 st: &mut State,
             ) -> bool {
                 // SAFETY (whole body): the caller runs on a CPU with this module's
-                // features, `src` points at the 64 values, and room for 64 more entries at
-                // `w.len` is reserved (every write lands below `w.len + 64`).
+                // features, and room for 64 more entries at `w.len` is reserved (every
+                // write lands below `w.len + 64`).
                 unsafe {
                     // Not `a.map(..)`: its closure is not inlined into this instruction set's code.
                     let bits = [a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()];
@@ -437,7 +438,6 @@ macro_rules! wide_passes {
                             // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
                             let j = (mm.trailing_zeros() & 63) as usize;
                             w.pi.add(len).write((off + j) as u32);
-                            w.pv.add(len).write(src.add(j).read());
                             len += usize::from(mm != 0);
                             mm &= mm.wrapping_sub(1);
                         }
@@ -445,7 +445,6 @@ macro_rules! wide_passes {
                     while mm != 0 {
                         let j = mm.trailing_zeros() as usize;
                         w.pi.add(len).write((off + j) as u32);
-                        w.pv.add(len).write(src.add(j).read());
                         len += 1;
                         mm &= mm - 1;
                     }
@@ -502,7 +501,6 @@ macro_rules! wide_passes {
                 tv: W,
                 w: &mut Batch,
                 st: &mut State,
-                src: *const f32,
                 load: &mut impl FnMut(usize) -> W,
             ) -> u32 {
                 let mut hits = 0u32;
@@ -516,14 +514,7 @@ macro_rules! wide_passes {
                             load(j + 2 * BLOCK),
                             load(j + 3 * BLOCK),
                         ];
-                        hits += u32::from(group::<STATS, BRANCH_FREE>(
-                            a,
-                            src.add(j),
-                            base + j,
-                            tv,
-                            w,
-                            st,
-                        ));
+                        hits += u32::from(group::<STATS, BRANCH_FREE>(a, base + j, tv, w, st));
                         *i += 4 * BLOCK;
                     }
                 }
@@ -581,14 +572,23 @@ macro_rules! wide_passes {
                         };
                         let at = i;
                         let hits = if free {
-                            groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, src, &mut load)
+                            groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, &mut load)
                         } else {
-                            groups::<STATS, false>(
-                                &mut i, end, base, tv, &mut w, st, src, &mut load,
-                            )
+                            groups::<STATS, false>(&mut i, end, base, tv, &mut w, st, &mut load)
                         };
                         if emit == EmitForm::Adaptive {
                             free = 4 * hits as usize * 4 * BLOCK > i - at;
+                        }
+                        // The groups wrote indices only: their values are read here, once
+                        // the batch's stores have left the store queue. A value read right
+                        // after its block's vector store waited for it: on an AVX-512 Zen 4
+                        // at 2^14, ρ = 0.01, reading here took the threshold selector from
+                        // 2.14–2.24× `stream` to 1.91–2.00×, exact from 2.69–2.82× to
+                        // 2.49–2.67×. Each index is one the groups just wrote, of a whole
+                        // block below `whole <= n`, so `src` holds it.
+                        for n in len..w.len {
+                            let at = *w.pi.add(n) as usize - base;
+                            w.pv.add(n).write(*src.add(at));
                         }
                         while i < end {
                             block::<STATS>(load(i), base + i, tv, &mut w, st);
