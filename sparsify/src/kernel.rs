@@ -648,8 +648,9 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     out
 }
 
-/// [`fused_body`] on one range, from the widest build; `prefetch`: the vector builds
-/// prefetch [`PREFETCH_AHEAD`] elements ahead (see there).
+/// [`fused_body`] on one range, from the widest build; `prefetch`: the AVX2 build
+/// prefetches [`PREFETCH_AHEAD`] elements ahead (see there for why, and why the AVX-512
+/// build does not).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn fused_any<const STATS: bool>(
@@ -664,11 +665,6 @@ fn fused_any<const STATS: bool>(
 ) -> PassOut {
     match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if prefetch => unsafe {
-            wide::avx512::fused::<STATS, true>(emit, r, g, base, t, cap, cand)
-        },
-        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             wide::avx512::fused::<STATS, false>(emit, r, g, base, t, cap, cand)
@@ -778,6 +774,13 @@ const PREFETCH_MIN: usize = PAR_MIN;
 /// between calls): 1.21–1.30× without, 1.07–1.15× at 1024–2048 ahead; prefetching the
 /// plain loop the same way left it as fast as before; in cache (2^14–2^16) it slowed
 /// the pass by 5–20 %, hence [`PREFETCH_MIN`].
+///
+/// The AVX-512 build does not prefetch: on an AVX-512 AMD EPYC (Zen 4, 2 threads) the
+/// hints cost more than they bring. Same process, cases interleaved, 41 rounds, ratio to
+/// `stream` without / with them at ρ = 0.01: with no candidate at all 1.00–1.02× /
+/// 1.08–1.25× (2^22–2^26); exact 1.14–1.36× / 1.26–1.44×, MSTopK 1.17–1.35× /
+/// 1.32–1.50×. A lean loop with the same loads, stores, compares and emission but no
+/// hint ran at `stream`'s speed at 2^24, and 1.10–1.16× with the hints.
 pub(crate) const PREFETCH_AHEAD: usize = 2048;
 
 /// Number of parallel pieces for a pass over `n` elements: 1 (serial) below [`PAR_MIN`] or
