@@ -648,9 +648,8 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     out
 }
 
-/// [`fused_body`] on one range, from the widest build; `prefetch`: the AVX2 build
-/// prefetches [`PREFETCH_AHEAD`] elements ahead (see there for why, and why the AVX-512
-/// build does not).
+/// [`fused_body`] on one range, from the widest build; `prefetch`: the vector builds
+/// prefetch [`PREFETCH_AHEAD`] elements ahead (see there).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn fused_any<const STATS: bool>(
@@ -665,6 +664,11 @@ fn fused_any<const STATS: bool>(
 ) -> PassOut {
     match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if prefetch => unsafe {
+            wide::avx512::fused::<STATS, true>(emit, r, g, base, t, cap, cand)
+        },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             wide::avx512::fused::<STATS, false>(emit, r, g, base, t, cap, cand)
@@ -775,13 +779,25 @@ const PREFETCH_MIN: usize = PAR_MIN;
 /// plain loop the same way left it as fast as before; in cache (2^14–2^16) it slowed
 /// the pass by 5–20 %, hence [`PREFETCH_MIN`].
 ///
-/// The AVX-512 build does not prefetch: on an AVX-512 AMD EPYC (Zen 4, 2 threads) the
-/// hints cost more than they bring. Same process, cases interleaved, 41 rounds, ratio to
-/// `stream` without / with them at ρ = 0.01: with no candidate at all 1.00–1.02× /
-/// 1.08–1.25× (2^22–2^26); exact 1.14–1.36× / 1.26–1.44×, MSTopK 1.17–1.35× /
-/// 1.32–1.50×. A lean loop with the same loads, stores, compares and emission but no
-/// hint ran at `stream`'s speed at 2^24, and 1.10–1.16× with the hints.
+/// Where the CPU has AVX-512, only the passes that also take the moments of each chunk
+/// (Gaussian-k's) prefetch ([`prefetches`]).
 pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
+/// Whether a fused pass over `n` elements prefetches ([`PREFETCH_AHEAD`]); `moments`: the
+/// pass also takes the moments of each chunk right after it.
+///
+/// Not on a CPU with AVX-512 unless `moments`: on an AVX-512 AMD EPYC (Zen 4, 2
+/// threads) the hints cost more than they bring. Same process, cases interleaved, 41
+/// rounds, ratio to `stream` without / with them at ρ = 0.01: with no candidate at all
+/// 1.00–1.02× / 1.08–1.25× (2^22–2^26); exact 1.14–1.36× / 1.26–1.44×, MSTopK
+/// 1.17–1.35× / 1.32–1.50× (most pairs; a few the other way, within the noise). A lean
+/// loop with the same loads, stores, compares and emission but no hint ran at
+/// `stream`'s speed at 2^24, and 1.10–1.16× with the hints. Gaussian-k's pass, which
+/// stops after each chunk to take its moments, ran faster with them in every pair
+/// (1.93–2.81× / 2.11–3.03× at 2^22–2^26).
+fn prefetches(n: usize, moments: bool) -> bool {
+    n >= PREFETCH_MIN && (moments || isa() != Isa::Avx512)
+}
 
 /// Number of parallel pieces for a pass over `n` elements: 1 (serial) below [`PAR_MIN`] or
 /// on a one-thread pool, else two per thread (so work stealing evens out a busy core), each
@@ -951,7 +967,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let emit = emit_form();
-    let far = n >= PREFETCH_MIN;
+    let far = prefetches(n, MOM);
     let mut sums = std::mem::take(&mut cand.sums);
     sums.clear();
     sums.resize(n.div_ceil(CHUNK), 0.0);
