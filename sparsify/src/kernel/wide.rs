@@ -6,10 +6,9 @@
 //! mispredicted branch of its own (which, for data in cache, cost more than the pass
 //! itself at ρ = 0.01); their values are read after each batch of 64 blocks. Non-finite
 //! values (candidates at any threshold) are looked for among the candidates after the
-//! loop, and located after it. Same
-//! candidates, order, cap handling, statistics (the `|x|` sum in the order of
-//! [`abs_sum`]) and non-finite reporting as [`fused_body`] / [`scan_body`]; blocks that
-//! would cross `cap` go through [`emit_block`].
+//! loop, and located after it. Same candidates, order, cap handling, statistics (the `|x|`
+//! sum in the order of [`abs_sum`]) and non-finite reporting as [`fused_body`] /
+//! [`scan_body`]; blocks that would cross `cap` go through [`emit_block`].
 //!
 //! Why AVX2 too: the portable bodies, auto-vectorised for AVX2, test one 16-element block
 //! per branch and call [`emit_block`] for every block with a hit; on an AVX2-only CPU
@@ -76,7 +75,9 @@ pub(super) trait Wide: Copy {
 pub(super) struct Zmm(__m512);
 
 impl Wide for Zmm {
-    /// Two, as measured on an AVX-512 CPU (before the AVX2 build existed).
+    /// Two, as measured on an AVX-512 CPU (before the AVX2 build existed), and again on
+    /// a Zen 4 with the values read after the batch: at 2^14, ρ = 0.01, three writes took
+    /// the threshold selector from 1.89× `stream` to 2.02–2.23×, and one was no faster.
     const FREE_WRITES: usize = 2;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
@@ -198,9 +199,10 @@ impl Ymm2 {
 
 impl Wide for Ymm2 {
     /// One: on an AMD EPYC (Zen 3), when each unconditional write also read its value
-    /// back (values are now read after the batch), one write instead of two took the threshold pass at 2^14, ρ = 0.01,
-    /// from 4.5–5.1 µs to 4.1–4.3 µs (floor 2.3–2.5 µs), though a group with two hits
-    /// (1 in 7 at ρ = 0.01) now loops.
+    /// back, one write instead of two took the threshold pass at 2^14, ρ = 0.01, from
+    /// 4.5–5.1 µs to 4.1–4.3 µs (floor 2.3–2.5 µs), though a group with two hits (1 in 7
+    /// at ρ = 0.01) now loops. Not measured again on a Zen 3 since the values are read
+    /// after the batch, which makes each write cheaper.
     const FREE_WRITES: usize = 1;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
@@ -403,10 +405,11 @@ macro_rules! wide_passes {
             /// Four blocks of a batch (room already ensured): `a` holds their values and `off`
             /// is the index of the first. One hit test covers all 64 elements, and the hits'
             /// indices are written by a loop over the set bits (their values are read after
-            /// the batch, in [`blocks`]). `BRANCH_FREE` ([`EmitForm`]) drops the test: the first [`Wide::FREE_WRITES`]
-            /// hits are written unconditionally (a slot without a hit is overwritten by the
-            /// next write, the length advancing only past real ones), and only a group with
-            /// more loops (at ρ = 0.01, about 1 in 30 past two, 1 in 7 past one). Returns whether the group held a hit.
+            /// the batch, in [`blocks`]). `BRANCH_FREE` ([`EmitForm`]) drops the test: the
+            /// first [`Wide::FREE_WRITES`] hits are written unconditionally (a slot without a
+            /// hit is overwritten by the next write, the length advancing only past real
+            /// ones), and only a group with more loops (at ρ = 0.01, about 1 in 30 past two,
+            /// 1 in 7 past one). Returns whether the group held a hit.
             #[inline(always)]
             unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
                 a: [W; 4],
@@ -587,8 +590,8 @@ macro_rules! wide_passes {
                         // 2.49–2.67×. Each index is one the groups just wrote, of a whole
                         // block below `whole <= n`, so `src` holds it.
                         for n in len..w.len {
-                            let at = *w.pi.add(n) as usize - base;
-                            w.pv.add(n).write(*src.add(at));
+                            let rel = *w.pi.add(n) as usize - base;
+                            w.pv.add(n).write(*src.add(rel));
                         }
                         while i < end {
                             block::<STATS>(load(i), base + i, tv, &mut w, st);
