@@ -1812,7 +1812,9 @@ mod tests {
                 .collect();
             // Hit rates about 0, 1, 10 and 100 % (|g| spreads evenly below 5.06).
             for t in [INF_BITS, abs_bits(5.01), abs_bits(4.55), 0] {
-                for cap in [usize::MAX, n / 20, 3] {
+                // `100 * BLOCK + 7`: a first batch shorter than the longest, sized to fit
+                // under `cap`, and capped blocks after it.
+                for cap in [usize::MAX, 100 * BLOCK + 7, n / 20, 3] {
                     for bad in [None, Some(n / 2)] {
                         let mut r0: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.001).collect();
                         if let Some(b) = bad {
@@ -1875,7 +1877,9 @@ mod tests {
                 .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01)
                 .collect();
             for t in [INF_BITS, abs_bits(5.01), abs_bits(4.55), 0, i32::MIN] {
-                for cap in [usize::MAX, n / 20, 3] {
+                // `100 * BLOCK + 7`: a first batch shorter than the longest, sized to fit
+                // under `cap`, and capped blocks after it.
+                for cap in [usize::MAX, 100 * BLOCK + 7, n / 20, 3] {
                     for bad in [None, Some(n / 2)] {
                         let mut r0: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.001).collect();
                         if let Some(b) = bad {
