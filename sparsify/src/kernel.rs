@@ -62,7 +62,7 @@ pub(crate) struct Cand {
 /// top-k at 2^16, ρ = 0.01: 20.5 µs with the branch, 13.2 µs without, the floor 5.8 µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EmitForm {
-    /// Per batch of 64 blocks (16 groups), the branch-free form when more than a quarter of
+    /// Per batch of blocks (up to 128), the branch-free form when more than a quarter of
     /// the last batch's groups held a hit, else the branch; a candidate list starts from
     /// the form its last pass ended in. The default.
     #[default]

@@ -4,7 +4,7 @@
 //! blocks shares one branch (or none, [`EmitForm`]), and its hits' indices are written by
 //! a loop over the set bits of the group's 64-bit mask, so a candidate costs no
 //! mispredicted branch of its own (which, for data in cache, cost more than the pass
-//! itself at ρ = 0.01); their values are read after each batch of 64 blocks. Non-finite
+//! itself at ρ = 0.01); their values are read after each batch of blocks. Non-finite
 //! values (candidates at any threshold) are looked for among the candidates after the
 //! loop, and located after it. Same candidates, order, cap handling, statistics (the `|x|`
 //! sum in the order of [`abs_sum`]) and non-finite reporting as [`fused_body`] /
