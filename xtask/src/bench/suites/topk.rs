@@ -104,15 +104,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             let k = ks[di];
             pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
             let rounds = pool.install(|| time_cases(&cases, grad, k, reps, false))?;
-            let times: Vec<f64> = rounds.iter().map(|r| fastest(r)).collect();
-            let stream_ci = cases.iter().position(|c| *c == "stream").unwrap_or(0);
-            // Each case's ratio to `stream`: the median of the per-round ratios (each round
-            // timed both under the same load; the ratio of two separate minima compares
-            // each case's luckiest round, and moved a cell by ±30 % between runs).
-            let ratios: Vec<f64> = rounds
-                .iter()
-                .map(|r| paired_ratio(r, &rounds[stream_ci]))
-                .collect();
+            let (times, ratios) = times_and_ratios(&cases, &rounds);
             for (ci, (&case, &t)) in cases.iter().zip(&times).enumerate() {
                 out.record(
                     SUITE,
@@ -144,17 +136,10 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             let at = |n: &str| times[cases.iter().position(|c| *c == n).unwrap_or(0)];
             let ratio_of = |n: &str| ratios[cases.iter().position(|c| *c == n).unwrap_or(0)];
             let stream = at("stream");
-            for w in cold_worst.iter_mut() {
+            raise_worst(&mut cold_worst, ratio_of, d, density);
+            raise_worst(&mut worst, ratio_of, d, density);
+            for w in &worst {
                 let ratio = ratio_of(w.0);
-                if ratio > w.1 {
-                    *w = (w.0, ratio, d, density);
-                }
-            }
-            for w in worst.iter_mut() {
-                let ratio = ratio_of(w.0);
-                if ratio > w.1 {
-                    *w = (w.0, ratio, d, density);
-                }
                 if ratio > goal(w.0, d) {
                     misses.push(format!(
                         "{} {ratio:.2}× at 2^{} ρ = {density}",
@@ -205,27 +190,22 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                     d.trailing_zeros()
                 ));
                 let rounds = pool.install(|| time_cases(&flushed_cases, grad, k, reps, true))?;
-                let si = flushed_cases.iter().position(|c| *c == "stream");
-                let si = si.unwrap_or(0);
+                let (times, ratios) = times_and_ratios(&flushed_cases, &rounds);
                 let mut row = vec![format!("2^{}", d.trailing_zeros()), density.to_string()];
-                for (ci, &case) in flushed_cases.iter().enumerate() {
-                    let ratio = paired_ratio(&rounds[ci], &rounds[si]);
+                for ((&case, &t), &ratio) in flushed_cases.iter().zip(&times).zip(&ratios) {
                     let params = [
                         ("d", j(d)),
                         ("density", j(density)),
                         ("k", j(k)),
                         ("caches", j("flushed")),
                     ];
-                    let t = fastest(&rounds[ci]);
                     out.record(SUITE, case, &params, "time_s", t, "s");
                     out.record(SUITE, case, &params, "ratio_to_stream", ratio, "ratio");
                     row.push(format!("{} ({ratio:.2}×)", secs(t)));
-                    if let Some(w) = flushed_worst.iter_mut().find(|w| w.0 == case) {
-                        if ratio > w.1 {
-                            *w = (w.0, ratio, d, density);
-                        }
-                    }
                 }
+                let ratio_of =
+                    |n: &str| ratios[flushed_cases.iter().position(|c| *c == n).unwrap_or(0)];
+                raise_worst(&mut flushed_worst, ratio_of, d, density);
                 flushed_rows.push(row);
             }
         }
@@ -248,7 +228,12 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         "with the warm start off (every call as on a tensor shape seen for the first time), worst ratio to the streaming pass: {} (for information; the goal counts the default, warm calls)",
         worst_list(&cold_worst)
     ));
-    if !flushed_rows.is_empty() {
+    if !CAN_FLUSH {
+        out.findings.push(
+            "the step with the caches flushed was not timed: this build cannot flush the caches (x86-64 only)"
+                .into(),
+        );
+    } else if !flushed_rows.is_empty() {
         out.findings.push(format!(
             "with the caches flushed before every run (d ≤ 2^{}; as in a training step, where a layer's residual was last touched an iteration ago), worst ratio to the streaming pass flushed alike: {} (for information; the goal counts the runs in cache above)",
             FLUSHED_MAX.trailing_zeros(),
@@ -476,6 +461,35 @@ fn reps_for(d: usize, quick: bool) -> usize {
     }
 }
 
+/// Each case's fastest time and its ratio to `stream`: the median of the per-round ratios
+/// (each round timed both under the same load; the ratio of two separate minima compares
+/// each case's luckiest round, and moved a cell by ±30 % between runs).
+fn times_and_ratios(cases: &[&str], rounds: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
+    let times = rounds.iter().map(|r| fastest(r)).collect();
+    let stream = cases.iter().position(|c| *c == "stream").unwrap_or(0);
+    let ratios = rounds
+        .iter()
+        .map(|r| paired_ratio(r, &rounds[stream]))
+        .collect();
+    (times, ratios)
+}
+
+/// Raises each `(case, worst ratio, at d, at ρ)` of `worst` to `ratio_of(case)` at `d`,
+/// `density` where that is higher.
+fn raise_worst(
+    worst: &mut [(&str, f64, usize, f64)],
+    ratio_of: impl Fn(&str) -> f64,
+    d: usize,
+    density: f64,
+) {
+    for w in worst.iter_mut() {
+        let ratio = ratio_of(w.0);
+        if ratio > w.1 {
+            *w = (w.0, ratio, d, density);
+        }
+    }
+}
+
 /// The fastest of `times` (seconds).
 fn fastest(times: &[f64]) -> f64 {
     times.iter().copied().fold(f64::INFINITY, f64::min)
@@ -532,13 +546,15 @@ fn time_cases(
         let grad = &grad[..];
         for ci in collectives::calibrate::turn_order(cases.len(), round) {
             let case = cases[ci];
+            if flushed {
+                flush(grad);
+            }
             let t = match (case, &mut sels[ci]) {
                 ("stream", _) => {
                     // Zeroed untimed like every selector's residual (see above).
                     stream.fill(0.0);
                     if flushed {
                         flush(&stream);
-                        flush(grad);
                     }
                     let s = Instant::now();
                     sparsify::accumulate(&mut stream, grad)?;
@@ -546,9 +562,6 @@ fn time_cases(
                     s.elapsed()
                 }
                 ("naive", _) => {
-                    if flushed {
-                        flush(grad);
-                    }
                     let s = Instant::now();
                     let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
                     let (_, kth, _) = a.select_nth_unstable_by(d - k, |x, y| x.total_cmp(y));
@@ -559,7 +572,6 @@ fn time_cases(
                     ef.reset();
                     if flushed {
                         flush(ef.residual());
-                        flush(grad);
                     }
                     let s = Instant::now();
                     let (sg, _) = ef.step(sel.as_mut(), grad, k)?;
