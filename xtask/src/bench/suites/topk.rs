@@ -1,7 +1,9 @@
 //! `topk`: every selector with error feedback fused, against `stream` (the `r += g` memory
 //! floor, on the same threads as the selectors), `naive` (`select_nth_unstable` on a copy of
 //! |x|) and, when `python3` can import them, the same step with `numpy.argpartition` and
-//! `torch.topk` on the same data in the same run.
+//! `torch.topk` on the same data in the same run. Each selector's record also gives how
+//! many entries it selected per call (`selected_per_k`): Gaussian-k's rule can end on a
+//! threshold that passes several times k, and its time is that of the larger selection.
 
 use std::process::Command;
 use std::time::Instant;
@@ -81,6 +83,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         .map(|k| (k.name(), 0.0, 0, 0.0))
         .collect();
     let mut flushed_rows = Vec::new();
+    // (selector, fewest and most entries selected per call, as a multiple of k).
+    let mut selected_range: Vec<(&str, f64, f64)> = Vec::new();
     let mut misses = Vec::new();
     let mut peer_ratios: Vec<(String, f64, f64)> = Vec::new();
     // The cases run inside a pool of their own, so that this thread is one of its workers
@@ -103,8 +107,16 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         for (di, &density) in densities.iter().enumerate() {
             let k = ks[di];
             pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
-            let rounds = pool.install(|| time_cases(&cases, grad, k, reps, false))?;
+            let (rounds, selected) = pool.install(|| time_cases(&cases, grad, k, reps, false))?;
             let (times, ratios) = times_and_ratios(&cases, &rounds);
+            for (ci, &case) in cases.iter().enumerate() {
+                let Some(per_k) = median_per_k(&selected[ci], k) else {
+                    continue;
+                };
+                let params = [("d", j(d)), ("density", j(density)), ("k", j(k))];
+                out.record(SUITE, case, &params, "selected_per_k", per_k, "ratio");
+                widen(&mut selected_range, case, per_k);
+            }
             for (ci, (&case, &t)) in cases.iter().zip(&times).enumerate() {
                 out.record(
                     SUITE,
@@ -189,7 +201,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                     "d=2^{} ρ={density}, caches flushed",
                     d.trailing_zeros()
                 ));
-                let rounds = pool.install(|| time_cases(&flushed_cases, grad, k, reps, true))?;
+                let (rounds, _) =
+                    pool.install(|| time_cases(&flushed_cases, grad, k, reps, true))?;
                 let (times, ratios) = times_and_ratios(&flushed_cases, &rounds);
                 let mut row = vec![format!("2^{}", d.trailing_zeros()), density.to_string()];
                 for ((&case, &t), &ratio) in flushed_cases.iter().zip(&times).zip(&ratios) {
@@ -240,6 +253,18 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
             worst_list(&flushed_worst)
         ));
     }
+    out.findings.push(format!(
+        "entries selected per call, as a multiple of k (median over the rounds, range over d and ρ): {} (a selector that selects more writes more, so its ratio to the streaming pass is not that of a k-entry selection)",
+        selected_range
+            .iter()
+            .map(|(c, lo, hi)| if (hi - lo).abs() < 0.005 {
+                format!("{c} {lo:.2}")
+            } else {
+                format!("{c} {lo:.2}–{hi:.2}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     for p in &peers.found {
         let r: Vec<&(String, f64, f64)> = peer_ratios.iter().filter(|r| r.0 == *p).collect();
         let lo = r.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
@@ -524,7 +549,7 @@ fn time_cases(
     k: usize,
     reps: usize,
     flushed: bool,
-) -> Result<Vec<Vec<f64>>, BoxErr> {
+) -> Result<(Vec<Vec<f64>>, Vec<Vec<usize>>), BoxErr> {
     let d = first.len();
     let mut grad = first.to_vec();
     let mut stream = vec![0.0f32; d];
@@ -539,6 +564,7 @@ fn time_cases(
         });
     }
     let mut rounds = vec![Vec::with_capacity(reps); cases.len()];
+    let mut selected = vec![Vec::with_capacity(reps); cases.len()];
     for round in 0..=reps.max(1) {
         if round > 0 {
             fill_gradient(&mut grad, 0x5EED_0000 + round as u64);
@@ -575,11 +601,15 @@ fn time_cases(
                     }
                     let s = Instant::now();
                     let (sg, _) = ef.step(sel.as_mut(), grad, k)?;
-                    std::hint::black_box(sg.nnz());
+                    let nnz = std::hint::black_box(sg.nnz());
                     // Handed back as the sparse collectives do (`Selector::recycle`), so
                     // the next run writes into buffers that are already mapped.
                     sel.recycle(sg);
-                    s.elapsed()
+                    let t = s.elapsed();
+                    if round > 0 {
+                        selected[ci].push(nnz);
+                    }
+                    t
                 }
                 (name, None) => return Err(format!("no selector for {name}").into()),
             };
@@ -588,7 +618,23 @@ fn time_cases(
             }
         }
     }
-    Ok(rounds)
+    Ok((rounds, selected))
+}
+
+/// The median of `counts` (entries selected per run) over `k`; `None` for a case that
+/// selects nothing (the floor, `naive`).
+fn median_per_k(counts: &[usize], k: usize) -> Option<f64> {
+    let mut c = counts.to_vec();
+    c.sort_unstable();
+    c.get(c.len() / 2).map(|&m| m as f64 / k.max(1) as f64)
+}
+
+/// Widens `case`'s entry of `ranges` (fewest, most) to take in `x`, adding it if new.
+fn widen<'a>(ranges: &mut Vec<(&'a str, f64, f64)>, case: &'a str, x: f64) {
+    match ranges.iter_mut().find(|r| r.0 == case) {
+        Some(r) => (r.1, r.2) = (r.1.min(x), r.2.max(x)),
+        None => ranges.push((case, x, x)),
+    }
 }
 
 /// Whether [`flush`] can flush the caches on this architecture.
