@@ -549,7 +549,7 @@ fn time_cases(
     k: usize,
     reps: usize,
     flushed: bool,
-) -> Result<(Vec<Vec<f64>>, Vec<Vec<usize>>), BoxErr> {
+) -> Result<Timed, BoxErr> {
     let d = first.len();
     let mut grad = first.to_vec();
     let mut stream = vec![0.0f32; d];
@@ -620,6 +620,10 @@ fn time_cases(
     }
     Ok((rounds, selected))
 }
+
+/// Per case, the seconds of each timed round and the entries selected in each (none for
+/// `stream` and `naive`).
+type Timed = (Vec<Vec<f64>>, Vec<Vec<usize>>);
 
 /// The median of `counts` (entries selected per run) over `k`; `None` for a case that
 /// selects nothing (the floor, `naive`).
