@@ -15,6 +15,17 @@ use std::cell::RefCell;
 /// Lists of at most this many elements are finished with `select_nth_unstable`.
 const SMALL: usize = 64;
 
+/// With AVX-512, lists of at most this many elements are selected among (or, in the rounds,
+/// finished) with `select_nth_unstable`: each round's sample, sort and pivots cost more than
+/// they save on a list this short. On an AVX-512 Zen 4, exact top-k at 2^14, ρ = 0.01 (about
+/// 230 candidates; fresh gradients, builds alternating over 8 launches, median ratio to
+/// `stream`): 3.09× with rounds down to [`SMALL`], 2.57× with this (MSTopK 3.48× →
+/// 3.22×); again with the final code, 2.88× → 2.65× (MSTopK 2.93× → 2.90×, the hard
+/// threshold, which selects nothing after its pass, 2.10× → 2.09×). Level at 2^15 (about
+/// 460 candidates), 2^16 (about 900) and 2^18, ρ = 0.001 (about 360), and at 512 or 1024
+/// against this.
+const AVX512_SMALL: usize = 320;
+
 /// Lists of at most this many elements are selected among by one histogram round with
 /// AVX2 ([`avx2::kth_by_histogram`]) instead of the sampled rounds. A fused pass at
 /// 2^14–2^16 elements, ρ = 0.01, leaves a few hundred candidates; on the AVX2 EPYC VM the
@@ -39,6 +50,9 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         && std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512bw")
     {
+        if v.len() <= AVX512_SMALL {
+            return by_introselect(v, m);
+        }
         // SAFETY: the CPU has AVX-512F/BW (checked just above).
         return unsafe { avx512::kth_largest(v, m) };
     }
@@ -218,7 +232,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         // SAFETY: AVX-512 is enabled here; `by_rounds` passes valid, disjoint buffers.
-        by_rounds(v, m, |src, n, dst, lo, hi| unsafe {
+        by_rounds(v, m, AVX512_SMALL, |src, n, dst, lo, hi| unsafe {
             round(src, n, dst, lo, hi)
         })
     }
@@ -227,12 +241,14 @@ mod avx512 {
 /// [`kth_largest`] by rounds: each keeps only the elements between two pivots read off a
 /// small sorted sample around the wanted rank, written by `round(src, n, dst, lo, hi)`
 /// (which counts those above `hi` and writes those in `lo..=hi` to the front of `dst`),
-/// alternating between `v` and a spare buffer. `inline(always)`, so that each instruction
-/// set's caller inlines its own `round`.
+/// alternating between `v` and a spare buffer, until at most `small` are left for
+/// `select_nth_unstable`. `inline(always)`, so that each instruction set's caller inlines
+/// its own `round`.
 #[inline(always)]
 fn by_rounds(
     v: &mut [i32],
     m: usize,
+    small: usize,
     round: impl Fn(*const i32, usize, *mut i32, i32, i32) -> (usize, usize),
 ) -> i32 {
     SPARE.with(|spare| {
@@ -247,7 +263,7 @@ fn by_rounds(
         loop {
             // SAFETY: `bufs[live]` holds `n` live elements.
             let src = unsafe { std::slice::from_raw_parts_mut(bufs[live], n) };
-            if n <= SMALL {
+            if n <= small {
                 return by_introselect(src, m);
             }
             let take = (2 * n.isqrt()).clamp(16, 256);
@@ -469,7 +485,7 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         // SAFETY: AVX2 is enabled here; `by_rounds` passes valid, disjoint buffers.
-        by_rounds(v, m, |src, n, dst, lo, hi| unsafe {
+        by_rounds(v, m, SMALL, |src, n, dst, lo, hi| unsafe {
             round(src, n, dst, lo, hi)
         })
     }
