@@ -218,6 +218,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
 
 fn driver(args: &[String]) -> Result<(), String> {
     let opts = parse_opts(args)?;
+    check_the_checker()?;
     let Some(mpirun) = find_mpirun() else {
         println!("skipped: mpi_faults needs `mpirun` on the PATH");
         return Ok(());
@@ -351,16 +352,26 @@ impl Scenario {
     }
 
     /// What every survivor said. Each must report a typed timeout, except that a survivor
-    /// can be ended by another survivor's `MPI_Abort` before its own timeout runs out (then
-    /// Open MPI names the aborting rank), and that the launcher ends the whole job at once
-    /// for an exit or SIGKILL without recovery. At least one survivor must report whenever
-    /// the launcher did not end the job itself.
+    /// can be ended by another survivor's `MPI_Abort` before its own timeout runs out, and
+    /// that the launcher ends the whole job at once for an exit or SIGKILL without
+    /// recovery. At least one survivor must report whenever the launcher did not end the
+    /// job itself.
+    ///
+    /// A survivor's abort shows in two places: the `rank R/P: fatal: …; ending the MPI job`
+    /// line it prints itself just before `MPI_Abort`, and Open MPI's "MPI_ABORT was invoked
+    /// on rank R" banner. The banner alone is not enough: when two ranks abort at once Open
+    /// MPI 4.1 can lose it ("ORTE_ERROR_LOG: Data unpack would read past end of buffer" in
+    /// `show_help.c`), which once failed CI on a survivor cut off by a peer's abort.
     fn check_survivors(&self, stdout: &str, stderr: &str) -> Result<String, String> {
         let mut timed_out = Vec::new();
         let mut cut_off = Vec::new();
-        let aborted_by_survivor = (0..self.p)
-            .filter(|&r| r != FAULTY_RANK)
-            .any(|r| stderr.contains(&format!("MPI_ABORT was invoked on rank {r} in")));
+        let aborted_by_survivor = (0..self.p).filter(|&r| r != FAULTY_RANK).any(|r| {
+            stderr.contains(&format!("MPI_ABORT was invoked on rank {r} in"))
+                || stderr.lines().any(|l| {
+                    l.starts_with(&format!("rank {r}/{}: fatal: ", self.p))
+                        && l.contains("ending the MPI job (MPI_Abort")
+                })
+        });
         for r in (0..self.p).filter(|&r| r != FAULTY_RANK) {
             let prefix = format!("{REPORT} rank={r} ");
             let line = stdout.lines().find(|l| l.starts_with(&prefix));
@@ -399,6 +410,37 @@ impl Scenario {
             Fault::Panic => true,
             Fault::Stop => false,
         }
+    }
+}
+
+/// [`Scenario::check_survivors`] on the outputs of a job that once failed CI: at P = 4 a
+/// stopped rank 1, rank 2 timed out and aborted, rank 0's send timed out and aborted, and
+/// rank 3, cut off by those aborts, printed nothing while Open MPI lost its abort banner.
+/// That must pass (rank 3 cut off), and the same job without any abort line (so no sign
+/// that a survivor ended it) must fail.
+fn check_the_checker() -> Result<(), String> {
+    let s = Scenario {
+        p: 4,
+        fault: Fault::Stop,
+        coll: Some(Collective::Dense),
+        recovery: false,
+    };
+    let stdout = "FAULT-TEST rank=2 error=Timeout { rank: 2, src: 1, tag: 24592, waited: 5.0s }\n\
+                  FAULT-TEST rank=1 error=InvalidArgument(\"resumed after -STOP\")\n";
+    let stderr = "rank 0/4: fatal: rank 0 waited 6.0s for rank 1 to take a message with tag \
+                  24592; ending the MPI job (MPI_Abort 70)\n\
+                  [vm:1] ORTE_ERROR_LOG: Data unpack would read past end of buffer in file \
+                  ../../../orte/util/show_help.c at line 501\n\
+                  rank 2/4: fatal: rank 2 waited 5.0s for a message from rank 1 with tag \
+                  24592; ending the MPI job (MPI_Abort 3)\n";
+    match s.check_survivors(stdout, stderr) {
+        Ok(r) if r.contains("[3]") => {}
+        other => return Err(format!("check_survivors on a cut-off rank: {other:?}")),
+    }
+    let silent = "rank 0/4: nothing fatal here\n";
+    match s.check_survivors(stdout, silent) {
+        Err(e) if e.contains("reported nothing") => Ok(()),
+        other => Err(format!("check_survivors on a silent rank: {other:?}")),
     }
 }
 
