@@ -628,9 +628,11 @@ type Timed = (Vec<Vec<f64>>, Vec<Vec<usize>>);
 /// The median of `counts` (entries selected per run) over `k`; `None` for a case that
 /// selects nothing (the floor, `naive`).
 fn median_per_k(counts: &[usize], k: usize) -> Option<f64> {
-    let mut c = counts.to_vec();
-    c.sort_unstable();
-    c.get(c.len() / 2).map(|&m| m as f64 / k.max(1) as f64)
+    if counts.is_empty() {
+        return None;
+    }
+    let c: Vec<f64> = counts.iter().map(|&n| n as f64).collect();
+    Some(cost_model::median(&c) / k.max(1) as f64)
 }
 
 /// Widens `case`'s entry of `ranges` (fewest, most) to take in `x`, adding it if new.
