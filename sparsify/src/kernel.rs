@@ -69,8 +69,8 @@ pub enum EmitForm {
     Adaptive,
     /// Test each group and skip those without a hit.
     Branchy,
-    /// Write each group's first hits unconditionally (two with AVX-512, one with AVX2; a
-    /// slot without a hit is overwritten by the next write) and loop only past them.
+    /// Write each group's first two hits unconditionally, in one store (a slot without a
+    /// hit is overwritten by the next write), and loop only past them.
     BranchFree,
 }
 

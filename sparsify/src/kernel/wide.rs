@@ -23,8 +23,6 @@ use std::arch::x86_64::*;
 /// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
 /// run inside a function with that instruction set enabled (where it is inlined).
 pub(super) trait Wide: Copy {
-    /// Hits per group that the branch-free form writes unconditionally ([`EmitForm`]).
-    const FREE_WRITES: usize;
     /// Sixteen values from `p`.
     unsafe fn load(p: *const f32) -> Self;
     /// Stores the sixteen lanes at `p`.
@@ -75,14 +73,6 @@ pub(super) trait Wide: Copy {
 pub(super) struct Zmm(__m512);
 
 impl Wide for Zmm {
-    /// Two, as measured on an AVX-512 CPU (before the AVX2 build existed), and again on
-    /// a Zen 4 with the values read after the batch: at 2^14, ρ = 0.01, three writes took
-    /// the threshold selector from 1.89× `stream` to 2.02–2.23×, and one was no faster.
-    /// Two are one 8-byte store ([`group`]): on the Zen 4, fresh gradients, builds
-    /// alternating over 6–8 launches, median ratio to `stream` at ρ = 0.01, separate
-    /// writes against one store: 2^14 threshold 2.27× → 2.11×, exact 3.02× → 2.88×, MSTopK
-    /// 3.37× → 3.17×; 2^16 1.71× → 1.57×, 1.99× → 1.88×, 2.08× → 1.92×; level at 2^20.
-    const FREE_WRITES: usize = 2;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: the caller enabled AVX-512F and `p` has 16 readable values.
@@ -202,12 +192,6 @@ impl Ymm2 {
 }
 
 impl Wide for Ymm2 {
-    /// One: on an AMD EPYC (Zen 3), when each unconditional write also read its value
-    /// back, one write instead of two took the threshold pass at 2^14, ρ = 0.01, from
-    /// 4.5–5.1 µs to 4.1–4.3 µs (floor 2.3–2.5 µs), though a group with two hits (1 in 7
-    /// at ρ = 0.01) now loops. Not measured again on a Zen 3 since the values are read
-    /// after the batch, which makes each write cheaper.
-    const FREE_WRITES: usize = 1;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: the caller enabled AVX2 and `p` has 16 readable values.
@@ -420,10 +404,26 @@ macro_rules! wide_passes {
             /// is the index of the first. One hit test covers all 64 elements, and the hits'
             /// indices are written by a loop over the set bits (their values are read after
             /// the batch, in [`blocks`]). `BRANCH_FREE` ([`EmitForm`]) drops the test: the
-            /// first [`Wide::FREE_WRITES`] hits are written unconditionally (a slot without a
-            /// hit is overwritten by the next write, the length advancing only past real
-            /// ones), and only a group with more loops (at ρ = 0.01, about 1 in 30 past two,
-            /// 1 in 7 past one). Returns whether the group held a hit.
+            /// first two hits' indices are written unconditionally, in one 8-byte store (a
+            /// slot without a hit is overwritten by the next write, the length advancing only
+            /// past real ones), and only a group with more loops (at ρ = 0.01, about 1 in 30).
+            /// Returns whether the group held a hit.
+            ///
+            /// Why two, in one store: on an AVX-512 CPU (before the AVX2 build existed), and
+            /// again on a Zen 4, three separate writes took the threshold selector at 2^14,
+            /// ρ = 0.01 from 1.89× `stream` to 2.02–2.23×, and one was no faster than two.
+            /// One store instead of two separate writes (fresh gradients, builds alternating
+            /// over 4–8 launches, median ratio to `stream` at ρ = 0.01; threshold, exact,
+            /// MSTopK):
+            /// - Zen 4, AVX-512: 2^14 2.27× → 2.11×, 3.02× → 2.88×, 3.37× → 3.17×; 2^16
+            ///   1.71× → 1.57×, 1.99× → 1.88×, 2.08× → 1.92×; level at 2^20.
+            /// - Zen 3, AVX2, against its former single write (which, while each write also
+            ///   read its value back, had beaten two separate ones: 2^14 4.5–5.1 µs →
+            ///   4.1–4.3 µs): 2^14 2.11× → 1.95×, 2.74× → 2.58×, 3.48× → 3.21×; 2^16 2.00× →
+            ///   1.89×, 2.25× → 2.08×, 2.74× → 2.50×; 2^18 1.80× → 1.53×, 1.99× → 1.74×,
+            ///   2.26× → 1.93×; level at 2^20 and at 2^14, ρ = 0.001. Again with the final
+            ///   code (6 and 4 launches): 2^14 2.03× → 1.92×, 2.63× → 2.52×, 3.32× → 3.19×;
+            ///   2^16 1.98× → 1.91×, 2.23× → 2.15×, 2.67× → 2.72×.
             #[inline(always)]
             unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
                 a: [W; 4],
@@ -450,12 +450,9 @@ macro_rules! wide_passes {
                     let mut mm = W::group_mask(&bits, tv);
                     let hit = mm != 0;
                     let mut len = w.len;
-                    if BRANCH_FREE && W::FREE_WRITES == 2 {
-                        // Both unconditional writes in one 8-byte store (little-endian: the
-                        // first hit's index lands at `len`, the second's at `len + 1`); one
-                        // store fewer per group was 5–9 % faster in cache (see
-                        // `Wide::FREE_WRITES`). `& 63` keeps an empty mask's 64 in range; a
-                        // slot without a hit is overwritten by the next write.
+                    if BRANCH_FREE {
+                        // Little-endian: the first hit's index lands at `len`, the second's at
+                        // `len + 1`. `& 63` keeps an empty mask's 64 in range.
                         let j1 = mm.trailing_zeros() & 63;
                         let m2 = mm & mm.wrapping_sub(1);
                         let j2 = m2.trailing_zeros() & 63;
@@ -465,14 +462,6 @@ macro_rules! wide_passes {
                             .write_unaligned(at(j1) | at(j2) << 32);
                         len += usize::from(mm != 0) + usize::from(m2 != 0);
                         mm = m2 & m2.wrapping_sub(1);
-                    } else if BRANCH_FREE {
-                        for _ in 0..W::FREE_WRITES {
-                            // `& 63` keeps the empty mask's 64 in range; its write is overwritten.
-                            let j = (mm.trailing_zeros() & 63) as usize;
-                            w.pi.add(len).write((off + j) as u32);
-                            len += usize::from(mm != 0);
-                            mm &= mm.wrapping_sub(1);
-                        }
                     }
                     while mm != 0 {
                         let j = mm.trailing_zeros() as usize;
