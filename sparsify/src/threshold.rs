@@ -649,7 +649,7 @@ impl GaussianK {
         self.mags.extend(self.sample.iter().map(|v| abs_bits(*v)));
         let mags = &self.mags;
         let scale = d as f64 / ns as f64;
-        let count = |t: i32| mags.iter().map(|&m| u32::from(m >= t)).sum::<u32>() as f64 * scale;
+        let count = |t: i32| kernel::count_ge(mags, t) as f64 * scale;
         let right = gaussian_threshold(s, q, ns, k, d);
         // Every count the corrections can take from the sample's threshold, counted once.
         let sampled = correction_tree(right);
