@@ -841,22 +841,14 @@ pub(crate) mod tests {
     /// 2^14, ρ = 0.01 when only the estimated path was served.
     #[test]
     fn gaussiank_one_pass_taken_near_a_decision() {
+        use rand::{Rng, SeedableRng};
         let (d, k, steps) = (1 << 14, 164, 100);
         let before = ONE_PASS_HERE.with(|c| c.get());
         let mut sel = GaussianK::new();
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         for _ in 0..steps {
             let g: Vec<f32> = (0..d)
-                .map(|_| {
-                    let mut acc = 0.0f32;
-                    for _ in 0..4 {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        acc += (state >> 40) as f32 / (1u64 << 24) as f32;
-                    }
-                    acc - 2.0
-                })
+                .map(|_| (0..4).map(|_| rng.gen::<f32>()).sum::<f32>() - 2.0)
                 .collect();
             let mut ef = ErrorFeedback::new(d);
             let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
