@@ -521,6 +521,10 @@ fn correction_tree(right: f32) -> [i32; 7] {
     [right, h, u, h * 0.5, h * 1.5, u * 0.5, u * 1.5].map(strictly_above)
 }
 
+/// The counts that may come before the last one, as [`plausible_counts`] returns them
+/// (threshold bits and estimate): at most the first count and its two successors.
+type Before = smallvec::SmallVec<[(i32, f64); 3]>;
+
 /// The counts [`corrections`] may take from `right` when each count is known only as an
 /// estimate `est(t)` within `err(estimate)`: every branch the error leaves open. Returns
 /// the counts that may come before the last one (threshold bits and estimate), and the
@@ -530,10 +534,11 @@ fn plausible_counts(
     k: usize,
     est: impl Fn(i32) -> f64,
     err: impl Fn(f64) -> f64,
-) -> (Vec<(i32, f64)>, i32) {
+) -> (Before, i32) {
     let (few, many) = (2.0 * k as f64 / 3.0, 4.0 * k as f64 / 3.0);
-    let (mut before, mut last) = (Vec::new(), INF_BITS);
-    let mut open = vec![(right, 0)];
+    let (mut before, mut last) = (Before::new(), INF_BITS);
+    // At most the seven counts of [`correction_tree`]: on the stack, as `before`.
+    let mut open: smallvec::SmallVec<[(f32, u8); 7]> = smallvec::smallvec![(right, 0)];
     while let Some((right, depth)) = open.pop() {
         let t = strictly_above(right);
         let c = est(t);
@@ -832,7 +837,7 @@ pub(crate) mod tests {
         assert_eq!(last, strictly_above(0.75));
         before.sort_by_key(|b| b.0);
         let want = [(strictly_above(0.5), 5000.0), (strictly_above(1.0), 210.0)];
-        assert_eq!(before, want);
+        assert_eq!(before[..], want[..]);
     }
 
     /// On the bench's kind of gradient (a sum of four uniforms, whose first count falls at
