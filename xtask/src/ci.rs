@@ -308,6 +308,14 @@ pub fn mpirun() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Whether the `mpi` feature can build here: `mpirun` and the `mpicc` wrapper (through
+/// which rsmpi finds the headers and libraries) are both on the PATH.
+pub fn mpi_toolchain_present() -> bool {
+    mpirun().is_some()
+        && std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("mpicc").is_file()))
+}
+
 /// The workspace root (the parent of this crate's directory).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

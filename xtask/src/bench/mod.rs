@@ -360,25 +360,56 @@ fn progress(name: &str) -> ProgressBar {
 
 /// Runs the same command line again from a release build of xtask.
 fn rerun_in_release() -> CliResult {
-    let root = crate::ci::workspace_root();
-    eprintln!("building xtask in release mode for meaningful timings ...");
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["run", "--release", "-q", "-p", "xtask"])
-            .args(if cfg!(feature = "cuda") {
-                &["--features", "cuda"][..]
-            } else {
-                &[]
-            })
-            .arg("--")
-            .args(std::env::args_os().skip(1))
-            .current_dir(&root)
-            .status()?;
+    // With an MPI toolchain here, build the binary that `bench --mpi` and `train --mpi` run
+    // too: a second feature set would recompile `collectives` and everything above it.
+    let exe = match build_release_xtask(crate::ci::mpi_toolchain_present()) {
+        Ok(exe) => exe,
+        Err(e) if crate::ci::mpi_toolchain_present() => {
+            eprintln!("{e}; building without the `mpi` feature instead ...");
+            build_release_xtask(false)?
+        }
+        Err(e) => return Err(e),
+    };
+    let status = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .status()?;
     if status.success() {
         Ok(())
     } else {
         Err(format!("the release run exited with {status}").into())
     }
+}
+
+/// Builds xtask in release mode, with the `mpi` feature when `with_mpi`, and with `cuda`
+/// when this binary has it; returns the executable's path.
+fn build_release_xtask(with_mpi: bool) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let root = crate::ci::workspace_root();
+    let mut features = Vec::new();
+    if with_mpi {
+        features.push("mpi");
+    }
+    if cfg!(feature = "cuda") {
+        features.push("cuda");
+    }
+    let what = if features.is_empty() {
+        String::new()
+    } else {
+        format!(" --features {}", features.join(","))
+    };
+    eprintln!("building xtask in release mode{what} for meaningful timings ...");
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "--release", "-q", "-p", "xtask"]);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    if !cmd.current_dir(&root).status()?.success() {
+        return Err(format!("building xtask{what} (release) failed").into());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join("release/xtask"))
 }
 
 /// Builds xtask with the `mpi` feature (release) and runs it under mpirun.
@@ -429,27 +460,7 @@ pub fn mpirun_xtask(
         }
     }
     let root = crate::ci::workspace_root();
-    eprintln!("building xtask with --features mpi (release) ...");
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args([
-                "build",
-                "--release",
-                "-q",
-                "-p",
-                "xtask",
-                "--features",
-                "mpi",
-            ])
-            .current_dir(&root)
-            .status()?;
-    if !status.success() {
-        return Err("building xtask with the mpi feature failed".into());
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let exe = target.join("release/xtask");
+    let exe = build_release_xtask(true)?;
     let mut cmd = std::process::Command::new(mpirun);
     cmd.args(["-n", &np.to_string(), "--oversubscribe"]);
     if is_root() {
