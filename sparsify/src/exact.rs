@@ -113,6 +113,12 @@ impl ExactTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
+        if warm.is_none() && 0 < k && k < d && kernel::sample_size(d, k).is_none() {
+            let (idx, val) =
+                kernel::exact_small(residual, grad, k, &mut self.cand, &mut self.scratch)?;
+            zero_selected(residual, &idx);
+            return Ok(finish(idx, val, d));
+        }
         let (t, cap) = if let Some(t) = warm {
             (t, WarmStart::cap(d, k))
         } else if k == 0 {
@@ -445,6 +451,44 @@ pub(crate) mod tests {
             sel.select_fused(&mut r, &[1.0; 4], 1),
             Err(Error::LengthMismatch { .. })
         ));
+    }
+
+    /// Tensors too short to sample, with more selected than the group-maxima path takes
+    /// ([`kernel::exact_small`]): the reference's indices and conserved mass for every kind
+    /// of input, and the first non-finite entry reported even when `k` larger ones
+    /// (NaNs) put the k-th magnitude above infinity; the read-only selection alike.
+    #[test]
+    fn short_tensors_select_from_the_kth_magnitude() {
+        let mut taken = 0;
+        for kind in 0..4u8 {
+            for d in [5, 100, 1000, 4095] {
+                for k in [d / 64 + 1, d / 10, d / 2, d - 1] {
+                    let g = gen_vec(u64::from(kind) * 7 + d as u64, d, kind);
+                    let r0 = gen_vec(11, d, 0);
+                    let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+                    let mut r = r0.clone();
+                    let small = kernel::sample_size(d, k).is_none() && !grouped::applies(d, k);
+                    taken += usize::from(small && 0 < k && k < d);
+                    let (sg, _) = ExactTopK::new().select_fused(&mut r, &g, k).unwrap();
+                    assert_eq!(sg.indices(), &reference_topk(&acc, k)[..], "{kind} {d} {k}");
+                    sg.scatter_add_into(&mut r).unwrap();
+                    assert!(r.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let (read, _) = ExactTopK::new().select(&acc, k).unwrap();
+                    assert_eq!(read, sg, "read-only: {kind} {d} {k}");
+                }
+            }
+        }
+        assert!(taken >= 60, "only {taken} cases took the path");
+        let mut g = gen_vec(2, 100, 0);
+        (g[5], g[10], g[20]) = (f32::INFINITY, f32::NAN, f32::NAN);
+        for k in [1, 2, 3, 50] {
+            let mut r = vec![0.0; 100];
+            let err = ExactTopK::new().select_fused(&mut r, &g, k);
+            assert!(matches!(err, Err(Error::NonFinite { index: 5, .. })), "k {k}");
+            let err = ExactTopK::new().select(&g, k);
+            assert!(matches!(err, Err(Error::NonFinite { index: 5, .. })), "k {k}");
+            assert!(r[1].to_bits() == g[1].to_bits() && r[10].is_nan());
+        }
     }
 
     #[test]

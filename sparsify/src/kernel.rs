@@ -1309,6 +1309,46 @@ pub(crate) fn select_k_of(
     keep_top(&cand.idx, &cand.val, kth, ties, k, out)
 }
 
+/// The exact top `k` (`0 < k < r.len()`) of `r += g`, for a tensor too short to sample
+/// ([`sample_size`]): the sum first, then [`exact_by_kth`]. Nothing is zeroed; `r` keeps
+/// the sum, also when a non-finite entry is reported.
+///
+/// Why: filtering from threshold 0 listed every element and then selected among all of
+/// them; on the 2-core Zen 3 VM at 2^11 elements, ρ = 0.05, a step took 11.2–11.5 µs
+/// (about 40× `stream`), most of it in listing 2048 candidates; this way 4.5–4.8 µs
+/// (2^10: 6.0 → 2.5 µs; 2^8: 1.8 → 0.9 µs).
+pub(crate) fn exact_small(
+    r: &mut [f32],
+    g: &[f32],
+    k: usize,
+    cand: &mut Cand,
+    scratch: &mut Vec<i32>,
+) -> Result<(Vec<u32>, Vec<f32>)> {
+    add_one(r, g);
+    exact_by_kth(r, k, cand, scratch)
+}
+
+/// The exact top `k` (`0 < k < x.len()`) of `x` without a threshold to start from: the
+/// `k`-th magnitude among all of them, then one read-only pass that lists only the entries
+/// at or above it.
+fn exact_by_kth(
+    x: &[f32],
+    k: usize,
+    cand: &mut Cand,
+    scratch: &mut Vec<i32>,
+) -> Result<(Vec<u32>, Vec<f32>)> {
+    scratch.clear();
+    scratch.extend(x.iter().map(|v| abs_bits(*v)));
+    let kth = order::kth_largest(scratch, k);
+    cand.clear();
+    // A non-finite entry's magnitude is at least `INF_BITS`, so at or above `kth` unless
+    // `k` larger ones are non-finite too: the pass reports the first one either way.
+    scan_pass::<false>(x, 0, kth, usize::MAX, cand).check()?;
+    let above = cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
+    let out = cand.spare.lists(k);
+    Ok(keep_top(&cand.idx, &cand.val, kth, k - above, k, out))
+}
+
 /// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
 /// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case),
 /// written into the buffers of `out` (cleared first).
@@ -1483,6 +1523,9 @@ pub(crate) fn exact_readonly(
 ) -> Result<(Vec<u32>, Vec<f32>)> {
     let d = x.len();
     let k = k.min(d);
+    if 0 < k && k < d && sample_size(d, k).is_none() {
+        return exact_by_kth(x, k, cand, scratch);
+    }
     // Attempt 1: sampled threshold with a wide margin; attempt 2: threshold 0 (all).
     let mut attempts: Vec<(i32, usize)> = Vec::with_capacity(2);
     if k > 0 {
