@@ -484,9 +484,15 @@ pub(crate) mod tests {
         for k in [1, 2, 3, 50] {
             let mut r = vec![0.0; 100];
             let err = ExactTopK::new().select_fused(&mut r, &g, k);
-            assert!(matches!(err, Err(Error::NonFinite { index: 5, .. })), "k {k}");
+            assert!(
+                matches!(err, Err(Error::NonFinite { index: 5, .. })),
+                "k {k}"
+            );
             let err = ExactTopK::new().select(&g, k);
-            assert!(matches!(err, Err(Error::NonFinite { index: 5, .. })), "k {k}");
+            assert!(
+                matches!(err, Err(Error::NonFinite { index: 5, .. })),
+                "k {k}"
+            );
             assert!(r[1].to_bits() == g[1].to_bits() && r[10].is_nan());
         }
     }
