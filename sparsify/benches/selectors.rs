@@ -64,19 +64,32 @@ fn naive(r: &mut [f32], g: &[f32], k: usize) -> usize {
 }
 
 fn bench(c: &mut Criterion) {
-    for log in [20u32, 24, 26] {
+    // Small tensors too (a model's biases and norms, selected layer by layer), at the
+    // densities of a warm-up schedule as well: their cost is mostly per call.
+    let sizes = [
+        (8u32, [0.01f64, 0.05]),
+        (11, [0.01, 0.05]),
+        (20, [0.001, 0.01]),
+        (24, [0.001, 0.01]),
+        (26, [0.001, 0.01]),
+    ];
+    for (log, densities) in sizes {
         let d = 1usize << log;
         let g = gradient(d);
         let mut r = vec![0.0f32; d];
-        for density in [0.001f64, 0.01] {
-            let k = ((d as f64) * density) as usize;
+        for density in densities {
+            let k = (((d as f64) * density) as usize).max(1);
             // Threshold selectors get the true k-th magnitude, so they select about k.
             let kth = ExactTopK::new().select(&g, k).expect("finite").1.threshold;
             let mut group = c.benchmark_group(format!("d=2^{log}/density={density}"));
             group
                 .sample_size(10)
                 .warm_up_time(Duration::from_millis(500))
-                .measurement_time(Duration::from_secs(if log >= 26 { 6 } else { 2 }));
+                .measurement_time(Duration::from_secs(match log {
+                    26.. => 6,
+                    20.. => 2,
+                    _ => 1,
+                }));
             group.bench_function("stream", |b| {
                 b.iter_custom(|n| {
                     timed(n, &mut r, |r| {
