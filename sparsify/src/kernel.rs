@@ -1337,9 +1337,7 @@ fn exact_by_kth(
     cand: &mut Cand,
     scratch: &mut Vec<i32>,
 ) -> Result<(Vec<u32>, Vec<f32>)> {
-    scratch.clear();
-    scratch.extend(x.iter().map(|v| abs_bits(*v)));
-    let kth = order::kth_largest(scratch, k);
+    let kth = kth_magnitude(x, k, scratch);
     cand.clear();
     // A non-finite entry's magnitude is at least `INF_BITS`, so at or above `kth` unless
     // `k` larger ones are non-finite too: the pass reports the first one either way.
@@ -1347,6 +1345,13 @@ fn exact_by_kth(
     let above = cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
     let out = cand.spare.lists(k);
     Ok(keep_top(&cand.idx, &cand.val, kth, k - above, k, out))
+}
+
+/// The `m`-th largest magnitude bits of `x` (`1 <= m <= x.len()`), through `scratch`.
+pub(crate) fn kth_magnitude(x: &[f32], m: usize, scratch: &mut Vec<i32>) -> i32 {
+    scratch.clear();
+    scratch.extend(x.iter().map(|v| abs_bits(*v)));
+    order::kth_largest(scratch, m)
 }
 
 /// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
