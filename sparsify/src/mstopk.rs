@@ -483,7 +483,11 @@ impl Selector for MsTopK {
                     cap,
                 )
             }
-            None => (0, usize::MAX),
+            // Too short to sample: from the (k+1)-th magnitude, as the fused step does.
+            None => (
+                kernel::kth_magnitude(x, k + 1, &mut self.sample),
+                usize::MAX,
+            ),
         };
         let out = kernel::scan_pass::<true>(x, 0, t, cap, &mut self.cand);
         let (idx, val, min) = self.complete(Buf::Read(x), t, out, k)?;
@@ -643,7 +647,7 @@ mod tests {
 
     /// Tensors too short to sample, with more selected than the group maxima take: the
     /// candidates from the (k+1)-th magnitude give Algorithm 1's selection, the mass is
-    /// conserved, and the first non-finite entry is reported.
+    /// conserved, and the first non-finite entry is reported; the read-only selection alike.
     #[test]
     fn short_tensors_take_candidates_from_the_kth_magnitude() {
         let mut taken = 0;
@@ -662,6 +666,8 @@ mod tests {
                     assert_eq!(sg.indices(), &want[..], "kind {kind} d {d} k {k}");
                     sg.scatter_add_into(&mut r).unwrap();
                     assert!(r.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let (read, _) = MsTopK::with_seed(4).select(&acc, k).unwrap();
+                    assert_eq!(read, sg, "read-only: kind {kind} d {d} k {k}");
                 }
             }
         }
@@ -671,6 +677,11 @@ mod tests {
         for k in [1, 2, 50] {
             let mut r = vec![0.0; 100];
             let err = MsTopK::with_seed(1).select_fused(&mut r, &g, k);
+            assert!(
+                matches!(err, Err(Error::NonFinite { index: 5, .. })),
+                "k {k}"
+            );
+            let err = MsTopK::with_seed(1).select(&g, k);
             assert!(
                 matches!(err, Err(Error::NonFinite { index: 5, .. })),
                 "k {k}"
