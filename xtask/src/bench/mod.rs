@@ -370,8 +370,11 @@ fn rerun_in_release() -> CliResult {
         }
         Err(e) => return Err(e),
     };
+    // From the workspace root, as `cargo run` started it before: relative paths keep
+    // their meaning.
     let status = std::process::Command::new(exe)
         .args(std::env::args_os().skip(1))
+        .current_dir(crate::ci::workspace_root())
         .status()?;
     if status.success() {
         Ok(())
