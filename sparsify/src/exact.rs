@@ -453,12 +453,17 @@ pub(crate) mod tests {
         ));
     }
 
-    /// Tensors too short to sample, with more selected than the group-maxima path takes
-    /// ([`kernel::exact_small`]): the reference's indices and conserved mass for every kind
-    /// of input, and the first non-finite entry reported even when `k` larger ones
-    /// (NaNs) put the k-th magnitude above infinity; the read-only selection alike.
-    #[test]
-    fn short_tensors_select_from_the_kth_magnitude() {
+    /// Checks a selector on tensors too short to sample, with more selected than the
+    /// group-maxima path takes (`grouped::applies(d, k + extra)` false): against
+    /// `reference` for every kind of input, `d` from 5 to 4095 and `k` up to `d - 1`, with
+    /// the mass conserved bit for bit and the read-only selection equal to the fused one;
+    /// and the first non-finite entry reported, fused and read-only, even when two NaNs
+    /// put the k-th magnitude above infinity. Fails unless all 60 cases are on that path.
+    pub(crate) fn check_short_tensors(
+        new: impl Fn() -> Box<dyn Selector>,
+        reference: impl Fn(&[f32], usize) -> Vec<u32>,
+        extra: usize,
+    ) {
         let mut taken = 0;
         for kind in 0..4u8 {
             for d in [5, 100, 1000, 4095] {
@@ -466,14 +471,15 @@ pub(crate) mod tests {
                     let g = gen_vec(u64::from(kind) * 7 + d as u64, d, kind);
                     let r0 = gen_vec(11, d, 0);
                     let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
+                    let short =
+                        kernel::sample_size(d, k).is_none() && !grouped::applies(d, k + extra);
+                    taken += usize::from(short && 0 < k && k < d);
                     let mut r = r0.clone();
-                    let small = kernel::sample_size(d, k).is_none() && !grouped::applies(d, k);
-                    taken += usize::from(small && 0 < k && k < d);
-                    let (sg, _) = ExactTopK::new().select_fused(&mut r, &g, k).unwrap();
-                    assert_eq!(sg.indices(), &reference_topk(&acc, k)[..], "{kind} {d} {k}");
+                    let (sg, _) = new().select_fused(&mut r, &g, k).unwrap();
+                    assert_eq!(sg.indices(), &reference(&acc, k)[..], "{kind} {d} {k}");
                     sg.scatter_add_into(&mut r).unwrap();
                     assert!(r.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    let (read, _) = ExactTopK::new().select(&acc, k).unwrap();
+                    let (read, _) = new().select(&acc, k).unwrap();
                     assert_eq!(read, sg, "read-only: {kind} {d} {k}");
                 }
             }
@@ -483,18 +489,22 @@ pub(crate) mod tests {
         (g[5], g[10], g[20]) = (f32::INFINITY, f32::NAN, f32::NAN);
         for k in [1, 2, 3, 50] {
             let mut r = vec![0.0; 100];
-            let err = ExactTopK::new().select_fused(&mut r, &g, k);
-            assert!(
-                matches!(err, Err(Error::NonFinite { index: 5, .. })),
-                "k {k}"
-            );
-            let err = ExactTopK::new().select(&g, k);
-            assert!(
-                matches!(err, Err(Error::NonFinite { index: 5, .. })),
-                "k {k}"
-            );
+            let fused = new().select_fused(&mut r, &g, k);
+            let read = new().select(&g, k);
+            for err in [fused, read] {
+                assert!(
+                    matches!(err, Err(Error::NonFinite { index: 5, .. })),
+                    "k {k}"
+                );
+            }
             assert!(r[1].to_bits() == g[1].to_bits() && r[10].is_nan());
         }
+    }
+
+    /// [`check_short_tensors`] on the exact selector ([`kernel::exact_small`]).
+    #[test]
+    fn short_tensors_select_from_the_kth_magnitude() {
+        check_short_tensors(|| Box::new(ExactTopK::new()), reference_topk, 0);
     }
 
     #[test]

@@ -1301,9 +1301,13 @@ pub(crate) fn select_k_of(
     if k == 0 {
         return (Vec::new(), Vec::new());
     }
-    scratch.clear();
-    scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
-    let kth = order::kth_largest(scratch, k);
+    let kth = kth_magnitude(&cand.val, k, scratch);
+    keep_k_from(cand, kth, k)
+}
+
+/// The `k` candidates kept at the `k`-th magnitude `kth`: all above it, then its ties in
+/// index order ([`keep_top`]), into the candidates' spare buffers.
+fn keep_k_from(cand: &mut Cand, kth: i32, k: usize) -> (Vec<u32>, Vec<f32>) {
     let ties = k - cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
     let out = cand.spare.lists(k + BLOCK);
     keep_top(&cand.idx, &cand.val, kth, ties, k, out)
@@ -1342,9 +1346,7 @@ fn exact_by_kth(
     // A non-finite entry's magnitude is at least `INF_BITS`, so at or above `kth` unless
     // `k` larger ones are non-finite too: the pass reports the first one either way.
     scan_pass::<false>(x, 0, kth, usize::MAX, cand).check()?;
-    let above = cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
-    let out = cand.spare.lists(k);
-    Ok(keep_top(&cand.idx, &cand.val, kth, k - above, k, out))
+    Ok(keep_k_from(cand, kth, k))
 }
 
 /// The `m`-th largest magnitude bits of `x` (`1 <= m <= x.len()`), through `scratch`.

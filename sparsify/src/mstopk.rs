@@ -645,48 +645,18 @@ mod tests {
         }
     }
 
-    /// Tensors too short to sample, with more selected than the group maxima take: the
-    /// candidates from the (k+1)-th magnitude give Algorithm 1's selection, the mass is
-    /// conserved, and the first non-finite entry is reported; the read-only selection alike.
+    /// The candidates from the (k+1)-th magnitude of a tensor too short to sample give
+    /// Algorithm 1's selection ([`crate::exact::tests::check_short_tensors`]).
     #[test]
     fn short_tensors_take_candidates_from_the_kth_magnitude() {
-        let mut taken = 0;
-        for kind in 0..4u8 {
-            for d in [5, 100, 1000, 4095] {
-                for k in [d / 64 + 1, d / 10, d / 2, d - 1] {
-                    let g = gen_vec(u64::from(kind) * 5 + d as u64, d, kind);
-                    let r0 = gen_vec(13, d, 0);
-                    let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
-                    let small = kernel::sample_size(d, k).is_none() && !grouped::applies(d, k + 1);
-                    taken += usize::from(small && 0 < k && k < d);
-                    let mut r = r0.clone();
-                    let (sg, _) = MsTopK::with_seed(4).select_fused(&mut r, &g, k).unwrap();
-                    let mut rng = ChaCha8Rng::seed_from_u64(4);
-                    let want = reference_mstopk(&acc, k, DEFAULT_ROUNDS, &mut rng);
-                    assert_eq!(sg.indices(), &want[..], "kind {kind} d {d} k {k}");
-                    sg.scatter_add_into(&mut r).unwrap();
-                    assert!(r.iter().zip(&acc).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    let (read, _) = MsTopK::with_seed(4).select(&acc, k).unwrap();
-                    assert_eq!(read, sg, "read-only: kind {kind} d {d} k {k}");
-                }
-            }
-        }
-        assert!(taken >= 60, "only {taken} cases took the path");
-        let mut g = gen_vec(2, 100, 0);
-        (g[5], g[10], g[20]) = (f32::INFINITY, f32::NAN, f32::NAN);
-        for k in [1, 2, 50] {
-            let mut r = vec![0.0; 100];
-            let err = MsTopK::with_seed(1).select_fused(&mut r, &g, k);
-            assert!(
-                matches!(err, Err(Error::NonFinite { index: 5, .. })),
-                "k {k}"
-            );
-            let err = MsTopK::with_seed(1).select(&g, k);
-            assert!(
-                matches!(err, Err(Error::NonFinite { index: 5, .. })),
-                "k {k}"
-            );
-        }
+        crate::exact::tests::check_short_tensors(
+            || Box::new(MsTopK::with_seed(4)),
+            |x, k| {
+                let mut rng = ChaCha8Rng::seed_from_u64(4);
+                reference_mstopk(x, k, DEFAULT_ROUNDS, &mut rng)
+            },
+            1,
+        );
     }
 
     /// The search answered from the (k+1)-th largest magnitude decides every round as

@@ -277,9 +277,7 @@ fn select_k_in(
     }
     let kth = if np == 1 {
         // One list (a serial pass, not prepared): select among all its magnitudes.
-        w.members.clear();
-        w.members.extend(cand.val.iter().map(|v| abs_bits(*v)));
-        let kth = order::kth_largest(&mut w.members, k);
+        let kth = crate::kernel::kth_magnitude(&cand.val, k, &mut w.members);
         let gt = cand
             .val
             .iter()
