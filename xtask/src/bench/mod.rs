@@ -362,9 +362,10 @@ fn progress(name: &str) -> ProgressBar {
 fn rerun_in_release() -> CliResult {
     // With an MPI toolchain here, build the binary that `bench --mpi` and `train --mpi` run
     // too: a second feature set would recompile `collectives` and everything above it.
-    let exe = match build_release_xtask(crate::ci::mpi_toolchain_present()) {
+    let with_mpi = crate::ci::mpi_toolchain_present();
+    let exe = match build_release_xtask(with_mpi) {
         Ok(exe) => exe,
-        Err(e) if crate::ci::mpi_toolchain_present() => {
+        Err(e) if with_mpi => {
             eprintln!("{e}; building without the `mpi` feature instead ...");
             build_release_xtask(false)?
         }
