@@ -1930,7 +1930,12 @@ mod tests {
                 // `100 * BLOCK + 7`: a first batch shorter than the longest, sized to fit
                 // under `cap`, and capped blocks after it.
                 for cap in [usize::MAX, 100 * BLOCK + 7, n / 20, 3] {
-                    for bad in [None, Some(n / 2)] {
+                    // A NaN in a group of four blocks, in the last block of the pass (a
+                    // batch's trailing block for n = 64·64 + 17), and in the trailing
+                    // blocks of the batch sized to fit under `100 * BLOCK + 7`.
+                    let bads = [Some(n / 2), Some(n - 10), Some(1540)];
+                    let bads = bads.into_iter().filter(|b| b.is_some_and(|b| b < n));
+                    for bad in std::iter::once(None).chain(bads) {
                         let mut r0: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.001).collect();
                         if let Some(b) = bad {
                             r0[b] = f32::NAN;

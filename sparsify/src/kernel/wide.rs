@@ -525,10 +525,12 @@ macro_rules! wide_passes {
                 load: &mut impl FnMut(usize) -> W,
             ) -> u32 {
                 let mut hits = 0u32;
+                // A local copy: through the reference, the index went to the stack and back
+                // every group, a store-forwarding round trip on the loop's only chain.
+                let mut j = *i;
                 // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
                 unsafe {
-                    while *i + 4 * BLOCK <= end {
-                        let j = *i;
+                    while j + 4 * BLOCK <= end {
                         let a = [
                             load(j),
                             load(j + BLOCK),
@@ -536,9 +538,10 @@ macro_rules! wide_passes {
                             load(j + 3 * BLOCK),
                         ];
                         hits += u32::from(group::<STATS, BRANCH_FREE>(a, base + j, tv, w, st));
-                        *i += 4 * BLOCK;
+                        j += 4 * BLOCK;
                     }
                 }
+                *i = j;
                 hits
             }
 
@@ -571,7 +574,6 @@ macro_rules! wide_passes {
                 // for all of its blocks.
                 unsafe {
                     let tv = W::bound(t);
-                    let from = cand.val.len();
                     let mut i = 0;
                     while i < whole {
                         let len = cand.idx.len();
@@ -611,30 +613,32 @@ macro_rules! wide_passes {
                         // 2.14–2.24× `stream` to 1.91–2.00×, exact from 2.69–2.82× to
                         // 2.49–2.67×. Each index is one the groups just wrote, of a whole
                         // block below `whole <= n`, so `src` holds it.
+                        //
+                        // The same loop finds a non-finite value among them: one passes
+                        // every threshold up to `INF_BITS` (a higher one took the capped
+                        // path, which checks every block), so it is a candidate, and
+                        // looking here, not at every block, keeps the check off the pass.
+                        let mut top = 0i32;
                         for n in len..w.len {
                             let rel = *w.pi.add(n) as usize - base;
-                            w.pv.add(n).write(*src.add(rel));
+                            let v = *src.add(rel);
+                            w.pv.add(n).write(v);
+                            top = top.max(abs_bits(v));
                         }
+                        let grouped = w.len;
                         while i < end {
                             block::<STATS>(load(i), base + i, tv, &mut w, st);
                             i += BLOCK;
                         }
+                        for n in grouped..w.len {
+                            top = top.max(abs_bits(*w.pv.add(n)));
+                        }
+                        st.nf |= u64::from(top >= INF_BITS);
                         cand.idx.set_len(w.len);
                         cand.val.set_len(w.len);
                     }
                     if emit == EmitForm::Adaptive {
                         cand.branch_free = free;
-                    }
-                    // A non-finite value passes every threshold up to `INF_BITS` (a higher
-                    // one took the capped path, which checks every block), so it is among
-                    // the candidates: looking there, not at every block, keeps the check off
-                    // the loop. The capped path writes no more once over `cap`, but it
-                    // checked its blocks itself.
-                    if cand.val[from.min(cand.val.len())..]
-                        .iter()
-                        .any(|v| !v.is_finite())
-                    {
-                        st.nf = 1;
                     }
                     if STATS {
                         // The lanes folded once, before the tail's elements (as [`abs_sum`]).
