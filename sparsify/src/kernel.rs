@@ -628,37 +628,51 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     cand: &mut Cand,
     mom: Option<&mut Moments>,
 ) -> PassOut {
-    let before = cand.len();
     // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
     let cap = if ZERO { usize::MAX } else { cap };
-    let out = fused_any::<STATS>(emit, prefetch, r, g, base, t, cap, cand);
-    if let Some(m) = mom {
-        *m = moments_chunk(r);
-    }
+    let Some(m) = mom else {
+        return fused_any::<STATS, ZERO>(emit, prefetch, r, g, base, (t, zero_from), cap, cand);
+    };
+    // The moments are of the accumulated range before any zeroing.
+    let before = cand.len();
+    let out = fused_any::<STATS, false>(emit, prefetch, r, g, base, (t, zero_from), cap, cand);
+    *m = moments_chunk(r);
     if ZERO {
-        let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
-        for (&i, &v) in idx.iter().zip(val) {
-            // Branch-free (a select compiled to a branch, which mispredicts where
-            // `zero_from` splits the candidates): one below `zero_from` gets its own value
-            // back, masked by all ones.
-            let keep = u32::from(abs_bits(v) < zero_from).wrapping_neg();
-            r[i as usize - base] = f32::from_bits(v.to_bits() & keep);
-        }
+        zero_candidates(r, base, &cand.idx[before..], &cand.val[before..], zero_from);
     }
     out
 }
 
+/// Zeroes in `r` (which starts at index `base`) the candidates `idx`/`val` from magnitude
+/// bits `zero_from` up ([`zeroed_from`]).
+fn zero_candidates(r: &mut [f32], base: usize, idx: &[u32], val: &[f32], zero_from: i32) {
+    for (&i, &v) in idx.iter().zip(val) {
+        r[i as usize - base] = zeroed_from(v, zero_from);
+    }
+}
+
+/// What a zeroing pass leaves in the residual for candidate value `v`: zero from magnitude
+/// bits `zero_from` up, else `v`. Branch-free (a select compiled to a branch, which
+/// mispredicts where `zero_from` splits the candidates): `v` masked by all ones or none.
+#[inline(always)]
+fn zeroed_from(v: f32, zero_from: i32) -> f32 {
+    let keep = u32::from(abs_bits(v) < zero_from).wrapping_neg();
+    f32::from_bits(v.to_bits() & keep)
+}
+
 /// [`fused_body`] on one range, from the widest build; `prefetch`: the vector builds
-/// prefetch [`PREFETCH_AHEAD`] elements ahead (see there).
+/// prefetch [`PREFETCH_AHEAD`] elements ahead (see there). With `ZERO`, the candidates with
+/// magnitude bits from `zero_from` up are zeroed in `r`: by the vector builds as they read
+/// each batch's values back (still in the first-level cache), by the portable one after.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-fn fused_any<const STATS: bool>(
+fn fused_any<const STATS: bool, const ZERO: bool>(
     emit: EmitForm,
     prefetch: bool,
     r: &mut [f32],
     g: &[f32],
     base: usize,
-    t: i32,
+    tz: (i32, i32),
     cap: usize,
     cand: &mut Cand,
 ) -> PassOut {
@@ -666,22 +680,31 @@ fn fused_any<const STATS: bool>(
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if prefetch => unsafe {
-            wide::avx512::fused::<STATS, true>(emit, r, g, base, t, cap, cand)
+            wide::avx512::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            wide::avx512::fused::<STATS, false>(emit, r, g, base, t, cap, cand)
+            wide::avx512::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand)
         },
         // SAFETY: `isa()` checked at run time that the CPU has AVX2.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if prefetch => unsafe {
-            wide::avx2::fused::<STATS, true>(emit, r, g, base, t, cap, cand)
+            wide::avx2::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { wide::avx2::fused::<STATS, false>(emit, r, g, base, t, cap, cand) },
-        _ => fused_body::<STATS>(r, g, base, t, cap, cand),
+        Isa::Avx2 => unsafe {
+            wide::avx2::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand)
+        },
+        _ => {
+            let before = cand.len();
+            let out = fused_body::<STATS>(r, g, base, tz.0, cap, cand);
+            if ZERO {
+                zero_candidates(r, base, &cand.idx[before..], &cand.val[before..], tz.1);
+            }
+            out
+        }
     }
 }
 
@@ -1876,7 +1899,16 @@ mod tests {
                                 branch_free: start_free,
                                 ..Cand::default()
                             };
-                            let o = fused_any::<true>(emit, false, &mut r, &g, 5, t, cap, &mut c);
+                            let o = fused_any::<true, false>(
+                                emit,
+                                false,
+                                &mut r,
+                                &g,
+                                5,
+                                (t, t),
+                                cap,
+                                &mut c,
+                            );
                             let stats = (o.overflow, o.abs_sum.to_bits(), o.max_bits);
                             let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
                             (bits_of(&r), c.idx, bits_of(&c.val), stats, nf)
@@ -1921,7 +1953,7 @@ mod tests {
             ("avx2", std::is_x86_feature_detected!("avx2")),
             ("avx512", isa() == Isa::Avx512),
         ];
-        let (mut compared, mut emitted) = (0, 0);
+        let (mut compared, mut emitted, mut zeroed) = (0, 0, 0);
         for n in [15usize, 63, 64 * 64 + 17, 3 * CHUNK + 5] {
             let g: Vec<f32> = (0..n)
                 .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01)
@@ -1942,6 +1974,12 @@ mod tests {
                         }
                         let (mut r, mut c) = (r0.clone(), Cand::default());
                         let o = fused_body::<true>(&mut r, &g, 5, t, cap, &mut c);
+                        // A zeroing pass: the same, with the candidates from 4.8 up zeroed
+                        // (every one from `t` up for the highest `t`).
+                        let zero_from = abs_bits(4.8).min(t);
+                        let mut rz = r.clone();
+                        zero_candidates(&mut rz, 5, &c.idx, &c.val, zero_from);
+                        let want_zeroed = seen(&rz, c.clone(), o);
                         let want = seen(&r, c, o);
                         let mut c = Cand::default();
                         let o = scan_body::<true>(&r0, 5, t, cap, &mut c);
@@ -1955,34 +1993,82 @@ mod tests {
                                 let (mut r, mut c) = (r0.clone(), Cand::default());
                                 let mut c2 = Cand::default();
                                 // SAFETY: the CPU has the instruction set (`has`).
-                                let (o, o2) = unsafe {
-                                    assert!(has);
-                                    let (rr, cc) = (&mut r, &mut c);
-                                    let o = match (name == "avx2", prefetch) {
-                                        (true, false) => wide::avx2::fused::<true, false>(
-                                            emit, rr, &g, 5, t, cap, cc,
-                                        ),
-                                        (true, true) => wide::avx2::fused::<true, true>(
-                                            emit, rr, &g, 5, t, cap, cc,
-                                        ),
-                                        (false, false) => wide::avx512::fused::<true, false>(
-                                            emit, rr, &g, 5, t, cap, cc,
-                                        ),
-                                        (false, true) => wide::avx512::fused::<true, true>(
-                                            emit, rr, &g, 5, t, cap, cc,
-                                        ),
+                                let (o, o2) =
+                                    unsafe {
+                                        assert!(has);
+                                        let (rr, cc) = (&mut r, &mut c);
+                                        let o =
+                                            match (name == "avx2", prefetch) {
+                                                (true, false) => wide::avx2::fused::<
+                                                    true,
+                                                    false,
+                                                    false,
+                                                >(
+                                                    emit, rr, &g, 5, (t, t), cap, cc
+                                                ),
+                                                (true, true) => wide::avx2::fused::<
+                                                    true,
+                                                    true,
+                                                    false,
+                                                >(
+                                                    emit, rr, &g, 5, (t, t), cap, cc
+                                                ),
+                                                (false, false) => {
+                                                    wide::avx512::fused::<true, false, false>(
+                                                        emit,
+                                                        rr,
+                                                        &g,
+                                                        5,
+                                                        (t, t),
+                                                        cap,
+                                                        cc,
+                                                    )
+                                                }
+                                                (false, true) => wide::avx512::fused::<
+                                                    true,
+                                                    true,
+                                                    false,
+                                                >(
+                                                    emit, rr, &g, 5, (t, t), cap, cc
+                                                ),
+                                            };
+                                        let o2 = if name == "avx2" {
+                                            wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                        } else {
+                                            wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                        };
+                                        (o, o2)
                                     };
-                                    let o2 = if name == "avx2" {
-                                        wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
-                                    } else {
-                                        wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
-                                    };
-                                    (o, o2)
-                                };
                                 let what = format!("{name} {emit:?} prefetch {prefetch} n {n} t {t} cap {cap} {bad:?}");
                                 assert_eq!(seen(&r, c, o), want, "fused {what}");
                                 assert_eq!(seen(&r0, c2, o2), want_scan, "scan {what}");
                                 compared += 1;
+                                if cap != usize::MAX {
+                                    // A zeroing pass is never capped (see `fused_one`).
+                                    continue;
+                                }
+                                let (mut r, mut c) = (r0.clone(), Cand::default());
+                                let tz = (t, zero_from);
+                                // SAFETY: as above.
+                                let o = unsafe {
+                                    let (rr, cc) = (&mut r, &mut c);
+                                    match (name == "avx2", prefetch) {
+                                        (true, false) => wide::avx2::fused::<true, false, true>(
+                                            emit, rr, &g, 5, tz, cap, cc,
+                                        ),
+                                        (true, true) => wide::avx2::fused::<true, true, true>(
+                                            emit, rr, &g, 5, tz, cap, cc,
+                                        ),
+                                        (false, false) => wide::avx512::fused::<true, false, true>(
+                                            emit, rr, &g, 5, tz, cap, cc,
+                                        ),
+                                        (false, true) => wide::avx512::fused::<true, true, true>(
+                                            emit, rr, &g, 5, tz, cap, cc,
+                                        ),
+                                    }
+                                };
+                                assert_eq!(seen(&r, c, o), want_zeroed, "zeroing {what}");
+                                zeroed += 1;
                             }
                         }
                         emitted += usize::from(!want.1.is_empty());
@@ -1992,6 +2078,7 @@ mod tests {
         }
         if isas.iter().any(|i| i.1) {
             assert!(compared > 100, "compared {compared}");
+            assert!(zeroed > 40, "zeroing passes compared {zeroed}");
         }
         assert!(emitted > 40, "most cases emit candidates: {emitted}");
     }
@@ -2011,13 +2098,13 @@ mod tests {
                     branch_free: start,
                     ..Cand::default()
                 };
-                fused_any::<false>(
+                fused_any::<false, false>(
                     EmitForm::Adaptive,
                     false,
                     &mut r,
                     &g,
                     0,
-                    t,
+                    (t, t),
                     usize::MAX,
                     &mut c,
                 );

@@ -22,6 +22,22 @@ use std::arch::x86_64::*;
 /// Sixteen 32-bit lanes (one [`BLOCK`]) in the registers of one instruction set, read as
 /// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
 /// run inside a function with that instruction set enabled (where it is inlined).
+/// Writes [`zeroed_from`]`(v, zero_from)` at `p + rel` (a zeroing pass's candidate).
+///
+/// # Safety
+/// `p + rel` is valid for a write.
+#[inline(always)]
+unsafe fn zero_at_from(p: *mut f32, rel: usize, v: f32, zero_from: i32) {
+    // SAFETY: as the caller ensures.
+    unsafe { p.add(rel).write(zeroed_from(v, zero_from)) }
+}
+
+/// The first non-finite value of `x` (index from `base`, value); `x[0]` if none.
+fn first_non_finite(x: &[f32], base: usize) -> (usize, f32) {
+    let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
+    (base + i, x[i])
+}
+
 pub(super) trait Wide: Copy {
     /// Sixteen values from `p`.
     unsafe fn load(p: *const f32) -> Self;
@@ -552,14 +568,14 @@ macro_rules! wide_passes {
             /// list's last pass ended in.
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn blocks<const STATS: bool>(
+            unsafe fn blocks<const STATS: bool, const ZERO: bool>(
                 n: usize,
                 base: usize,
-                t: i32,
+                (t, zero_from): (i32, i32),
                 cap: usize,
                 cand: &mut Cand,
                 st: &mut State,
-                src: *const f32,
+                src: *mut f32,
                 emit: EmitForm,
                 mut load: impl FnMut(usize) -> W,
             ) {
@@ -585,6 +601,11 @@ macro_rules! wide_passes {
                             while i < end {
                                 capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
                                 i += BLOCK;
+                            }
+                            if ZERO {
+                                for (&j, &v) in cand.idx[len..].iter().zip(&cand.val[len..]) {
+                                    zero_at_from(src, j as usize - base, v, zero_from);
+                                }
                             }
                             continue;
                         }
@@ -618,12 +639,18 @@ macro_rules! wide_passes {
                         // every threshold up to `INF_BITS` (a higher one took the capped
                         // path, which checks every block), so it is a candidate, and
                         // looking here, not at every block, keeps the check off the pass.
+                        //
+                        // With `ZERO`, it also zeroes them (those from `zero_from` up) while
+                        // their lines are in the core's first-level cache.
                         let mut top = 0i32;
                         for n in len..w.len {
                             let rel = *w.pi.add(n) as usize - base;
                             let v = *src.add(rel);
                             w.pv.add(n).write(v);
                             top = top.max(abs_bits(v));
+                            if ZERO {
+                                zero_at_from(src, rel, v, zero_from);
+                            }
                         }
                         let grouped = w.len;
                         while i < end {
@@ -631,7 +658,11 @@ macro_rules! wide_passes {
                             i += BLOCK;
                         }
                         for n in grouped..w.len {
-                            top = top.max(abs_bits(*w.pv.add(n)));
+                            let v = *w.pv.add(n);
+                            top = top.max(abs_bits(v));
+                            if ZERO {
+                                zero_at_from(src, *w.pi.add(n) as usize - base, v, zero_from);
+                            }
                         }
                         st.nf |= u64::from(top >= INF_BITS);
                         cand.idx.set_len(w.len);
@@ -672,18 +703,17 @@ macro_rules! wide_passes {
                 mx
             }
 
-            /// Closes a pass over `acc` (the values the pass compared) that started at `base`.
+            /// Closes a pass; `first_non_finite` finds the first non-finite value it saw
+            /// (index, value), called only when it saw one.
             #[inline(always)]
             unsafe fn finish<const STATS: bool>(
                 st: State,
                 tail_mx: i32,
-                acc: &[f32],
-                base: usize,
+                first_non_finite: impl FnOnce() -> (usize, f32),
             ) -> PassOut {
                 let mut out = st.out;
                 if st.nf != 0 || out.non_finite.is_some() {
-                    let i = acc.iter().position(|v| !v.is_finite()).unwrap_or(0);
-                    out.non_finite = Some((base + i, acc[i]));
+                    out.non_finite = Some(first_non_finite());
                 }
                 if STATS {
                     out.abs_sum = st.sum;
@@ -705,14 +735,17 @@ macro_rules! wide_passes {
                 }
             }
 
-            /// [`fused_body`] in this module's registers, emitting as `emit` asks.
+            /// [`fused_body`] in this module's registers, emitting as `emit` asks. With
+            /// `ZERO`, every candidate with magnitude bits from `zero_from` up is also
+            /// zeroed in `r` (its value stays in the list).
             #[target_feature(enable = $feat)]
-            pub(crate) fn fused<const STATS: bool, const PREFETCH: bool>(
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) fn fused<const STATS: bool, const PREFETCH: bool, const ZERO: bool>(
                 emit: EmitForm,
                 r: &mut [f32],
                 g: &[f32],
                 base: usize,
-                t: i32,
+                (t, zero_from): (i32, i32),
                 cap: usize,
                 cand: &mut Cand,
             ) -> PassOut {
@@ -739,17 +772,37 @@ macro_rules! wide_passes {
                         a
                     }
                 };
-                let src = pr.cast_const();
-                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both slices.
+                let tz = (t, zero_from);
+                let first = cand.len();
+                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both
+                // slices, and zeroes only candidates among them.
                 unsafe {
-                    blocks::<STATS>(n, base, t, cap, cand, &mut st, src, emit, load);
+                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
                     *rv += *gv;
                 }
+                let before = cand.len();
                 let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
+                if ZERO {
+                    let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
+                    zero_candidates(&mut r[..n], base, idx, val, zero_from);
+                }
+                let (idx, val) = (&cand.idx[first..], &cand.val[first..]);
+                let r = &r[..n];
                 // SAFETY: this module's features are enabled here.
-                unsafe { finish::<STATS>(st, mx, &r[..n], base) }
+                unsafe {
+                    finish::<STATS>(st, mx, || {
+                        if ZERO {
+                            // Uncapped (see `fused_one`), so every non-finite value is a
+                            // candidate, and the residual no longer holds the zeroed ones.
+                            let at = val.iter().position(|v| !v.is_finite()).unwrap_or(0);
+                            (idx[at] as usize, val[at])
+                        } else {
+                            first_non_finite(r, base)
+                        }
+                    })
+                }
             }
 
             /// [`add_max_body`] in this module's registers, in the same order (so the same
@@ -829,15 +882,26 @@ macro_rules! wide_passes {
                 let whole = n / BLOCK * BLOCK;
                 let mut st = state();
                 let px = x.as_ptr();
-                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the slice.
+                // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within the
+                // slice; without `ZERO` it writes nothing through the pointer.
                 unsafe {
-                    blocks::<STATS>(n, base, t, cap, cand, &mut st, px, emit_form(), |i| {
-                        W::load(px.add(i))
-                    });
+                    let src = px.cast_mut();
+                    let tz = (t, INF_BITS);
+                    blocks::<STATS, false>(
+                        n,
+                        base,
+                        tz,
+                        cap,
+                        cand,
+                        &mut st,
+                        src,
+                        emit_form(),
+                        |i| W::load(px.add(i)),
+                    );
                 }
                 let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
                 // SAFETY: this module's features are enabled here.
-                unsafe { finish::<STATS>(st, mx, x, base) }
+                unsafe { finish::<STATS>(st, mx, || first_non_finite(x, base)) }
             }
         }
     };
