@@ -1331,9 +1331,8 @@ pub(crate) fn select_k_of(
 /// The `k` candidates kept at the `k`-th magnitude `kth`: all above it, then its ties in
 /// index order ([`keep_top`]), into the candidates' spare buffers.
 fn keep_k_from(cand: &mut Cand, kth: i32, k: usize) -> (Vec<u32>, Vec<f32>) {
-    let ties = k - cand.val.iter().filter(|v| abs_bits(**v) > kth).count();
-    let out = cand.spare.lists(k + BLOCK);
-    keep_top(&cand.idx, &cand.val, kth, ties, k, out)
+    let out = cand.spare.lists(cand.len() + BLOCK);
+    keep_top(&cand.idx, &cand.val, kth, k, out)
 }
 
 /// The exact top `k` (`0 < k < r.len()`) of `r += g`, for a tensor too short to sample
@@ -1379,72 +1378,79 @@ pub(crate) fn kth_magnitude(x: &[f32], m: usize, scratch: &mut Vec<i32>) -> i32 
     order::kth_largest(scratch, m)
 }
 
-/// Keeps, in index order, the entries of magnitude above `kth` and the first `ties` at
-/// it: `k` entries when `k` is the count above plus `ties` (at most `k` in any case),
-/// written into the buffers of `out` (cleared first).
+/// Keeps, in index order, the entries of magnitude at or above `kth`, then, while more than
+/// `k` are kept, drops the last ties at `kth`: the entries above it and the first ties in
+/// index order, `k` of them when at least `k` reach `kth` and fewer than `k` pass it.
+/// Written into the buffers of `out` (cleared first).
+///
+/// Why one pass at or above, then the ties: counting the entries above `kth` first (to know
+/// how many ties to take) read the list twice, and magnitudes of real gradients seldom tie
+/// at the k-th, so the second step rarely runs.
 pub(crate) fn keep_top(
     idx: &[u32],
     val: &[f32],
     kth: i32,
-    ties: usize,
     k: usize,
     (mut out_i, mut out_v): (Vec<u32>, Vec<f32>),
 ) -> (Vec<u32>, Vec<f32>) {
-    // Room for a whole vector's store past the `k`-th entry.
+    let n = idx.len().min(val.len());
+    // Room for every entry plus a whole vector's store past the last.
     out_i.clear();
     out_v.clear();
-    out_i.reserve(k + BLOCK);
-    out_v.reserve(k + BLOCK);
+    out_i.reserve(n + BLOCK);
+    out_v.reserve(n + BLOCK);
     let (pi, pv) = (out_i.as_mut_ptr(), out_v.as_mut_ptr());
-    let n = idx.len().min(val.len());
-    let (mut len, mut ties_left, mut done) = (0usize, ties, 0usize);
+    let (mut len, mut done) = (0usize, 0usize);
     #[cfg(target_arch = "x86_64")]
     match isa() {
-        // SAFETY: AVX-512 checked by `isa`; both outputs have room for `k + BLOCK`.
+        // SAFETY: AVX-512 checked by `isa`; both outputs have room for `n + BLOCK`.
         Isa::Avx512 => {
-            (len, ties_left, done) =
-                unsafe { avx512_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
+            (len, done) = unsafe { avx512_keep::keep_at_or_above(idx, val, kth, pi, pv) }
         }
         // SAFETY: AVX2 checked by `isa`; as above.
-        Isa::Avx2 => {
-            (len, ties_left, done) = unsafe { avx2_keep::keep_top(idx, val, kth, ties, k, pi, pv) }
-        }
+        Isa::Avx2 => (len, done) = unsafe { avx2_keep::keep_at_or_above(idx, val, kth, pi, pv) },
         Isa::Base => {}
     }
     // The rest (all of it without SIMD), branch-free: every entry is written at the
     // end of the lists and the length advances only for a kept one, which for a kept
     // fraction near one half is several times faster than a branch per entry.
     for (&i, &v) in idx[done..n].iter().zip(&val[done..n]) {
-        let at = len.min(k);
-        // SAFETY: `at <= k`, within the capacity of both lists.
+        // SAFETY: `len <= n`, within the capacity of both lists.
         unsafe {
-            pi.add(at).write(i);
-            pv.add(at).write(v);
+            pi.add(len).write(i);
+            pv.add(len).write(v);
         }
-        let m = abs_bits(v);
-        let tie = (m == kth) & (ties_left > 0);
-        ties_left -= usize::from(tie);
-        len = (len + usize::from((m > kth) | tie)).min(k);
+        len += usize::from(abs_bits(v) >= kth);
     }
-    // SAFETY: every position below `len <= k` was written (the entry kept there).
+    // SAFETY: every position below `len <= n` was written (the entry kept there).
     unsafe {
         out_i.set_len(len);
         out_v.set_len(len);
     }
+    if len > k {
+        drop_last_ties(&mut out_i, &mut out_v, kth, len - k);
+    }
     (out_i, out_v)
 }
 
-/// The lanes of `eq` (a lane mask at the k-th magnitude) to keep: the lowest ones, as many
-/// as `ties_left` allows, which it counts down.
-#[inline(always)]
-fn take_ties(mut eq: u32, ties_left: &mut usize) -> u32 {
-    let mut keep = 0;
-    while eq != 0 && *ties_left > 0 {
-        keep |= eq & eq.wrapping_neg();
-        eq &= eq - 1;
-        *ties_left -= 1;
+/// Removes the last `excess` entries at magnitude `kth` from the lists, keeping the order
+/// of the rest (all of them when there are fewer).
+fn drop_last_ties(idx: &mut Vec<u32>, val: &mut Vec<f32>, kth: i32, excess: usize) {
+    let ties = val.iter().filter(|v| abs_bits(**v) == kth).count();
+    let mut keep_ties = ties.saturating_sub(excess);
+    let mut w = 0;
+    for r in 0..val.len() {
+        let m = abs_bits(val[r]);
+        let tie = m == kth;
+        if m > kth || (tie && keep_ties > 0) {
+            keep_ties -= usize::from(tie);
+            idx[w] = idx[r];
+            val[w] = val[r];
+            w += 1;
+        }
     }
-    keep
+    idx.truncate(w);
+    val.truncate(w);
 }
 
 /// [`keep_top`]'s whole blocks with AVX-512: a mask of the kept lanes, compressed into
@@ -1454,43 +1460,38 @@ mod avx512_keep {
     use super::BLOCK;
     use std::arch::x86_64::*;
 
-    /// Keeps from the whole blocks of `idx`/`val`; returns (entries written, ties left,
-    /// entries read).
+    /// Keeps from the whole blocks of `idx`/`val` the entries of magnitude at or above
+    /// `kth`; returns (entries written, entries read).
     ///
     /// # Safety
-    /// AVX-512F; `pi` and `pv` valid for `k + BLOCK` writes.
+    /// AVX-512F; `pi` and `pv` valid for `idx.len() + BLOCK` writes.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn keep_top(
+    pub(super) unsafe fn keep_at_or_above(
         idx: &[u32],
         val: &[f32],
         kth: i32,
-        ties: usize,
-        k: usize,
         pi: *mut u32,
         pv: *mut f32,
-    ) -> (usize, usize, usize) {
+    ) -> (usize, usize) {
         let n = idx.len().min(val.len());
         let whole = n / BLOCK * BLOCK;
         let (vk, abs) = (_mm512_set1_epi32(kth), _mm512_set1_epi32(0x7fff_ffff));
-        let (mut len, mut ties_left) = (0usize, ties);
+        let mut len = 0usize;
         let mut at = 0;
-        while at < whole && len <= k {
-            // SAFETY: `at + BLOCK <= n` reads; `len <= k` so the stores end within
-            // `k + BLOCK`.
+        while at < whole {
+            // SAFETY: `at + BLOCK <= n` reads; `len <= at`, so the stores end within
+            // `n + BLOCK`.
             unsafe {
                 let vi = _mm512_loadu_si512(idx.as_ptr().add(at).cast());
                 let vv = _mm512_loadu_si512(val.as_ptr().add(at).cast());
-                let m = _mm512_and_si512(vv, abs);
-                let eq = u32::from(_mm512_cmpeq_epi32_mask(m, vk));
-                let keep =
-                    _mm512_cmpgt_epi32_mask(m, vk) | super::take_ties(eq, &mut ties_left) as u16;
+                let keep = _mm512_cmpge_epi32_mask(_mm512_and_si512(vv, abs), vk);
                 _mm512_storeu_si512(pi.add(len).cast(), _mm512_maskz_compress_epi32(keep, vi));
                 _mm512_storeu_si512(pv.add(len).cast(), _mm512_maskz_compress_epi32(keep, vv));
                 len += keep.count_ones() as usize;
             }
             at += BLOCK;
         }
-        (len.min(k), ties_left, at)
+        (len, at)
     }
 }
 
@@ -1504,41 +1505,39 @@ mod avx2_keep {
     use crate::order::avx2::{gt_mask, pack};
     use std::arch::x86_64::*;
 
-    /// As `avx512_keep::keep_top`, eight at a time.
+    /// As `avx512_keep::keep_at_or_above`, eight at a time.
     ///
     /// # Safety
-    /// AVX2; `pi` and `pv` valid for `k + 16` writes.
+    /// AVX2; `pi` and `pv` valid for `idx.len() + 16` writes.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn keep_top(
+    pub(super) unsafe fn keep_at_or_above(
         idx: &[u32],
         val: &[f32],
         kth: i32,
-        ties: usize,
-        k: usize,
         pi: *mut u32,
         pv: *mut f32,
-    ) -> (usize, usize, usize) {
+    ) -> (usize, usize) {
         let n = idx.len().min(val.len());
         let whole = n / 8 * 8;
-        let (vk, abs) = (_mm256_set1_epi32(kth), _mm256_set1_epi32(0x7fff_ffff));
-        let (mut len, mut ties_left) = (0usize, ties);
+        // Magnitudes are never negative: `m >= kth` is `m > kth - 1` (or every one, for a
+        // `kth` of `i32::MIN`).
+        let below = _mm256_set1_epi32(kth.saturating_sub(1));
+        let abs = _mm256_set1_epi32(0x7fff_ffff);
+        let mut len = 0usize;
         let mut at = 0;
-        while at < whole && len <= k {
-            // SAFETY: `at + 8 <= n` reads; `len <= k` so the stores end within `k + 8`.
+        while at < whole {
+            // SAFETY: `at + 8 <= n` reads; `len <= at`, so the stores end within `n + 8`.
             unsafe {
                 let vi = _mm256_loadu_si256(idx.as_ptr().add(at).cast());
                 let vv = _mm256_loadu_si256(val.as_ptr().add(at).cast());
-                let m = _mm256_and_si256(vv, abs);
-                let eq = _mm256_cmpeq_epi32(m, vk);
-                let eq = _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32;
-                let keep = gt_mask(m, vk) | super::take_ties(eq, &mut ties_left);
+                let keep = gt_mask(_mm256_and_si256(vv, abs), below);
                 _mm256_storeu_si256(pi.add(len).cast(), pack(vi, keep));
                 _mm256_storeu_si256(pv.add(len).cast(), pack(vv, keep));
                 len += keep.count_ones() as usize;
             }
             at += 8;
         }
-        (len.min(k), ties_left, at)
+        (len, at)
     }
 }
 
@@ -1764,7 +1763,7 @@ mod tests {
                         })
                         .map(|(i, v)| (*i, *v))
                         .collect();
-                    let (gi, gv) = keep_top(&idx, &val, kb, ties, k, Default::default());
+                    let (gi, gv) = keep_top(&idx, &val, kb, k, Default::default());
                     let got: Vec<(u32, f32)> = gi.into_iter().zip(gv).collect();
                     assert_eq!(got, want, "n {n} kth {kth} ties {ties}");
                     assert!(eq == 0 || ties == 0 || got.iter().any(|p| abs_bits(p.1) == kb));

@@ -458,17 +458,31 @@ pub(crate) mod avx2 {
         for &x in pairs.remainder() {
             hist[0][bucket(x)] += 1;
         }
-        // The bucket where the count from the top first reaches `m` (bucket 0 at the
-        // latest: all `n >= m` elements are counted by then).
-        let (mut b, mut above) = (63usize, 0usize);
-        loop {
-            let c = (hist[0][b] + hist[1][b]) as usize;
-            if above + c >= m || b == 0 {
-                break;
+        // The bucket that holds the rank, and the count above it, counted from the end
+        // nearer to the rank: the candidates of a fused pass crowd the lowest buckets and
+        // their k-th magnitude lies among them, which the count from the top reached
+        // only after most of the 64 (a serial chain of adds that ended in a mispredicted
+        // branch).
+        let count = |b: usize| (hist[0][b] + hist[1][b]) as usize;
+        let (b, above) = if 2 * m <= n {
+            // From the top: where the count first reaches `m` (bucket 0 at the latest:
+            // all `n >= m` elements are counted by then).
+            let (mut b, mut above) = (63usize, 0usize);
+            while b > 0 && above + count(b) < m {
+                above += count(b);
+                b -= 1;
             }
-            above += c;
-            b -= 1;
-        }
+            (b, above)
+        } else {
+            // From the bottom: where the count first reaches rank `n - m + 1` from below
+            // (bucket 63 at the latest).
+            let (mut b, mut below) = (0usize, 0usize);
+            while b < 63 && below + count(b) < n - m + 1 {
+                below += count(b);
+                b += 1;
+            }
+            (b, n - below - count(b))
+        };
         let blo = (i64::from(mn) + ((b as i64) << shift)) as i32;
         let bhi = (i64::from(mn) + ((b as i64 + 1) << shift) - 1).min(i64::from(mx)) as i32;
         // SAFETY: `dst` has room for `n` and does not overlap `v`.
