@@ -826,8 +826,13 @@ fn prefetches(n: usize, moments: bool) -> bool {
 /// on a one-thread pool, else two per thread (so work stealing evens out a busy core), each
 /// at least [`PIECE_MIN`] long.
 pub(crate) fn pieces(n: usize) -> usize {
+    // The length first: asking rayon for the pool's size costs a thread-local lookup,
+    // which a short pass (most of them) need not pay.
+    if n < PAR_MIN {
+        return 1;
+    }
     let threads = rayon::current_num_threads();
-    if threads < 2 || n < PAR_MIN {
+    if threads < 2 {
         1
     } else {
         (2 * threads).min(n / PIECE_MIN).max(1)
