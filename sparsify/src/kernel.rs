@@ -1001,10 +1001,15 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let mut moms = std::mem::take(&mut cand.moms);
     moms.resize(n.div_ceil(CHUNK), (0.0, 0.0));
+    // Chunk by chunk where something runs on each chunk while it is in cache: the moments,
+    // or the zeroing of the portable build (the vector builds zero as they go). A pass in
+    // one go is faster: exact top-k at 2^14, ρ = 0.01, took 2.70× `stream` chunked against
+    // 2.55× in one go on the 2-core Zen 3 VM (6 alternated launches).
+    let chunked = MOM || (ZERO && isa() == Isa::Base);
     let np = pieces(n);
     if np == 1 {
         let before = cand.len();
-        let mut out = serial_chunks::<STATS>(n, &mut sums, ZERO || MOM, |lo, hi| {
+        let mut out = serial_chunks::<STATS>(n, &mut sums, chunked, |lo, hi| {
             let m = moms.get_mut(lo / CHUNK).filter(|_| MOM);
             fused_one::<STATS, ZERO>(
                 emit,
@@ -1054,7 +1059,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
             part.clear();
             part.zeroed_from = zero_from;
             let b = base + i * len;
-            let out = serial_chunks::<STATS>(rp.len(), sp, ZERO || MOM, |lo, hi| {
+            let out = serial_chunks::<STATS>(rp.len(), sp, chunked, |lo, hi| {
                 let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
                 let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
                 fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, m)
