@@ -358,7 +358,8 @@ fn progress(name: &str) -> ProgressBar {
     pb
 }
 
-/// Runs the same command line again from a release build of xtask.
+/// Runs the same command line again from a release build of xtask (or of the profile
+/// [`BUILD_PROFILE`] names).
 fn rerun_in_release() -> CliResult {
     // With an MPI toolchain here, build the binary that `bench --mpi` and `train --mpi` run
     // too: a second feature set would recompile `collectives` and everything above it.
@@ -373,7 +374,12 @@ fn rerun_in_release() -> CliResult {
     };
     // From the workspace root, as `cargo run` started it before: relative paths keep
     // their meaning.
-    let status = std::process::Command::new(exe)
+    let mut cmd = std::process::Command::new(exe);
+    if build_profile() == "dev" {
+        // A debug build again: it must not rebuild and rerun itself in turn.
+        cmd.env("XTASK_BENCH_DEBUG", "1");
+    }
+    let status = cmd
         .args(std::env::args_os().skip(1))
         .current_dir(crate::ci::workspace_root())
         .status()?;
@@ -384,8 +390,22 @@ fn rerun_in_release() -> CliResult {
     }
 }
 
-/// Builds xtask in release mode, with the `mpi` feature when `with_mpi`, and with `cuda`
-/// when this binary has it; returns the executable's path.
+/// Environment variable naming the Cargo profile that `bench` and `--mpi` runs rebuild
+/// xtask in (default `release`). CI's smoke runs set `dev`: they check that the jobs run,
+/// not how fast, and the test build has compiled most of a `dev` xtask already (a
+/// release build took 7 of CI's 35 minutes on the 2-core VM).
+pub const BUILD_PROFILE: &str = "XTASK_BUILD_PROFILE";
+
+/// The profile [`BUILD_PROFILE`] names, `release` when unset or empty.
+fn build_profile() -> String {
+    std::env::var(BUILD_PROFILE)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "release".into())
+}
+
+/// Builds xtask in release mode (or [`BUILD_PROFILE`]'s), with the `mpi` feature when
+/// `with_mpi`, and with `cuda` when this binary has it; returns the executable's path.
 fn build_release_xtask(with_mpi: bool) -> Result<PathBuf, Box<dyn std::error::Error>> {
     let root = crate::ci::workspace_root();
     let mut features = Vec::new();
@@ -400,20 +420,27 @@ fn build_release_xtask(with_mpi: bool) -> Result<PathBuf, Box<dyn std::error::Er
     } else {
         format!(" --features {}", features.join(","))
     };
-    eprintln!("building xtask in release mode{what} for meaningful timings ...");
+    let profile = build_profile();
+    if profile == "release" {
+        eprintln!("building xtask in release mode{what} for meaningful timings ...");
+    } else {
+        eprintln!("building xtask in the `{profile}` profile{what} ({BUILD_PROFILE}) ...");
+    }
     let mut cmd =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(["build", "--release", "-q", "-p", "xtask"]);
+    cmd.args(["build", "--profile", &profile, "-q", "-p", "xtask"]);
     if !features.is_empty() {
         cmd.args(["--features", &features.join(",")]);
     }
     if !cmd.current_dir(&root).status()?.success() {
-        return Err(format!("building xtask{what} (release) failed").into());
+        return Err(format!("building xtask{what} ({profile}) failed").into());
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("release/xtask"))
+    // Cargo writes the `dev` profile's output to `debug`.
+    let dir = if profile == "dev" { "debug" } else { &profile };
+    Ok(target.join(dir).join("xtask"))
 }
 
 /// Builds xtask with the `mpi` feature (release) and runs it under mpirun.
