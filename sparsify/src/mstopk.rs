@@ -73,10 +73,10 @@ struct Bounds {
     t2: i32,
 }
 
-/// `mean|x|` and `max|x|` of a statistics pass over `d` elements (Algorithm 1 lines 2-3).
-fn mean_max(out: &PassOut, d: usize) -> (f64, f64) {
-    let u = f64::from(f32::from_bits(out.max_bits as u32));
-    (out.abs_sum / d as f64, u)
+/// `mean|x|` of a statistics pass over `d` elements (Algorithm 1 line 2; `max|x|`, line 3,
+/// is the pass's [`PassOut::max_bits`] when it found a candidate).
+fn mean_abs(out: &PassOut, d: usize) -> f64 {
+    out.abs_sum / d as f64
 }
 
 /// Threshold of one round, Algorithm 1 line 9, computed in f64 and rounded to f32.
@@ -369,7 +369,8 @@ impl MsTopK {
         out.check()?;
         let acc = x.get();
         let d = acc.len();
-        let (mean, u) = mean_max(&out, d);
+        let mean = mean_abs(&out, d);
+        let mut max_bits = out.max_bits;
         if misjudged {
             // The sample misjudged: re-filter the accumulated vector with a safer
             // threshold, and as a last resort keep everything.
@@ -393,13 +394,23 @@ impl MsTopK {
                     break;
                 }
             }
+            // The pass's maximum is exact only when it found a candidate
+            // ([`PassOut::max_bits`]); the list filtered again holds the largest element.
+            let (lists, _) = self.cand.lists();
+            let top = lists
+                .iter()
+                .flat_map(|l| &l.val)
+                .map(|v| abs_bits(*v))
+                .max();
+            max_bits = max_bits.max(top.unwrap_or(0));
         }
+        let u = f64::from(f32::from_bits(max_bits as u32));
         self.cand.join_if_fewer(if prepared {
             split::PAR_CAND
         } else {
             usize::MAX
         });
-        let b = self.search(t_low, mean, u, out.max_bits, k);
+        let b = self.search(t_low, mean, u, max_bits, k);
         Ok(self.pick(x, t_low, b, k))
     }
 }
@@ -642,6 +653,34 @@ mod tests {
             let mut back = ef.residual().to_vec();
             sg2.scatter_add_into(&mut back).unwrap();
             prop_assert_eq!(back, x);
+        }
+    }
+
+    /// A warm pass that finds no candidate at all (the k-th magnitude fell a hundredfold
+    /// since the last call) knows no exact `max|x|` ([`PassOut::max_bits`]): the fallback
+    /// takes it from the list it filters again, and selects as a cold call does.
+    #[test]
+    fn a_warm_pass_without_candidates_selects_as_a_cold_one() {
+        let (d, k) = (1 << 14, 100);
+        let big: Vec<f32> = gen_vec(1, d, 0).iter().map(|v| v * 100.0).collect();
+        for seed in 0..4 {
+            let small = gen_vec(2 + seed, d, 0);
+            let run = |warm: bool| {
+                let mut sel = MsTopK::with_seed(seed);
+                ErrorFeedback::new(d).step(&mut sel, &big, k).unwrap();
+                if !warm {
+                    sel.set_warm_start(false);
+                }
+                let mut ef = ErrorFeedback::new(d);
+                let (sg, info) = ef.step(&mut sel, &small, k).unwrap();
+                let residual: Vec<u32> = ef.residual().iter().map(|v| v.to_bits()).collect();
+                (sg, info.threshold.to_bits(), residual, sel.warm_starts())
+            };
+            let (warm, cold) = (run(true), run(false));
+            assert_eq!(warm.3, Some((1, 1)), "one warm call, and it missed");
+            assert_eq!(warm.0.indices(), cold.0.indices(), "seed {seed}");
+            assert_eq!(warm.1, cold.1, "seed {seed}: the selection's threshold");
+            assert!(warm.2 == cold.2, "seed {seed}: the residuals differ");
         }
     }
 
