@@ -3,7 +3,7 @@
 //!
 //! Algorithm: estimate a threshold from a strided sample (computed on the fly from
 //! `residual + grad` when fused), make one pass that accumulates, compares and emits the
-//! few candidates above it (zeroing them in the residual while their chunk is in cache),
+//! few candidates above it (zeroing them in the residual while they are in cache),
 //! then select exactly among the candidates and put back the few not selected; on a pool,
 //! the candidates stay per piece and the selection runs per piece too (see the `split`
 //! module). When the sample misjudged (fewer than `k` candidates, or far too many), fall back to a read-only pass

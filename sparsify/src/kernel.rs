@@ -912,8 +912,9 @@ fn merge_pieces(cand: &Cand, outs: &[PassOut], room: usize) -> (PassOut, usize) 
 /// `cand` (at most `cap` entries in all). Split into chunked pieces over the rayon pool for
 /// large inputs; the candidates, flags and statistics equal the serial pass's exactly.
 ///
-/// With `ZERO`, every candidate the list records is also zeroed in `r`, chunk by chunk
-/// while the chunk is still in cache (the list holds its value): a threshold selector's
+/// With `ZERO`, every candidate the list records is also zeroed in `r` while it is still in
+/// cache (by the vector builds as they read each batch's values back; by the portable one
+/// after each chunk), the list holding its value: a threshold selector's
 /// candidates are its selection, so this saves the scattered second write of the residual.
 /// Past `cap` the list keeps everything (flagging the overflow) so that [`restore`] can
 /// put every zeroed value back.

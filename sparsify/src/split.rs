@@ -35,7 +35,7 @@ const MAX_BUCKETS_LOG: u32 = 11;
 
 /// The fused pass of exact top-k and MSTopK (`STATS`: MSTopK's statistics) from threshold
 /// `t` with candidate cap `cap`, for `k` entries. Split over a pool for large `k`
-/// ([`PAR_CAND`]), the pass zeroes every candidate while its chunk is in cache and each piece
+/// ([`PAR_CAND`]), the pass zeroes every candidate while it is in cache and each piece
 /// builds its histogram right after, and the selection puts back the few it does not take
 /// (fewer scattered writes into a residual that has left the cache); in one serial pass, or
 /// for small `k`, the selection zeroes what it takes. Returns the pass and whether it zeroed.
