@@ -19,9 +19,6 @@
 use super::*;
 use std::arch::x86_64::*;
 
-/// Sixteen 32-bit lanes (one [`BLOCK`]) in the registers of one instruction set, read as
-/// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
-/// run inside a function with that instruction set enabled (where it is inlined).
 /// Writes [`zeroed_from`]`(v, zero_from)` at `p + rel` (a zeroing pass's candidate).
 ///
 /// # Safety
@@ -38,6 +35,9 @@ fn first_non_finite(x: &[f32], base: usize) -> (usize, f32) {
     (base + i, x[i])
 }
 
+/// Sixteen 32-bit lanes (one [`BLOCK`]) in the registers of one instruction set, read as
+/// `f32` or as `i32` bits as each operation needs. Every method is `unsafe`: it may only
+/// run inside a function with that instruction set enabled (where it is inlined).
 pub(super) trait Wide: Copy {
     /// Sixteen values from `p`.
     unsafe fn load(p: *const f32) -> Self;
@@ -804,13 +804,12 @@ macro_rules! wide_passes {
                 // SAFETY: this module's features are enabled here.
                 unsafe {
                     finish::<STATS>(st, mx, || {
-                        if ZERO {
-                            // Uncapped (see `fused_one`), so every non-finite value is a
-                            // candidate, and the residual no longer holds the zeroed ones.
-                            let at = val.iter().position(|v| !v.is_finite()).unwrap_or(0);
-                            (idx[at] as usize, val[at])
-                        } else {
-                            first_non_finite(r, base)
+                        // A zeroing pass is uncapped (see `fused_one`), so every non-finite
+                        // value is a candidate, and the residual no longer holds the zeroed
+                        // ones.
+                        match val.iter().position(|v| !v.is_finite()) {
+                            Some(at) if ZERO => (idx[at] as usize, val[at]),
+                            _ => first_non_finite(r, base),
                         }
                     })
                 }
