@@ -374,12 +374,10 @@ fn rerun_in_release() -> CliResult {
     };
     // From the workspace root, as `cargo run` started it before: relative paths keep
     // their meaning.
-    let mut cmd = std::process::Command::new(exe);
-    if build_profile() == "dev" {
-        // A debug build again: it must not rebuild and rerun itself in turn.
-        cmd.env("XTASK_BENCH_DEBUG", "1");
-    }
-    let status = cmd
+    // The rebuilt binary runs as it is, whatever its profile: one with debug assertions
+    // (`dev`, or a custom profile inheriting it) must not rebuild and rerun itself in turn.
+    let status = std::process::Command::new(exe)
+        .env("XTASK_BENCH_DEBUG", "1")
         .args(std::env::args_os().skip(1))
         .current_dir(crate::ci::workspace_root())
         .status()?;
@@ -438,9 +436,17 @@ fn build_release_xtask(with_mpi: bool) -> Result<PathBuf, Box<dyn std::error::Er
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    // Cargo writes the `dev` profile's output to `debug`.
-    let dir = if profile == "dev" { "debug" } else { &profile };
-    Ok(target.join(dir).join("xtask"))
+    Ok(target.join(profile_dir(&profile)).join("xtask"))
+}
+
+/// The folder under the target directory where Cargo writes a profile's output: `debug` for
+/// `dev` and `test`, `release` for `release` and `bench`, the name for a custom profile.
+fn profile_dir(profile: &str) -> &str {
+    match profile {
+        "dev" | "test" => "debug",
+        "release" | "bench" => "release",
+        custom => custom,
+    }
 }
 
 /// Builds xtask with the `mpi` feature (release) and runs it under mpirun.
@@ -521,4 +527,20 @@ fn is_root() -> bool {
         || std::fs::metadata("/proc/self")
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
             .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use super::profile_dir;
+
+    /// Where Cargo writes each profile's output: `test` and `bench` share `debug` and
+    /// `release`, a custom profile gets its own folder.
+    #[test]
+    fn rebuilt_xtask_is_looked_for_where_cargo_writes_it() {
+        let dirs: Vec<&str> = ["dev", "test", "release", "bench", "ci-smoke"]
+            .into_iter()
+            .map(profile_dir)
+            .collect();
+        assert_eq!(dirs, ["debug", "debug", "release", "release", "ci-smoke"]);
+    }
 }
