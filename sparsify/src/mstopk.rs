@@ -406,7 +406,7 @@ impl MsTopK {
         }
         let u = f64::from(f32::from_bits(max_bits as u32));
         self.cand.join_if_fewer(if prepared {
-            split::PAR_CAND
+            split::SPLIT_CAND
         } else {
             usize::MAX
         });

@@ -29,13 +29,25 @@ pub(crate) const PAR_CAND: usize = 1 << 15;
 /// ([`kth_of_lists`]) and the result is written by the pieces in parallel.
 pub(crate) const SPLIT_CAND: usize = 1 << 13;
 
+/// From this `k` on, a pass split over a pool zeroes its candidates while they are in
+/// the core's first-level cache (and builds each piece's histogram right after), and
+/// the selection puts back the few it does not take; below it, the selection zeroes
+/// the `k` it takes afterwards, in a residual that has left the caches. Since a zeroing
+/// pass zeroes in the loop that reads its candidates back (`kernel::wide`), that costs
+/// less than `k` scattered writes from here: on the 2-core AVX2 VM, at 2^20, ρ = 0.01
+/// (`k` = 10 485; the step on a 2-thread pool, median ratio to `stream` over 1000
+/// rounds, 4 launches each), exact top-k 1.31–1.40× → 1.22–1.32× and MSTopK
+/// 1.43–1.54× → 1.30–1.36× against 2^15 before; at 2^24, ρ = 0.001, 1.10× → 1.03×. At
+/// 2^22, ρ = 0.001 (`k` = 4 194, below this), zeroing in the pass was 3–5 % slower.
+pub(crate) const ZERO_K: usize = 1 << 13;
+
 /// Most buckets of a histogram (a power of two): they span one binade above the
 /// threshold.
 const MAX_BUCKETS_LOG: u32 = 11;
 
 /// The fused pass of exact top-k and MSTopK (`STATS`: MSTopK's statistics) from threshold
 /// `t` with candidate cap `cap`, for `k` entries. Split over a pool for large `k`
-/// ([`PAR_CAND`]), the pass zeroes every candidate while it is in cache and each piece
+/// ([`ZERO_K`]), the pass zeroes every candidate while it is in cache and each piece
 /// builds its histogram right after, and the selection puts back the few it does not take
 /// (fewer scattered writes into a residual that has left the cache); in one serial pass, or
 /// for small `k`, the selection zeroes what it takes. Returns the pass and whether it zeroed.
@@ -49,7 +61,7 @@ pub(crate) fn fused_pass<const STATS: bool>(
     cand: &mut Cand,
     pieces: &mut Vec<Piece>,
 ) -> (crate::kernel::PassOut, bool) {
-    let zero = crate::kernel::pieces(residual.len()) > 1 && k >= PAR_CAND;
+    let zero = crate::kernel::pieces(residual.len()) > 1 && k >= ZERO_K;
     let b = Buckets::new(t, k);
     let post = (pieces, move |l: &Cand, p: &mut Piece| {
         if zero {
@@ -322,8 +334,8 @@ fn kth_of_prepared(lists: &[Cand], b: &Buckets, k: usize, w: &mut Work) -> i32 {
     kth
 }
 
-/// The `k`-th magnitude over the lists of a split pass that were not [`prepare`]d (fewer
-/// candidates than [`PAR_CAND`]), selected in serial among all of their magnitudes, with
+/// The `k`-th magnitude over the lists of a split pass that were not [`prepare`]d (`k`
+/// below [`ZERO_K`]), selected in serial among all of their magnitudes, with
 /// each piece's share set as [`kth_of_prepared`] does. The lists stay apart, so that
 /// [`write`] builds the result and finishes the residual piece by piece in parallel:
 /// joined, the serial copy and the serial zeroing of the taken entries (in a residual that
