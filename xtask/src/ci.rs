@@ -68,10 +68,9 @@ pub fn run(args: Args) -> CliResult {
     let root = workspace_root();
     let start = Instant::now();
     if !args.skip_fmt {
-        step(
-            "cargo fmt --all -- --check",
-            cargo(&root, &["fmt", "--all", "--", "--check"]),
-        )?;
+        step("cargo fmt --all -- --check", || {
+            cargo(&root, &["fmt", "--all", "--", "--check"])
+        })?;
     }
     if !args.skip_clippy {
         // (label, what to lint): the workspace, then the crates with optional features,
@@ -99,18 +98,16 @@ pub fn run(args: Args) -> CliResult {
             let mut a = vec!["clippy"];
             a.extend(target);
             a.extend(["--all-targets", "--", "-D", "warnings"]);
-            step(&label, cargo(&root, &a))?;
+            step(&label, || cargo(&root, &a))?;
         }
     }
     if !args.skip_tests {
-        step(
-            "cargo test --workspace",
-            cargo(&root, &["test", "--workspace"]),
-        )?;
+        step("cargo test --workspace", || {
+            cargo(&root, &["test", "--workspace"])
+        })?;
         // The CUDA tests: the kernels compile with NVRTC when libnvrtc is found (no GPU
         // needed), and the GPU bodies run when a device is present; otherwise they skip.
-        step(
-            "sparsify CUDA tests (skip without NVRTC / GPU)",
+        step("sparsify CUDA tests (skip without NVRTC / GPU)", || {
             cargo(
                 &root,
                 &[
@@ -124,8 +121,8 @@ pub fn run(args: Args) -> CliResult {
                     "--",
                     "--nocapture",
                 ],
-            ),
-        )?;
+            )
+        })?;
     }
     if args.skip_mpi {
         println!("== MPI tests skipped (--skip-mpi)");
@@ -285,10 +282,12 @@ fn run_with_timeout(
     }
 }
 
-fn step(name: &str, status: std::io::Result<std::process::ExitStatus>) -> CliResult {
-    match status {
+/// Runs one check and says how long it took, so that a slow CI shows where its time went.
+fn step(name: &str, run: impl FnOnce() -> std::io::Result<std::process::ExitStatus>) -> CliResult {
+    let t = Instant::now();
+    match run() {
         Ok(s) if s.success() => {
-            println!("== {name}: passed");
+            println!("== {name}: passed in {:.0} s", t.elapsed().as_secs_f64());
             Ok(())
         }
         Ok(s) => Err(format!("{name} failed ({s})").into()),
