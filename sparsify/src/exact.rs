@@ -336,49 +336,47 @@ pub(crate) mod tests {
 
     /// [`split_pass_selects_from_lists_kept_apart`] for one `k`.
     fn kept_apart(k: usize) {
-        {
-            let d = (1 << 20) + 17;
-            let mut sel = ExactTopK::new();
-            let mut ef = ErrorFeedback::new(d);
-            let mut apart = 0;
-            for step in 0..4u64 {
-                let g: Vec<f32> = gen_vec(step, d, 0)
-                    .iter()
-                    .map(|x| (x * 256.0).round() / 256.0)
-                    .collect();
-                let acc: Vec<f32> = ef.residual().iter().zip(&g).map(|(a, b)| a + b).collect();
-                let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
-                let n = sel.cand.len();
-                apart += usize::from(sel.cand.lists().0.len() > 1 && n < split::PAR_CAND);
-                assert_eq!(
-                    sg.indices(),
-                    &reference_topk(&acc, k)[..],
-                    "k {k} step {step}"
-                );
-                let mut back = ef.residual().to_vec();
-                sg.scatter_add_into(&mut back).unwrap();
-                for (a, b) in back.iter().zip(&acc) {
-                    assert_eq!(a.to_bits(), b.to_bits(), "step {step}");
-                }
-                let kth = sg.values().iter().map(|v| v.abs()).fold(f32::MAX, f32::min);
-                let tied = acc.iter().filter(|v| v.abs() == kth).count();
-                assert!(
-                    tied > 2,
-                    "step {step}: {tied} entries at the k-th magnitude"
-                );
-                sel.recycle(sg);
-            }
-            assert!(
-                apart >= 2,
-                "k {k}: the lists stayed apart, fewer than PAR_CAND, in {apart} of 4 steps"
+        let d = (1 << 20) + 17;
+        let mut sel = ExactTopK::new();
+        let mut ef = ErrorFeedback::new(d);
+        let mut apart = 0;
+        for step in 0..4u64 {
+            let g: Vec<f32> = gen_vec(step, d, 0)
+                .iter()
+                .map(|x| (x * 256.0).round() / 256.0)
+                .collect();
+            let acc: Vec<f32> = ef.residual().iter().zip(&g).map(|(a, b)| a + b).collect();
+            let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
+            let n = sel.cand.len();
+            apart += usize::from(sel.cand.lists().0.len() > 1 && n < split::PAR_CAND);
+            assert_eq!(
+                sg.indices(),
+                &reference_topk(&acc, k)[..],
+                "k {k} step {step}"
             );
+            let mut back = ef.residual().to_vec();
+            sg.scatter_add_into(&mut back).unwrap();
+            for (a, b) in back.iter().zip(&acc) {
+                assert_eq!(a.to_bits(), b.to_bits(), "step {step}");
+            }
+            let kth = sg.values().iter().map(|v| v.abs()).fold(f32::MAX, f32::min);
+            let tied = acc.iter().filter(|v| v.abs() == kth).count();
+            assert!(
+                tied > 2,
+                "step {step}: {tied} entries at the k-th magnitude"
+            );
+            sel.recycle(sg);
         }
+        assert!(
+            apart >= 2,
+            "k {k}: the lists stayed apart, fewer than PAR_CAND, in {apart} of 4 steps"
+        );
     }
 
     /// Warm calls on a pool with `k` from `ZERO_K` on (with fewer and more candidates
-    /// than `PAR_CAND`): the pass zeroes from the last k-th
-    /// magnitude up, and the selection zeroes what it takes below it (the k-th magnitude
-    /// fell) and puts back what it drops above it (it rose). Both selectors against their
+    /// than `PAR_CAND`): the pass zeroes from the last k-th magnitude up, and the
+    /// selection zeroes what it takes below it (the k-th magnitude fell) and puts back
+    /// what it drops above it (it rose). Both selectors against their
     /// references, the residual bit for bit, with the k-th magnitude moving both ways.
     #[test]
     fn warm_zeroing_pass_settles_both_sides_of_the_last_kth() {
@@ -391,64 +389,62 @@ pub(crate) mod tests {
     fn zeroing_pass_settles(k: usize) {
         use crate::mstopk::reference_mstopk;
         use crate::MsTopK;
-        {
-            let d = (1 << 20) + 17;
-            assert!(k >= split::ZERO_K);
-            let base = gen_vec(1, d, 0);
-            let (mut exact, mut ms) = (ExactTopK::new(), MsTopK::with_seed(3));
-            let mut rng = ChaCha8Rng::seed_from_u64(3);
-            let (mut below, mut above, mut last) = (0usize, 0usize, [0i32; 2]);
-            // The k-th magnitude moves both ways between calls; with fewer candidates the
-            // warm start's margin is narrower, and the moves too, so that no call misses.
-            let scales = if k < split::PAR_CAND {
-                [1.0f32, 1.0, 1.002, 0.9985, 1.0015, 0.999]
-            } else {
-                [1.0f32, 1.0, 1.004, 0.996, 1.003, 0.998]
-            };
-            for (step, scale) in scales.iter().enumerate() {
-                let g: Vec<f32> = base.iter().map(|x| x * scale).collect();
-                let mags: Vec<i32> = g.iter().map(|v| abs_bits(*v)).collect();
-                for (which, sel) in [&mut exact as &mut dyn Selector, &mut ms]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let mut ef = ErrorFeedback::new(d);
-                    let (sg, _) = ef.step(sel, &g, k).unwrap();
-                    let want = if which == 0 {
-                        reference_topk(&g, k)
+        let d = (1 << 20) + 17;
+        assert!(k >= split::ZERO_K);
+        let base = gen_vec(1, d, 0);
+        let (mut exact, mut ms) = (ExactTopK::new(), MsTopK::with_seed(3));
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (mut below, mut above, mut last) = (0usize, 0usize, [0i32; 2]);
+        // The k-th magnitude moves both ways between calls; with fewer candidates the
+        // warm start's margin is narrower, and the moves too, so that no call misses.
+        let scales = if k < split::PAR_CAND {
+            [1.0f32, 1.0, 1.002, 0.9985, 1.0015, 0.999]
+        } else {
+            [1.0f32, 1.0, 1.004, 0.996, 1.003, 0.998]
+        };
+        for (step, scale) in scales.iter().enumerate() {
+            let g: Vec<f32> = base.iter().map(|x| x * scale).collect();
+            let mags: Vec<i32> = g.iter().map(|v| abs_bits(*v)).collect();
+            for (which, sel) in [&mut exact as &mut dyn Selector, &mut ms]
+                .into_iter()
+                .enumerate()
+            {
+                let mut ef = ErrorFeedback::new(d);
+                let (sg, _) = ef.step(sel, &g, k).unwrap();
+                let want = if which == 0 {
+                    reference_topk(&g, k)
+                } else {
+                    reference_mstopk(&g, k, crate::mstopk::DEFAULT_ROUNDS, &mut rng)
+                };
+                assert_eq!(sg.indices(), &want[..], "selector {which} step {step}");
+                let mut back = ef.residual().to_vec();
+                sg.scatter_add_into(&mut back).unwrap();
+                assert!(back.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits()));
+                let kth = sg.values().iter().map(|v| abs_bits(*v)).min().unwrap();
+                if step > 0 {
+                    // Taken below the last k-th magnitude, or dropped at or above it.
+                    let (lo, hi) = (kth.min(last[which]), kth.max(last[which]));
+                    let n = mags.iter().filter(|&&m| m >= lo && m < hi).count();
+                    *(if kth < last[which] {
+                        &mut below
                     } else {
-                        reference_mstopk(&g, k, crate::mstopk::DEFAULT_ROUNDS, &mut rng)
-                    };
-                    assert_eq!(sg.indices(), &want[..], "selector {which} step {step}");
-                    let mut back = ef.residual().to_vec();
-                    sg.scatter_add_into(&mut back).unwrap();
-                    assert!(back.iter().zip(&g).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    let kth = sg.values().iter().map(|v| abs_bits(*v)).min().unwrap();
-                    if step > 0 {
-                        // Taken below the last k-th magnitude, or dropped at or above it.
-                        let (lo, hi) = (kth.min(last[which]), kth.max(last[which]));
-                        let n = mags.iter().filter(|&&m| m >= lo && m < hi).count();
-                        *(if kth < last[which] {
-                            &mut below
-                        } else {
-                            &mut above
-                        }) += n;
-                    }
-                    last[which] = kth;
-                    sel.recycle(sg);
+                        &mut above
+                    }) += n;
                 }
-                assert!(
-                    exact.cand.lists().0.len() > 1,
-                    "k {k} step {step}: not split"
-                );
+                last[which] = kth;
+                sel.recycle(sg);
             }
-            assert!(below > 100 && above > 100, "below {below}, above {above}");
-            for (calls, missed) in [exact.warm_starts(), ms.warm_starts()].map(Option::unwrap) {
-                assert!(
-                    calls >= 5 && missed == 0,
-                    "k {k}: {calls} warm calls, {missed} missed"
-                );
-            }
+            assert!(
+                exact.cand.lists().0.len() > 1,
+                "k {k} step {step}: not split"
+            );
+        }
+        assert!(below > 100 && above > 100, "below {below}, above {above}");
+        for (calls, missed) in [exact.warm_starts(), ms.warm_starts()].map(Option::unwrap) {
+            assert!(
+                calls >= 5 && missed == 0,
+                "k {k}: {calls} warm calls, {missed} missed"
+            );
         }
     }
 

@@ -36,9 +36,10 @@ pub(crate) const SPLIT_CAND: usize = 1 << 13;
 /// pass zeroes in the loop that reads its candidates back (`kernel::wide`), that costs
 /// less than `k` scattered writes from here: on the 2-core AVX2 VM, at 2^20, ρ = 0.01
 /// (`k` = 10 485; the step on a 2-thread pool, median ratio to `stream` over 1000
-/// rounds, 4 launches each), exact top-k 1.31–1.40× → 1.22–1.32× and MSTopK
-/// 1.43–1.54× → 1.30–1.36× against 2^15 before; at 2^24, ρ = 0.001, 1.10× → 1.03×. At
-/// 2^22, ρ = 0.001 (`k` = 4 194, below this), zeroing in the pass was 3–5 % slower.
+/// rounds, 6 launches alternating both builds), exact top-k 1.27–1.39× → 1.16–1.23× and
+/// MSTopK 1.36–1.53× → 1.22–1.30× against 2^15 before; at 2^24, ρ = 0.001, 1.10× →
+/// 1.03×. At 2^22, ρ = 0.001 (`k` = 4 194, below this), zeroing in the pass was 3–5 %
+/// slower.
 pub(crate) const ZERO_K: usize = 1 << 13;
 
 /// Most buckets of a histogram (a power of two): they span one binade above the
