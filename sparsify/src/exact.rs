@@ -161,8 +161,8 @@ impl ExactTopK {
             zero_selected(residual, &idx);
             return Ok(finish(idx, val, d));
         }
-        // After a zeroing pass (`k >= ZERO_K`) there are at least `k` candidates, so
-        // they stay apart whenever `ZERO_K >= SPLIT_CAND`.
+        // After a zeroing pass (`k >= ZERO_K >= SPLIT_CAND`) there are at least `k`
+        // candidates, so they stay apart.
         self.cand.join_if_fewer(split::SPLIT_CAND);
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing

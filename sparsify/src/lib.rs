@@ -272,7 +272,10 @@ mod tests {
             let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
             for k in [split::PAR_CAND, d / 5] {
                 let (ex, ms, res) = on_pool(4, || {
-                    assert!(kernel::pieces(d) > 1 && k >= split::PAR_CAND, "split path");
+                    assert!(
+                        kernel::pieces(d) > 1 && k >= split::ZERO_K,
+                        "zeroing split path"
+                    );
                     let mut e1 = ErrorFeedback::from_residual(r0.clone());
                     let (ex, _) = e1.step(&mut ExactTopK::new(), &g, k).unwrap();
                     let mut e2 = ErrorFeedback::from_residual(r0.clone());

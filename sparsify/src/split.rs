@@ -20,8 +20,9 @@ use crate::kernel::{abs_bits, Cand};
 use crate::order;
 use crate::spare::Spare;
 
-/// Below this many candidates in all, a split pass's lists are joined and selected
-/// among in serial ([`Cand::join_if_fewer`]).
+/// Below this many candidates in all, the lists of a split pass that takes every
+/// candidate ([`take_all`]) are joined in serial ([`Cand::join_if_fewer`]); exact top-k
+/// and MSTopK join theirs below [`SPLIT_CAND`].
 pub(crate) const PAR_CAND: usize = 1 << 15;
 
 /// Below this many candidates in all, the lists of a split pass that did not zero its
@@ -41,6 +42,10 @@ pub(crate) const SPLIT_CAND: usize = 1 << 13;
 /// 1.03×. At 2^22, ρ = 0.001 (`k` = 4 194, below this), zeroing in the pass was 3–5 %
 /// slower.
 pub(crate) const ZERO_K: usize = 1 << 13;
+
+// A zeroing pass holds at least `k >= ZERO_K` candidates, so its lists are never joined
+// (`join_if_fewer(SPLIT_CAND)`) and each piece settles its own part of the residual.
+const _: () = assert!(ZERO_K >= SPLIT_CAND);
 
 /// Most buckets of a histogram (a power of two): they span one binade above the
 /// threshold.
