@@ -23,23 +23,32 @@ fn digits() -> ImageData {
 /// The first `train` training and `test` test samples of the shipped digits, written as
 /// IDX files to `dir` (no `SHA256SUMS`, so they are read unchecked), and opened.
 fn digits_slice(dir: &Path, train: usize, test: usize) -> ImageData {
+    use datacache::{MnistSource, Source};
     for (prefix, n) in [("train", train), ("t10k", test)] {
-        let src =
-            |kind: &str| std::fs::read(digits_dir().join(format!("{prefix}-{kind}"))).unwrap();
-        let (images, labels) = (src("images-idx3-ubyte"), src("labels-idx1-ubyte"));
-        // IDX: a big-endian header (magic, count, then the image dimensions), then bytes.
-        let side = |at: usize| u32::from_be_bytes(images[at..at + 4].try_into().unwrap());
-        let per = (side(8) * side(12)) as usize;
-        assert!(n <= side(4) as usize, "only {} {prefix} samples", side(4));
-        let count = (n as u32).to_be_bytes();
-        let mut im = images[..16].to_vec();
-        im[4..8].copy_from_slice(&count);
-        im.extend_from_slice(&images[16..16 + n * per]);
-        let mut lb = labels[..8].to_vec();
-        lb[4..8].copy_from_slice(&count);
-        lb.extend_from_slice(&labels[8..8 + n]);
-        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte")), im).unwrap();
-        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte")), lb).unwrap();
+        let file = |kind: &str| format!("{prefix}-{kind}-ubyte");
+        let (images, labels) = (file("images-idx3"), file("labels-idx1"));
+        let src = MnistSource::open(
+            digits_dir().join(&images),
+            Some(&digits_dir().join(&labels)),
+        )
+        .unwrap();
+        assert!(n <= src.len(), "only {} {prefix} samples", src.len());
+        let (mut pixels, mut label_bytes) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let raw = src.read(i).unwrap();
+            label_bytes.push(src.label(i, &raw).unwrap() as u8);
+            pixels.extend_from_slice(&raw);
+        }
+        let side = |j: usize| src.sample_dims()[j] as u32;
+        datacache::formats::write_mnist(
+            &dir.join(&images),
+            &dir.join(&labels),
+            side(0),
+            side(1),
+            &pixels,
+            &label_bytes,
+        )
+        .unwrap();
     }
     ImageData::digits(dir, &CacheOptions::default()).unwrap()
 }
@@ -141,9 +150,11 @@ fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
         assert_eq!(resumed.epochs.len(), 2);
         assert!(resumed.test_acc > 20.0, "{scheme}: {}", resumed.test_acc);
 
-        if every > 0 {
-            // The newest checkpoint damaged (truncated): the previous one (step `every`)
-            // is taken, and resuming from it is just as exact.
+        // The newest checkpoint damaged (truncated): the previous one (the last multiple
+        // of `every` before `stop`) is taken, and resuming from it is just as exact.
+        if let Some(periods) = (stop - 1).checked_div(every) {
+            let previous = periods * every;
+            assert!(previous > 0 && previous < stop);
             let newest = tmp
                 .path()
                 .join(pipeline::checkpoint::file_name(stop as u64));
@@ -151,7 +162,7 @@ fn a_resumed_sparse_run_equals_an_uninterrupted_one_bit_for_bit() {
             std::fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
             let resumed =
                 pipeline::train(&with_checkpoints(&cfg, tmp.path(), 0, true), &data, None).unwrap();
-            assert_continues(&whole, &resumed, every);
+            assert_continues(&whole, &resumed, previous);
             assert_eq!(resumed.skipped_checkpoints.len(), 1);
         }
     }
