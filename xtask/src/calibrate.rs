@@ -136,10 +136,11 @@ fn report(
     // (fit, worst relative error) of every fitted model, for the verdict at the end.
     let mut worst: Vec<(String, f64)> = Vec::new();
     println!(
-        "calibration of {} ranks on {} written to {}",
+        "calibration of {} ranks on {} written to {}; a pool of {} compute threads per process",
         cal.ranks,
         cal.backend,
-        args.out.display()
+        args.out.display(),
+        sparsify::threads()
     );
     println!();
     println!(

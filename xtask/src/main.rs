@@ -14,6 +14,7 @@ mod bench;
 mod calibrate;
 mod ci;
 mod fuzz;
+mod launcher;
 mod plan;
 mod simulate;
 mod train;
@@ -50,10 +51,12 @@ enum Command {
 }
 
 fn main() {
+    // First, while this is the only thread: an MPI rank takes its share of the node's cores.
+    let rank_threads = launcher::share_cores_among_ranks();
     let cli = Cli::parse();
     // Under an MPI launcher only the subcommands that join the MPI world may run; the
     // others would run once per rank, each writing the same outputs.
-    if let Some(launcher) = bench::mpi_launcher() {
+    if let Some(launcher) = launcher::mpi_launcher() {
         let joins = match &cli.command {
             Command::Bench(_) => true,
             Command::Calibrate(a) => a.mpi,
@@ -63,7 +66,7 @@ fn main() {
         if !joins {
             eprintln!(
                 "error: {}",
-                bench::refuse_under_launcher("this xtask subcommand", launcher)
+                launcher::refuse_under_launcher("this xtask subcommand", launcher)
             );
             std::process::exit(2);
         }
@@ -72,8 +75,9 @@ fn main() {
     // worker of the global pool it starts each parallel pass itself instead of waking a
     // worker for it. Without MPI the ranks are threads of their own, which the joined
     // thread would not help (`sparsify::join_global_pool`), so the pool stays as it is.
-    if bench::mpi_launcher().is_some() {
-        if let Err(e) = sparsify::join_global_pool(None) {
+    // The pool has the rank's share of the cores (`RAYON_NUM_THREADS` when the user set it).
+    if launcher::mpi_launcher().is_some() {
+        if let Err(e) = sparsify::join_global_pool(rank_threads) {
             eprintln!("warning: {e}");
         }
     }

@@ -137,27 +137,6 @@ impl Ctx {
     }
 }
 
-/// Environment variables by which MPI launchers announce a job: Open MPI's `mpirun`,
-/// MPICH/Hydra and Slurm's PMI, and PMIx (Open MPI 5, Slurm).
-const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
-
-/// The variable (and its value) showing that an MPI launcher started this process, if any.
-pub fn mpi_launcher() -> Option<(&'static str, String)> {
-    LAUNCHER_VARS
-        .iter()
-        .find_map(|&v| std::env::var(v).ok().map(|x| (v, x)))
-}
-
-/// Why a process started by an MPI launcher refuses to run `what`.
-pub fn refuse_under_launcher(what: &str, (var, value): (&str, String)) -> String {
-    format!(
-        "`{what}` was started by an MPI launcher ({var}={value}), where every rank would run \
-         it independently and write the same outputs. Use `cargo xtask bench --mpi -n P`, \
-         `cargo xtask train --mpi -n P` or `cargo xtask calibrate --mpi` (built with \
-         `--features mpi`) for MPI runs, and run everything else without mpirun."
-    )
-}
-
 /// Runs `cargo xtask bench`.
 pub fn run(mut args: Args) -> CliResult {
     // Everything a user can get wrong is checked before any long work starts.
@@ -165,7 +144,7 @@ pub fn run(mut args: Args) -> CliResult {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
-    if let Some(launcher) = mpi_launcher() {
+    if let Some(launcher) = crate::launcher::mpi_launcher() {
         if !cfg!(feature = "mpi") {
             let (var, value) = launcher;
             return Err(format!(
@@ -240,6 +219,7 @@ fn run_suites(ctx: &Ctx, suites: &[String]) -> CliResult {
             .unwrap_or(1),
         backend: ctx.backend().into(),
         ranks: ctx.world_size(),
+        pool_threads: sparsify::threads(),
         quick: ctx.quick,
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
     };

@@ -15,6 +15,11 @@ pub struct Machine {
     pub backend: String,
     /// Ranks of the communicating suites.
     pub ranks: usize,
+    /// Threads of the rayon pool the compute runs on: one pool shared by the thread ranks
+    /// of one process, or each MPI rank's own, its share of the node's cores. 0 in reports
+    /// written before it was recorded.
+    #[serde(default)]
+    pub pool_threads: usize,
     /// Whether this was a `--quick` run.
     #[serde(default)]
     pub quick: bool,
@@ -161,10 +166,11 @@ pub fn write_markdown(
     let _ = writeln!(md, "# Benchmark report\n");
     let _ = writeln!(
         md,
-        "`{command}` on {} CPUs, backend `{}`, {} ranks{}; {:.0} s in all.\n",
+        "`{command}` on {} CPUs, backend `{}`, {} ranks, a pool of {} threads per process{}; {:.0} s in all.\n",
         machine.cpus,
         machine.backend,
         machine.ranks,
+        machine.pool_threads,
         if machine.quick { ", quick run" } else { "" },
         elapsed_s
     );
