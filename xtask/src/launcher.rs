@@ -36,6 +36,20 @@ pub fn threads_per_rank(cores: usize, local: Option<usize>) -> Option<usize> {
     local.filter(|&n| n > 0).map(|n| (cores / n).max(1))
 }
 
+/// The thread count an MPI rank should set in [`THREADS_VAR`], from the environment `env`:
+/// `None` outside a launcher, when the user set the variable, or when the launcher does
+/// not give its ranks per node.
+fn rank_threads(env: impl Fn(&str) -> Option<String>, cores: usize) -> Option<usize> {
+    LAUNCHER_VARS.iter().find_map(|&v| env(v))?;
+    if env(THREADS_VAR).is_some() {
+        return None;
+    }
+    let local = LOCAL_SIZE_VARS
+        .iter()
+        .find_map(|&v| env(v)?.trim().parse().ok());
+    threads_per_rank(cores, local)
+}
+
 /// Gives each rank of an MPI job its share of this node's cores, and returns it: sets
 /// [`THREADS_VAR`] unless the user set it, so that the global rayon pool (the selectors'
 /// parallel passes) and candle's matrix products each use `cores / ranks on this node`
@@ -45,21 +59,14 @@ pub fn threads_per_rank(cores: usize, local: Option<usize>) -> Option<usize> {
 /// Why: without it every rank starts one thread per core, so `P` ranks on a node run
 /// `P × cores` busy threads that preempt one another. With 4 ranks on this project's
 /// 2-core VM, the planner check's iteration (a candle MLP of 2.2 M weights with exact
-/// top-k and the sparse all-gather) took 196–226 ms with a thread per core and each rank
-/// and 131–146 ms with one thread each (`xtask calibrate --mpi`, 4 runs each).
+/// top-k and the sparse all-gather) took 196–226 ms with a thread per core in each rank
+/// and 131–162 ms with one thread each (`xtask calibrate --mpi`, 4 runs each).
 ///
 /// Must run before any other thread exists (first thing in `main`): it sets a process
 /// environment variable.
 pub fn share_cores_among_ranks() -> Option<usize> {
-    mpi_launcher()?;
-    if std::env::var_os(THREADS_VAR).is_some() {
-        return None;
-    }
-    let local = LOCAL_SIZE_VARS
-        .iter()
-        .find_map(|&v| std::env::var(v).ok()?.trim().parse().ok());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = threads_per_rank(cores, local)?;
+    let threads = rank_threads(|v| std::env::var(v).ok(), cores)?;
     std::env::set_var(THREADS_VAR, threads.to_string());
     Some(threads)
 }
@@ -77,5 +84,37 @@ mod tests {
         assert_eq!(threads_per_rank(8, Some(1)), Some(8));
         assert_eq!(threads_per_rank(8, Some(0)), None);
         assert_eq!(threads_per_rank(8, None), None);
+    }
+
+    #[test]
+    fn only_a_launched_rank_without_a_user_choice_sets_its_threads() {
+        fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+            move |v| {
+                vars.iter()
+                    .find(|(n, _)| *n == v)
+                    .map(|(_, x)| x.to_string())
+            }
+        }
+        let ompi = [
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ];
+        assert_eq!(rank_threads(env(&ompi), 16), Some(4));
+        let hydra = [("PMI_SIZE", "6"), ("MPI_LOCALNRANKS", " 3 ")];
+        assert_eq!(rank_threads(env(&hydra), 16), Some(5));
+        // Not launched, a user's choice, no count or an unreadable one: nothing is set.
+        assert_eq!(
+            rank_threads(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]), 16),
+            None
+        );
+        let chosen = [
+            ("PMIX_RANK", "0"),
+            ("MPI_LOCALNRANKS", "2"),
+            (THREADS_VAR, "7"),
+        ];
+        assert_eq!(rank_threads(env(&chosen), 16), None);
+        assert_eq!(rank_threads(env(&[("PMIX_RANK", "0")]), 16), None);
+        let bad = [("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "two")];
+        assert_eq!(rank_threads(env(&bad), 16), None);
     }
 }
