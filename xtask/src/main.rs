@@ -52,11 +52,11 @@ enum Command {
 
 fn main() {
     // First, while this is the only thread: an MPI rank takes its share of the node's cores.
-    let rank_threads = launcher::share_cores_among_ranks();
+    let rank_threads = collectives::comm::launcher::share_cores_among_ranks();
     let cli = Cli::parse();
     // Under an MPI launcher only the subcommands that join the MPI world may run; the
     // others would run once per rank, each writing the same outputs.
-    if let Some(launcher) = launcher::mpi_launcher() {
+    if let Some(launcher) = collectives::comm::launcher::mpi_launcher() {
         let joins = match &cli.command {
             Command::Bench(_) => true,
             Command::Calibrate(a) => a.mpi,
@@ -76,7 +76,7 @@ fn main() {
     // worker for it. Without MPI the ranks are threads of their own, which the joined
     // thread would not help (`sparsify::join_global_pool`), so the pool stays as it is.
     // The pool has the rank's share of the cores (`RAYON_NUM_THREADS` when the user set it).
-    if launcher::mpi_launcher().is_some() {
+    if collectives::comm::launcher::mpi_launcher().is_some() {
         if let Err(e) = sparsify::join_global_pool(rank_threads) {
             eprintln!("warning: {e}");
         }

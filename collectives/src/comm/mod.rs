@@ -9,6 +9,7 @@ use bytemuck::Pod;
 
 use crate::{Error, Result};
 
+pub mod launcher;
 pub mod nodes;
 pub mod peer_memory;
 pub mod shm;

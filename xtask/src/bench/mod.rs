@@ -144,7 +144,7 @@ pub fn run(mut args: Args) -> CliResult {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
-    if let Some(launcher) = crate::launcher::mpi_launcher() {
+    if let Some(launcher) = collectives::comm::launcher::mpi_launcher() {
         if !cfg!(feature = "mpi") {
             let (var, value) = launcher;
             return Err(format!(
