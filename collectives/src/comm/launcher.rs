@@ -27,17 +27,75 @@ pub fn mpi_launcher() -> Option<(&'static str, String)> {
         .find_map(|&v| std::env::var(v).ok().map(|x| (v, x)))
 }
 
-/// Threads for one rank when `local` ranks share `cores` cores: an equal share, at least
-/// one. `None` when the launcher did not say how many ranks share the node (`local`
+/// The CPUs a rank can count on, as [`threads_per_rank`] weighs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cpus {
+    /// CPUs in this process's affinity mask: fewer than `online` when the launcher bound
+    /// the rank (Open MPI binds to a core for up to two ranks, to a socket above).
+    pub affinity: usize,
+    /// CPUs online on the node.
+    pub online: usize,
+    /// What the standard library counts as usable (`available_parallelism`): the mask, or
+    /// fewer under a cgroup CPU quota, which all of the node's ranks share.
+    pub usable: usize,
+}
+
+impl Cpus {
+    /// This process's CPUs (on other systems than Linux, all three are
+    /// `available_parallelism`).
+    pub fn of_this_process() -> Cpus {
+        let usable = std::thread::available_parallelism().map_or(1, |n| n.get());
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into
+            // the zeroed set, and `CPU_COUNT` reads it; `sysconf` has no preconditions.
+            let (affinity, online) = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                let ok =
+                    libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+                let affinity = if ok == 0 {
+                    libc::CPU_COUNT(&set) as usize
+                } else {
+                    usable
+                };
+                (affinity, libc::sysconf(libc::_SC_NPROCESSORS_ONLN))
+            };
+            let online = usize::try_from(online).unwrap_or(0).max(affinity);
+            Cpus {
+                affinity: affinity.max(1),
+                online: online.max(1),
+                usable,
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        Cpus {
+            affinity: usable,
+            online: usable,
+            usable,
+        }
+    }
+}
+
+/// Threads for one of `local` ranks on a node with `cpus`: an equal share of the node's
+/// usable CPUs (the online ones, or a cgroup quota's, which every rank of the node
+/// shares), but no more than the rank's own affinity mask when the launcher bound it; at
+/// least one. `None` when the launcher did not say how many ranks share the node (`local`
 /// `None`) or gave an unusable count.
-pub fn threads_per_rank(cores: usize, local: Option<usize>) -> Option<usize> {
-    local.filter(|&n| n > 0).map(|n| (cores / n).max(1))
+pub fn threads_per_rank(cpus: Cpus, local: Option<usize>) -> Option<usize> {
+    let n = local.filter(|&n| n > 0)?;
+    let quota = if cpus.usable < cpus.affinity {
+        cpus.usable
+    } else {
+        usize::MAX
+    };
+    let node = cpus.online.min(quota);
+    Some((node / n).min(cpus.affinity).max(1))
 }
 
 /// The thread count an MPI rank should set in [`THREADS_VAR`], from the environment `env`:
 /// `None` outside a launcher, when the user set the variable, or when the launcher does
 /// not give its ranks per node.
-fn rank_threads(env: impl Fn(&str) -> Option<String>, cores: usize) -> Option<usize> {
+fn rank_threads(env: impl Fn(&str) -> Option<String>, cpus: Cpus) -> Option<usize> {
     LAUNCHER_VARS.iter().find_map(|&v| env(v))?;
     if env(THREADS_VAR).is_some() {
         return None;
@@ -45,26 +103,26 @@ fn rank_threads(env: impl Fn(&str) -> Option<String>, cores: usize) -> Option<us
     let local = LOCAL_SIZE_VARS
         .iter()
         .find_map(|&v| env(v)?.trim().parse().ok());
-    threads_per_rank(cores, local)
+    threads_per_rank(cpus, local)
 }
 
 /// Gives each rank of an MPI job its share of this node's cores, and returns it: sets
 /// [`THREADS_VAR`] unless the user set it, so that the global rayon pool (the selectors'
-/// parallel passes) and candle's matrix products each use `cores / ranks on this node`
-/// threads. Returns `None`, and changes nothing, outside a launcher, when the launcher
-/// does not give its ranks per node, or when the user chose the count.
+/// parallel passes) and candle's matrix products each use [`threads_per_rank`] threads
+/// (the node's CPUs divided among its ranks, within the rank's binding). Returns `None`,
+/// and changes nothing, outside a launcher, when the launcher does not give its ranks per
+/// node, or when the user chose the count.
 ///
-/// Why: without it every rank starts one thread per core, so `P` ranks on a node run
-/// `P × cores` busy threads that preempt one another. With 4 ranks on this project's
-/// 2-core VM, the planner check's iteration (a candle MLP of 2.2 M weights with exact
-/// top-k and the sparse all-gather) took 194–226 ms with a thread per core in each rank
-/// and 142–175 ms with one thread each (`xtask calibrate --mpi`, five runs each).
+/// Why: without it every rank starts one thread per core it can see, so `P` unbound ranks
+/// on a node run `P × cores` busy threads that preempt one another. With 4 ranks on this
+/// project's 2-core VM, the planner check's iteration (a candle MLP of 2.2 M weights with
+/// exact top-k and the sparse all-gather) took 194–226 ms with a thread per core in each
+/// rank and 142–175 ms with one thread each (`xtask calibrate --mpi`, five runs each).
 ///
 /// Must run before any other thread exists (first thing in `main`): it sets a process
 /// environment variable.
 pub fn share_cores_among_ranks() -> Option<usize> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = rank_threads(|v| std::env::var(v).ok(), cores)?;
+    let threads = rank_threads(|v| std::env::var(v).ok(), Cpus::of_this_process())?;
     std::env::set_var(THREADS_VAR, threads.to_string());
     Some(threads)
 }
@@ -73,15 +131,49 @@ pub fn share_cores_among_ranks() -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// Unbound ranks on a node of `n` CPUs.
+    fn node(n: usize) -> Cpus {
+        Cpus {
+            affinity: n,
+            online: n,
+            usable: n,
+        }
+    }
+
     #[test]
     fn ranks_share_the_cores_and_get_at_least_one_thread() {
-        assert_eq!(threads_per_rank(16, Some(4)), Some(4));
-        assert_eq!(threads_per_rank(16, Some(3)), Some(5));
-        assert_eq!(threads_per_rank(2, Some(2)), Some(1));
-        assert_eq!(threads_per_rank(2, Some(4)), Some(1));
-        assert_eq!(threads_per_rank(8, Some(1)), Some(8));
-        assert_eq!(threads_per_rank(8, Some(0)), None);
-        assert_eq!(threads_per_rank(8, None), None);
+        assert_eq!(threads_per_rank(node(16), Some(4)), Some(4));
+        assert_eq!(threads_per_rank(node(16), Some(3)), Some(5));
+        assert_eq!(threads_per_rank(node(2), Some(2)), Some(1));
+        assert_eq!(threads_per_rank(node(2), Some(4)), Some(1));
+        assert_eq!(threads_per_rank(node(8), Some(1)), Some(8));
+        assert_eq!(threads_per_rank(node(8), Some(0)), None);
+        assert_eq!(threads_per_rank(node(8), None), None);
+    }
+
+    #[test]
+    fn a_bound_rank_keeps_within_its_mask_and_a_quota_is_shared() {
+        let bound = |affinity| Cpus {
+            affinity,
+            online: 16,
+            usable: affinity,
+        };
+        // Bound to one core each (Open MPI's default for two ranks): one thread.
+        assert_eq!(threads_per_rank(bound(1), Some(2)), Some(1));
+        // Bound to a socket of 8 that 4 of the 8 ranks share: 2 threads, not 8.
+        assert_eq!(threads_per_rank(bound(8), Some(8)), Some(2));
+        // Bound to 4 cores each (srun --cpus-per-task=4): all 4, not 4 / 4.
+        assert_eq!(threads_per_rank(bound(4), Some(4)), Some(4));
+        // A container with a 2-CPU quota on a 64-CPU host, 2 ranks: one thread each.
+        let quota = Cpus {
+            affinity: 64,
+            online: 64,
+            usable: 2,
+        };
+        assert_eq!(threads_per_rank(quota, Some(2)), Some(1));
+        // This process's own CPUs are counted consistently.
+        let me = Cpus::of_this_process();
+        assert!(me.usable >= 1 && me.affinity >= 1 && me.online >= me.affinity);
     }
 
     #[test]
@@ -97,12 +189,12 @@ mod tests {
             ("OMPI_COMM_WORLD_SIZE", "8"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
         ];
-        assert_eq!(rank_threads(env(&ompi), 16), Some(4));
+        assert_eq!(rank_threads(env(&ompi), node(16)), Some(4));
         let hydra = [("PMI_SIZE", "6"), ("MPI_LOCALNRANKS", " 3 ")];
-        assert_eq!(rank_threads(env(&hydra), 16), Some(5));
+        assert_eq!(rank_threads(env(&hydra), node(16)), Some(5));
         // Not launched, a user's choice, no count or an unreadable one: nothing is set.
         assert_eq!(
-            rank_threads(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]), 16),
+            rank_threads(env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")]), node(16)),
             None
         );
         let chosen = [
@@ -110,9 +202,9 @@ mod tests {
             ("MPI_LOCALNRANKS", "2"),
             (THREADS_VAR, "7"),
         ];
-        assert_eq!(rank_threads(env(&chosen), 16), None);
-        assert_eq!(rank_threads(env(&[("PMIX_RANK", "0")]), 16), None);
+        assert_eq!(rank_threads(env(&chosen), node(16)), None);
+        assert_eq!(rank_threads(env(&[("PMIX_RANK", "0")]), node(16)), None);
         let bad = [("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "two")];
-        assert_eq!(rank_threads(env(&bad), 16), None);
+        assert_eq!(rank_threads(env(&bad), node(16)), None);
     }
 }
