@@ -167,10 +167,11 @@ fn bench(comm: &dyn Communicator, args: &Args) -> Result<()> {
 }
 
 fn main() {
+    // Under mpirun each rank's selectors get its share of the node's cores, not all of them.
+    collectives::comm::launcher::share_cores_among_ranks();
     let args = parse();
     #[cfg(feature = "mpi")]
-    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() || std::env::var_os("PMI_SIZE").is_some()
-    {
+    if collectives::comm::launcher::mpi_launcher().is_some() {
         let comm = collectives::MpiComm::world().unwrap_or_else(|e| {
             eprintln!("cannot start MPI: {e}");
             std::process::exit(2)
