@@ -14,7 +14,8 @@
 const LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
 
 /// Environment variables by which launchers give the number of ranks on this node: Open
-/// MPI's `mpirun` (4 and 5) and MPICH/Hydra (also Intel MPI).
+/// MPI's `mpirun` (4 and 5) and MPICH/Hydra (also Intel MPI); Slurm's are read after them
+/// ([`SLURM_TASKS_VARS`]).
 const LOCAL_SIZE_VARS: [&str; 2] = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"];
 
 /// The variable the rayon pool and candle's matrix products read for their thread count.
@@ -102,8 +103,31 @@ fn rank_threads(env: impl Fn(&str) -> Option<String>, cpus: Cpus) -> Option<usiz
     }
     let local = LOCAL_SIZE_VARS
         .iter()
-        .find_map(|&v| env(v)?.trim().parse().ok());
+        .find_map(|&v| env(v)?.trim().parse().ok())
+        .or_else(|| {
+            let slurm = SLURM_TASKS_VARS.iter().find_map(|&v| env(v))?;
+            uniform_tasks_per_node(&slurm)
+        });
     threads_per_rank(cpus, local)
+}
+
+/// Slurm's tasks per node, the step's first (`srun`), then the job's, in its compressed
+/// form (`4(x2),3`: two nodes of 4, then one of 3).
+const SLURM_TASKS_VARS: [&str; 2] = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"];
+
+/// The tasks per node of a Slurm list in its compressed form when every node has the same
+/// number (which node this is would need the step's node index); `None` otherwise or
+/// when it does not parse.
+fn uniform_tasks_per_node(list: &str) -> Option<usize> {
+    let mut counts = list.split(',').map(|entry| {
+        let n = entry
+            .trim()
+            .split_once("(x")
+            .map_or(entry.trim(), |(n, _)| n);
+        n.parse::<usize>().ok()
+    });
+    let first = counts.next()??;
+    counts.all(|n| n == Some(first)).then_some(first)
 }
 
 /// Gives each rank of an MPI job its share of this node's cores, and returns it: sets
@@ -204,6 +228,14 @@ mod tests {
         ];
         assert_eq!(rank_threads(env(&chosen), node(16)), None);
         assert_eq!(rank_threads(env(&[("PMIX_RANK", "0")]), node(16)), None);
+        // Slurm's srun: its tasks per node when every node has as many.
+        let srun = [("PMI_SIZE", "8"), ("SLURM_STEP_TASKS_PER_NODE", "4(x2)")];
+        assert_eq!(rank_threads(env(&srun), node(16)), Some(4));
+        let uneven = [("PMIX_RANK", "1"), ("SLURM_TASKS_PER_NODE", "4(x2),3")];
+        assert_eq!(rank_threads(env(&uneven), node(16)), None);
+        assert_eq!(uniform_tasks_per_node("3"), Some(3));
+        assert_eq!(uniform_tasks_per_node("2,2(x5)"), Some(2));
+        assert_eq!(uniform_tasks_per_node("x(x2)"), None);
         let bad = [("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "two")];
         assert_eq!(rank_threads(env(&bad), node(16)), None);
     }
