@@ -10,8 +10,8 @@
 //! Started without an MPI launcher this binary is the driver: for P in `--ranks` (default
 //! 3, 4), every fault and both collectives, it runs `mpirun -n P` on itself with
 //! `COLLECTIVES_TIMEOUT_S` = `--timeout-s` (default 5), times the whole job and checks what
-//! every survivor printed. Under the launcher (`OMPI_COMM_WORLD_SIZE`, `PMI_SIZE` or
-//! `PMIX_RANK` set) it is one rank of one scenario, named by `worker FAULT COLLECTIVE`.
+//! every survivor printed. Under the launcher (`collectives::comm::launcher::mpi_launcher`)
+//! it is one rank of one scenario, named by `worker FAULT COLLECTIVE`.
 //!
 //! For a process that exits or is killed, Open MPI's launcher by default ends the job by
 //! itself at once (before any survivor's timeout); the driver runs those scenarios twice,
@@ -95,15 +95,9 @@ impl Fault {
     }
 }
 
-fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if launched_by_mpi() {
+    if collectives::comm::launcher::mpi_launcher().is_some() {
         worker(&args);
     } else if let Err(e) = driver(&args) {
         eprintln!("FAILED: mpi_faults: {e}");
