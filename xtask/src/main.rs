@@ -51,12 +51,14 @@ enum Command {
 }
 
 fn main() {
-    // First, while this is the only thread: an MPI rank takes its share of the node's cores.
-    let rank_threads = collectives::comm::launcher::share_cores_among_ranks();
+    // First, while this is the only thread: an MPI rank takes its share of the node's cores
+    // (sets `RAYON_NUM_THREADS` unless the user did).
+    collectives::comm::launcher::share_cores_among_ranks();
     let cli = Cli::parse();
+    let launcher = collectives::comm::launcher::mpi_launcher();
     // Under an MPI launcher only the subcommands that join the MPI world may run; the
     // others would run once per rank, each writing the same outputs.
-    if let Some(launcher) = collectives::comm::launcher::mpi_launcher() {
+    if let Some(launcher) = &launcher {
         let joins = match &cli.command {
             Command::Bench(_) => true,
             Command::Calibrate(a) => a.mpi,
@@ -66,7 +68,7 @@ fn main() {
         if !joins {
             eprintln!(
                 "error: {}",
-                launcher::refuse_under_launcher("this xtask subcommand", launcher)
+                launcher::refuse_under_launcher("this xtask subcommand", launcher.clone())
             );
             std::process::exit(2);
         }
@@ -75,9 +77,9 @@ fn main() {
     // worker of the global pool it starts each parallel pass itself instead of waking a
     // worker for it. Without MPI the ranks are threads of their own, which the joined
     // thread would not help (`sparsify::join_global_pool`), so the pool stays as it is.
-    // The pool has the rank's share of the cores (`RAYON_NUM_THREADS` when the user set it).
-    if collectives::comm::launcher::mpi_launcher().is_some() {
-        if let Err(e) = sparsify::join_global_pool(rank_threads) {
+    // Its size is `RAYON_NUM_THREADS`: the rank's share of the cores, or the user's choice.
+    if launcher.is_some() {
+        if let Err(e) = sparsify::join_global_pool(None) {
             eprintln!("warning: {e}");
         }
     }
