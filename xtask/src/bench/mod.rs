@@ -81,6 +81,10 @@ pub struct Args {
     /// directory when it matches, else the chooser's built-in rules.
     #[arg(long)]
     calibration: Option<PathBuf>,
+    /// Tensor sizes of the topk suite, as powers of two (`--topk-sizes 20 22` times
+    /// 2^20 and 2^22 elements). Default: 14 16 … 26 (14 17 20 22 with `--quick`).
+    #[arg(long = "topk-sizes", num_args = 1.., value_parser = clap::value_parser!(u32).range(4..=28))]
+    topk_sizes: Vec<u32>,
     /// Internal: set when this process was started by mpirun.
     #[arg(long, hide = true)]
     mpi_child: bool,
@@ -99,6 +103,8 @@ pub struct Ctx {
     pub mpi: Option<collectives::MpiComm>,
     /// `--calibration`, when given.
     pub calibration: Option<PathBuf>,
+    /// `--topk-sizes` as powers of two; empty for the suite's default.
+    pub topk_sizes: Vec<u32>,
 }
 
 impl Ctx {
@@ -282,6 +288,7 @@ fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>
             ranks: args.ranks,
             mpi,
             calibration: args.calibration.clone(),
+            topk_sizes: args.topk_sizes.clone(),
         })
     }
     #[cfg(not(feature = "mpi"))]
@@ -294,6 +301,7 @@ fn make_ctx(args: &Args, out: PathBuf) -> Result<Ctx, Box<dyn std::error::Error>
             out,
             ranks: args.ranks,
             calibration: args.calibration.clone(),
+            topk_sizes: args.topk_sizes.clone(),
         })
     }
 }
@@ -449,6 +457,10 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
     if let Some(c) = &args.calibration {
         child.push("--calibration".into());
         child.push(c.into());
+    }
+    if !args.topk_sizes.is_empty() {
+        child.push("--topk-sizes".into());
+        child.extend(args.topk_sizes.iter().map(|e| e.to_string().into()));
     }
     if !args.suites.is_empty() {
         child.push("--suite".into());

@@ -44,7 +44,12 @@ fn goal(name: &str, d: usize) -> f64 {
 }
 
 pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
-    let ds: Vec<usize> = if ctx.quick {
+    let ds: Vec<usize> = if !ctx.topk_sizes.is_empty() {
+        let mut ds: Vec<usize> = ctx.topk_sizes.iter().map(|&e| 1usize << e).collect();
+        ds.sort_unstable();
+        ds.dedup();
+        ds
+    } else if ctx.quick {
         vec![1 << 14, 1 << 17, 1 << 20, 1 << 22]
     } else {
         (14..=26).step_by(2).map(|e| 1usize << e).collect()
