@@ -109,28 +109,48 @@ fn rank_threads(env: impl Fn(&str) -> Option<String>, cpus: Cpus) -> Option<usiz
         .find_map(|&v| env(v)?.trim().parse().ok())
         .or_else(|| {
             let slurm = SLURM_TASKS_VARS.iter().find_map(|&v| env(v))?;
-            uniform_tasks_per_node(&slurm)
+            let node = env(SLURM_NODE_VAR).and_then(|n| n.trim().parse().ok());
+            slurm_tasks_on_node(&slurm, node)
         });
     threads_per_rank(cpus, local)
 }
 
 /// Slurm's tasks per node, the step's first (`srun`), then the job's, in its compressed
-/// form (`4(x2),3`: two nodes of 4, then one of 3).
+/// form (`4(x2),3`: two nodes of 4, then one of 3), in node order.
 const SLURM_TASKS_VARS: [&str; 2] = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"];
 
-/// The tasks per node of a Slurm list in its compressed form when every node has the same
-/// number (which node this is would need the step's node index); `None` otherwise or
-/// when it does not parse.
-fn uniform_tasks_per_node(list: &str) -> Option<usize> {
-    let mut counts = list.split(',').map(|entry| {
-        let n = entry
-            .trim()
-            .split_once("(x")
-            .map_or(entry.trim(), |(n, _)| n);
-        n.parse::<usize>().ok()
-    });
-    let first = counts.next()??;
-    counts.all(|n| n == Some(first)).then_some(first)
+/// This node's index among the step's nodes (`srun` sets it in every task), in the order of
+/// [`SLURM_TASKS_VARS`]' lists.
+const SLURM_NODE_VAR: &str = "SLURM_NODEID";
+
+/// The tasks on node `node` (its index, [`SLURM_NODE_VAR`]) from a Slurm list in its
+/// compressed form: the count every node has when they all have the same (the index is then
+/// not needed), else the indexed node's. `None` when the list does not parse, or when it is
+/// uneven and the index is missing or past its end.
+fn slurm_tasks_on_node(list: &str, node: Option<usize>) -> Option<usize> {
+    // (tasks, nodes with that many), in node order.
+    let runs: Vec<(usize, usize)> = list
+        .split(',')
+        .map(|entry| {
+            let entry = entry.trim();
+            match entry.split_once("(x") {
+                Some((n, times)) => Some((n.parse().ok()?, times.strip_suffix(')')?.parse().ok()?)),
+                None => Some((entry.parse().ok()?, 1)),
+            }
+        })
+        .collect::<Option<_>>()?;
+    let first = runs.first()?.0;
+    if runs.iter().all(|&(n, _)| n == first) {
+        return Some(first);
+    }
+    let mut node = node?;
+    for (tasks, nodes) in runs {
+        if node < nodes {
+            return Some(tasks);
+        }
+        node -= nodes;
+    }
+    None
 }
 
 /// Gives each rank of an MPI job its share of this node's cores, and returns it: sets
@@ -235,11 +255,24 @@ mod tests {
         // Slurm's srun: its tasks per node when every node has as many.
         let srun = [("PMI_SIZE", "8"), ("SLURM_STEP_TASKS_PER_NODE", "4(x2)")];
         assert_eq!(rank_threads(env(&srun), node(16)), Some(4));
+        // Uneven: this node's count, by its index; without the index, nothing.
         let uneven = [("PMIX_RANK", "1"), ("SLURM_TASKS_PER_NODE", "4(x2),3")];
         assert_eq!(rank_threads(env(&uneven), node(16)), None);
-        assert_eq!(uniform_tasks_per_node("3"), Some(3));
-        assert_eq!(uniform_tasks_per_node("2,2(x5)"), Some(2));
-        assert_eq!(uniform_tasks_per_node("x(x2)"), None);
+        let third = [
+            ("PMIX_RANK", "9"),
+            ("SLURM_TASKS_PER_NODE", "4(x2),3"),
+            ("SLURM_NODEID", "2"),
+        ];
+        assert_eq!(rank_threads(env(&third), node(16)), Some(5));
+        assert_eq!(slurm_tasks_on_node("3", None), Some(3));
+        assert_eq!(slurm_tasks_on_node("2,2(x5)", None), Some(2));
+        assert_eq!(slurm_tasks_on_node("4(x2),3", Some(0)), Some(4));
+        assert_eq!(slurm_tasks_on_node("4(x2),3", Some(1)), Some(4));
+        assert_eq!(slurm_tasks_on_node("1,4(x2),3", Some(3)), Some(3));
+        assert_eq!(slurm_tasks_on_node("4(x2),3", Some(3)), None);
+        assert_eq!(slurm_tasks_on_node("x(x2)", None), None);
+        assert_eq!(slurm_tasks_on_node("4(x2", Some(0)), None);
+        assert_eq!(slurm_tasks_on_node("", Some(0)), None);
         let bad = [("PMI_SIZE", "2"), ("MPI_LOCALNRANKS", "two")];
         assert_eq!(rank_threads(env(&bad), node(16)), None);
     }
