@@ -46,6 +46,10 @@ pub use sparse::SparseGrad;
 pub use threshold::{DgcSampling, ExDyna, GaussianK, HardThreshold};
 pub use value::Value;
 
+/// Inputs of at least this many elements are split over the pool's threads by the CPU
+/// selectors and [`accumulate`]; shorter ones run on the calling thread alone.
+pub const PARALLEL_MIN_LEN: usize = kernel::PAR_MIN;
+
 /// Threads the CPU selectors split a large pass over: those of the current rayon pool
 /// (the global one unless the caller installed another).
 pub fn threads() -> usize {

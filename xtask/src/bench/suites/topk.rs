@@ -587,6 +587,7 @@ fn time_cases(
                     if flushed {
                         flush(&stream);
                     }
+                    wake_pool(d);
                     let s = Instant::now();
                     sparsify::accumulate(&mut stream, grad)?;
                     std::hint::black_box(&stream);
@@ -604,6 +605,7 @@ fn time_cases(
                     if flushed {
                         flush(ef.residual());
                     }
+                    wake_pool(d);
                     let s = Instant::now();
                     let (sg, _) = ef.step(sel.as_mut(), grad, k)?;
                     let nnz = std::hint::black_box(sg.nnz());
@@ -624,6 +626,21 @@ fn time_cases(
         }
     }
     Ok((rounds, selected))
+}
+
+/// Wakes every worker of the current pool (untimed, before each timed run from
+/// [`sparsify::PARALLEL_MIN_LEN`], where the cases run on the pool), so that a run times the step on a pool that is awake, as in
+/// a training step that follows other parallel work, not the operating system's wake-up.
+/// The untimed reset before each run (zeroing a 4 MiB vector at 2^20 takes hundreds of µs)
+/// left the second worker asleep: on the 2-core KVM guest a fork-join after 300 µs of serial
+/// work took 35–70 µs longer (median; 150 µs at the 90th percentile) than after 20 µs. With
+/// the wake-up, `stream`'s fastest run at 2^20 fell from 207–222 µs to 152–175 µs (ρ =
+/// 0.001, two launches each); the ratios moved within their spread (exact at 2^20, ρ =
+/// 0.01: 1.43 / 1.45× without, 1.53 / 1.40× with).
+fn wake_pool(d: usize) {
+    if d >= sparsify::PARALLEL_MIN_LEN && rayon::current_num_threads() > 1 {
+        rayon::broadcast(|_| ());
+    }
 }
 
 /// Per case, the seconds of each timed round and the entries selected in each (none for
