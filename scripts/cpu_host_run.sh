@@ -97,6 +97,10 @@ run() {
     timeout -k 5 "$t" "$@" >"$work/$name.log" 2>&1
     rc=$?
     echo "$name rc=$rc wall=$(($(date +%s) - s))s limit=${t}s" | tee -a "$work/steps.txt"
+    # The verdict lines on stdout too: the device tool returns the output's tail even when
+    # no file comes back.
+    { grep -hE "worst relative|iteration: predicted|^- top-k with error feedback fused" "$work/$name.log"
+      grep -hE "^\| this project's goal" "$work/$name"/report.md; } 2>/dev/null | cut -c1-400
     pack
   }
   {
