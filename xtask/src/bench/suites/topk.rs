@@ -629,8 +629,9 @@ fn time_cases(
 }
 
 /// Wakes every worker of the current pool (untimed, before each timed run from
-/// [`sparsify::PARALLEL_MIN_LEN`], where the cases run on the pool), so that a run times the step on a pool that is awake, as in
-/// a training step that follows other parallel work, not the operating system's wake-up.
+/// [`sparsify::PARALLEL_MIN_LEN`], where the cases run on the pool), so that a run times
+/// the step on a pool that is awake, as in a training step that follows other parallel
+/// work, not the operating system's wake-up.
 /// The untimed reset before each run (zeroing a 4 MiB vector at 2^20 takes hundreds of µs)
 /// left the second worker asleep: on the 2-core KVM guest a fork-join after 300 µs of serial
 /// work took 35–70 µs longer (median; 150 µs at the 90th percentile) than after 20 µs. With
