@@ -751,6 +751,7 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
             Box::new(mapping),
         )
     };
+    segment.set_progress(Box::new(library_progress));
     // Single-copy reads of the peers' buffers where the kernel allows them to every rank
     // (`all_agree` is also the barrier between publishing and probing).
     segment.publish_identity();
@@ -760,6 +761,26 @@ fn shared_segment_of(comm: &SimpleCommunicator, timeout: Duration) -> Option<Sha
         segment.set_cross_memory_attach();
     }
     Some(segment)
+}
+
+/// One turn of the MPI library's progress engine, for a rank that waits on the shared
+/// segment (see [`TransportProgress`](super::shm::TransportProgress)): `MPI_Iprobe` for
+/// any message, which looks at nothing it finds but advances every send and receive in
+/// flight, the library's own included.
+fn library_progress() {
+    let mut found = 0;
+    // SAFETY: MPI is initialised while any segment lives (the segment drops with its
+    // communicator, before the universe); the world communicator is valid, and the
+    // status is ignored.
+    unsafe {
+        mpi::ffi::MPI_Iprobe(
+            mpi::ffi::RSMPI_ANY_SOURCE,
+            mpi::ffi::RSMPI_ANY_TAG,
+            mpi::ffi::RSMPI_COMM_WORLD,
+            &mut found,
+            mpi::ffi::RSMPI_STATUS_IGNORE,
+        );
+    }
 }
 
 /// `MPI_IN_PLACE` of the MPI library this process runs on, where it is known: rsmpi does

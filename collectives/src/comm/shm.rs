@@ -72,6 +72,11 @@ const POLL_FOR: Duration = Duration::from_millis(1);
 /// timeout (and polls again, should a wake-up have been missed).
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
+/// While a wait spins, it drives the transport's progress ([`TransportProgress`]) once in
+/// this many polls: often enough that a peer waiting inside the library for this rank's
+/// message is served within microseconds, rarely enough that the spin stays a few loads.
+const SPINS_PER_PROGRESS: u32 = 256;
+
 /// Smallest write into a slot that is timed, and that goes with non-temporal stores while
 /// plain ones are slow (see `SharedSegment::put`). From 16 KiB down to 4 KiB, the 16 KiB
 /// all-gather at P = 2 (8 KiB per rank) went from 1.4–1.8 to 4.2–4.4 GB/s while the host
@@ -164,6 +169,16 @@ impl StorePolicy {
 /// Tells a waiting rank that a peer has failed (its rank), so that it stops early.
 pub type PeerFailure = Box<dyn Fn() -> Option<usize> + Send>;
 
+/// Moves the transport's own traffic on while a rank waits on a peer's flag. Why: an MPI
+/// library advances a message only inside its calls. A buffered send whose later pieces
+/// wait for the receiver (a rendezvous without single copy), or the last send of a
+/// library collective that returned early on this rank, stays where it is while this
+/// rank polls shared memory; a peer that waits inside the library for exactly that
+/// message never reaches the flag this rank waits for, and both time out. (Reproduced at
+/// P = 2 with Open MPI's `btl_vader_single_copy_mechanism none`: a rank that sent 8 MiB
+/// and then waited on the segment timed out with the receiver still in its receive.)
+pub type TransportProgress = Box<dyn Fn() + Send>;
+
 /// One rank's view of a shared segment. See the module docs.
 pub struct SharedSegment {
     /// Start of every rank's region, in rank order (this process's addresses).
@@ -175,6 +190,9 @@ pub struct SharedSegment {
     rounds: Cell<u64>,
     timeout: Duration,
     failed: Option<PeerFailure>,
+    /// Called while a wait lasts (see [`TransportProgress`]); `None` for transports
+    /// whose sends need no help from the sender (threads).
+    progress: Option<TransportProgress>,
     /// Polls before a wait sleeps ([`SPINS_OWN_CORE`] or [`SPINS_SHARED_CORE`]).
     spins: u32,
     /// Plain or non-temporal writes into this rank's slots.
@@ -236,6 +254,7 @@ impl SharedSegment {
             rounds: Cell::new(0),
             timeout,
             failed,
+            progress: None,
             spins,
             stores: StorePolicy::default(),
             peers: PeerMemory::Slots,
@@ -257,6 +276,20 @@ impl SharedSegment {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Sets what a wait calls to move the transport's own traffic on
+    /// ([`TransportProgress`]).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn set_progress(&mut self, progress: TransportProgress) {
+        self.progress = Some(progress);
+    }
+
+    /// Runs the transport's progress, if it has one.
+    fn drive_progress(&self) {
+        if let Some(progress) = &self.progress {
+            progress();
+        }
     }
 
     /// Lets the ranks read each other's buffers through plain pointers: they are threads
@@ -486,9 +519,12 @@ impl SharedSegment {
     fn wait_for(&self, r: usize, seq: u32, start: &mut Option<Instant>) -> Result<()> {
         let flag = self.flag(r);
         let reached = |v: u32| v.wrapping_sub(seq) as i32 >= 0;
-        for _ in 0..self.spins {
+        for spin in 1..=self.spins {
             if reached(flag.load(Ordering::Acquire)) {
                 return Ok(());
+            }
+            if spin % SPINS_PER_PROGRESS == 0 {
+                self.drive_progress();
             }
             std::hint::spin_loop();
         }
@@ -497,6 +533,7 @@ impl SharedSegment {
             if reached(flag.load(Ordering::Acquire)) {
                 return Ok(());
             }
+            self.drive_progress();
             std::thread::yield_now();
         }
         let sleepers = self.sleepers(r);
@@ -521,6 +558,7 @@ impl SharedSegment {
                     waited,
                 });
             }
+            self.drive_progress();
             futex::wait(flag, v, SLEEP_SLICE);
         };
         sleepers.fetch_sub(1, Ordering::SeqCst);
