@@ -275,6 +275,15 @@ pub fn time_reduce_scatter<C: Communicator + ?Sized>(
 /// inside one timing, so timer resolution and one-off interruptions do not dominate.
 const MIN_TIMED_S: f64 = 200e-6;
 
+/// Untimed runs before each timing of [`time_local_in_turns`]: two, because the top-k
+/// sweep's runs alternate between two gradient draws. With one, the first timed run read
+/// the draw the warm-up had not touched, from memory, so a size timed one run at a time
+/// (large ones) measured a cold gradient and one timed several runs at a time mostly warm
+/// ones, and which of the two a size got hung on a single untimed measurement: on an Intel
+/// 2-core VM, exact top-k at 92,688 elements came out at 150 µs in one sweep and 25 µs
+/// in the next, and the top-k fit missed by 18–39 %.
+const WARM_RUNS: usize = 2;
+
 /// Median over `reps` timings of `op` (after a warm-up), each timing running `op` as many
 /// times as it takes to last [`MIN_TIMED_S`]; seconds per run of `op`.
 fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -285,11 +294,11 @@ fn time_local(reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
 /// Seconds per run of `op` on each of `states`: `reps` timings each, each lasting at
 /// least [`MIN_TIMED_S`], taken in turns (a round times every state once, in a fresh
 /// [`turn_order`]) so that a change in the machine's load falls on all of them alike
-/// instead of bending one stretch of a sweep. Before each timing, untimed: one run (the
-/// previous state's runs evicted this one's buffers; a cold run timed alone, as for the
-/// large sizes, against many warm ones, as for the small, bent the curve where the buffers
-/// stop fitting in the last-level cache), then `reset`, so that every timing starts from
-/// the same state.
+/// instead of bending one stretch of a sweep. Before each timing, untimed: [`WARM_RUNS`]
+/// runs (the previous state's runs evicted this one's buffers; a cold run timed alone, as
+/// for the large sizes, against many warm ones, as for the small, bent the curve where the
+/// buffers stop fitting in the last-level cache), then `reset`, so that every timing starts
+/// from the same state.
 fn time_local_in_turns<S>(
     states: &mut [S],
     reps: usize,
@@ -299,8 +308,10 @@ fn time_local_in_turns<S>(
     let n = states.len();
     let mut inner = Vec::with_capacity(n);
     for st in states.iter_mut() {
-        // The first run warms caches and pages; the second says how long one run takes.
-        op(st)?;
+        // The first runs warm caches and pages; the next says how long one run takes.
+        for _ in 0..WARM_RUNS {
+            op(st)?;
+        }
         reset(st);
         let s = Instant::now();
         op(st)?;
@@ -312,7 +323,9 @@ fn time_local_in_turns<S>(
     for rep in 0..reps {
         for i in turn_order(n, rep) {
             let st = &mut states[i];
-            op(st)?;
+            for _ in 0..WARM_RUNS {
+                op(st)?;
+            }
             reset(st);
             let s = Instant::now();
             for _ in 0..inner[i] {
