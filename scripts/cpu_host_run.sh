@@ -47,33 +47,6 @@ build() {
   echo "carry '$bundle' and run: bash $bundle/cpu_host_run.sh run $bundle"
 }
 
-# Whether this process may read a child's memory (`peer_memory::can_read_other_processes`).
-cross_memory_attach() {
-  python3 - <<'EOF' 2>/dev/null || echo no
-import ctypes, subprocess
-libc = ctypes.CDLL("libc.so.6", use_errno=True)
-class Iov(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-p = subprocess.Popen(["sleep", "10"])
-ok = False
-try:
-    for line in open(f"/proc/{p.pid}/maps"):
-        f = line.split()
-        if f[1].startswith("r"):
-            addr = int(f[0].split("-")[0], 16)
-            break
-    buf = ctypes.create_string_buffer(1)
-    here, there = Iov(ctypes.cast(buf, ctypes.c_void_p), 1), Iov(addr, 1)
-    fn = libc.process_vm_readv
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    ok = fn(p.pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0) == 1
-finally:
-    p.kill()
-    p.wait()
-print("yes" if ok else "no")
-EOF
-}
-
 run() {
   local b parts deadline work archive t0
   b=$(cd "$bundle" && pwd)
@@ -118,7 +91,9 @@ run() {
           continue
         fi
         local mr=(mpirun --allow-run-as-root --oversubscribe)
-        [ "$(cross_memory_attach)" = yes ] || mr+=(--mca btl_vader_single_copy_mechanism none)
+        # The probe of `xtask bench --mpi` (`peer_memory::can_read_other_processes`).
+        [ "$("$b/xtask" cross-memory-attach 2>/dev/null)" = yes ] ||
+          mr+=(--mca btl_vader_single_copy_mechanism none)
         echo "mpirun: ${mr[*]}" >>"$work/env.txt"
         for p in 4 3 2; do
           step "cal_p$p" 75 "${mr[@]}" -n "$p" "$b/xtask-mpi" calibrate --mpi --out "$work/cal_p$p.json"

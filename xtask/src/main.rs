@@ -48,6 +48,12 @@ enum Command {
     Ci(ci::Args),
     /// Run the fuzz targets of the wire decoders and JSON readers for a while each.
     Fuzz(fuzz::Args),
+    /// Print `yes` or `no`: whether this host lets a process read another's memory
+    /// (cross-memory attach, which Open MPI's single copy needs). The probe that `bench
+    /// --mpi` runs before it starts mpirun, for scripts that start mpirun themselves
+    /// (`scripts/cpu_host_run.sh`).
+    #[command(hide = true)]
+    CrossMemoryAttach,
 }
 
 fn main() {
@@ -91,6 +97,11 @@ fn main() {
         Command::Train(a) => train::run(*a),
         Command::Ci(a) => ci::run(a),
         Command::Fuzz(a) => fuzz::run(a),
+        Command::CrossMemoryAttach => {
+            let yes = collectives::comm::peer_memory::can_read_other_processes();
+            println!("{}", if yes { "yes" } else { "no" });
+            Ok(())
+        }
     };
     if let Err(e) = result {
         // A subcommand that failed while MPI still runs ends the whole job: exiting this
