@@ -850,7 +850,7 @@ fn mpi_counts(counts: &[usize]) -> Result<(MpiInts, MpiInts)> {
 
 /// The MPI library's own collectives. Blocking: MPI cannot withdraw from a blocking
 /// collective, so a peer that never enters one is not a typed timeout; like
-/// [`Communicator::barrier`], each runs under the [`Watchdog`], which ends the job once the
+/// [`Communicator::barrier`], each runs under a watchdog thread, which ends the job once the
 /// call has not returned within the timeout. The argument check of the dense collectives,
 /// on by default, runs first over point-to-point messages with the transport's timeout
 /// (a typed error there).

@@ -177,7 +177,7 @@ pub type PeerFailure = Box<dyn Fn() -> Option<usize> + Send>;
 /// message never reaches the flag this rank waits for, and both time out. (Reproduced at
 /// P = 2 with Open MPI's `btl_vader_single_copy_mechanism none`: a rank that sent 8 MiB
 /// and then waited on the segment timed out with the receiver still in its receive.)
-pub type TransportProgress = Box<dyn Fn() + Send>;
+pub(crate) type TransportProgress = Box<dyn Fn() + Send>;
 
 /// One rank's view of a shared segment. See the module docs.
 pub struct SharedSegment {
