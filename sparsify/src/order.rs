@@ -15,22 +15,23 @@ use std::cell::RefCell;
 /// Lists of at most this many elements are finished with `select_nth_unstable`.
 const SMALL: usize = 64;
 
-/// With AVX-512, lists of at most this many elements are selected among (or, in the rounds,
-/// finished) with `select_nth_unstable`: each round's sample, sort and pivots cost more than
-/// they save on a list this short. On an AVX-512 Zen 4, exact top-k at 2^14, ρ = 0.01 (about
-/// 230 candidates; fresh gradients, builds alternating over 8 launches, median ratio to
-/// `stream`): 3.09× with rounds down to [`SMALL`], 2.57× with this (MSTopK 3.48× →
-/// 3.22×); again with the final code, 2.88× → 2.65× (MSTopK 2.93× → 2.90×, the hard
-/// threshold, which selects nothing after its pass, 2.10× → 2.09×). Level at 2^15 (about
-/// 460 candidates), 2^16 (about 900) and 2^18, ρ = 0.001 (about 360), and at 512 or 1024
-/// against this.
+/// With AVX-512, the sampled rounds of lists longer than [`HISTOGRAM_MAX`] are finished
+/// with `select_nth_unstable` once a list is this short: each round's sample, sort and
+/// pivots cost more than they save on a list this short. On an AVX-512 Zen 4, exact top-k
+/// at 2^14, ρ = 0.01 (about 230 candidates; fresh gradients, builds alternating over 8
+/// launches, median ratio to `stream`): 3.09× with rounds down to [`SMALL`], 2.57× with
+/// this as the limit below which a list skipped the rounds (MSTopK 3.48× → 3.22×).
 const AVX512_SMALL: usize = 320;
 
 /// Lists of at most this many elements are selected among by one histogram round with
-/// AVX2 ([`avx2::kth_by_histogram`]) instead of the sampled rounds. A fused pass at
-/// 2^14–2^16 elements, ρ = 0.01, leaves a few hundred candidates; on the AVX2 EPYC VM the
-/// 164th largest of 213 magnitudes took 300 ns against 540 ns by rounds, of 800 about
-/// 1.1 µs against 1.2–1.5 µs, and of 3000, 3.5 µs against 3.1 µs.
+/// AVX2 ([`avx2::kth_by_histogram`]) instead of the sampled rounds, on every CPU with AVX2
+/// (AVX-512 ones included). A fused pass at 2^14–2^16 elements, ρ = 0.01, leaves a few
+/// hundred candidates; on the AVX2 EPYC VM the 164th largest of 213 magnitudes took 300 ns
+/// against 540 ns by rounds, of 800 about 1.1 µs against 1.2–1.5 µs, and of 3000, 3.5 µs
+/// against 3.1 µs. On an AVX-512 Intel Xeon (2 cores), where lists up to 320 had gone to
+/// `select_nth_unstable` and longer ones to the AVX-512 rounds, exact top-k with error
+/// feedback at ρ = 0.01 (fresh gradients, median ratio to `stream`, 3 launches each):
+/// 1.88–1.93× → 1.78–1.81× at 2^14, 1.95–1.98× → 1.86–1.89× at 2^16; level at ρ = 0.001.
 const HISTOGRAM_MAX: usize = 1024;
 
 /// The `m`-th largest element of `v` (`1 <= m <= v.len()`, duplicates counted, so the same
@@ -46,17 +47,6 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         v.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if v.len() > SMALL
-        && std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-    {
-        if v.len() <= AVX512_SMALL {
-            return by_introselect(v, m);
-        }
-        // SAFETY: the CPU has AVX-512F/BW (checked just above).
-        return unsafe { avx512::kth_largest(v, m) };
-    }
-    #[cfg(target_arch = "x86_64")]
     if v.len() > SMALL && std::is_x86_feature_detected!("avx2") {
         if v.len() <= HISTOGRAM_MAX {
             return SPARE.with(|spare| {
@@ -68,6 +58,10 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
                 // and is not `v`.
                 unsafe { avx2::kth_by_histogram(v, m, spare.as_mut_ptr()) }
             });
+        }
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512F/BW (checked just above).
+            return unsafe { avx512::kth_largest(v, m) };
         }
         // SAFETY: the CPU has AVX2 (checked just above).
         return unsafe { avx2::kth_largest(v, m) };
