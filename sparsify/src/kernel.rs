@@ -628,16 +628,17 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     (t, zero_from): (i32, i32),
     cap: usize,
     cand: &mut Cand,
-    mom: Option<&mut Moments>,
+    (mom, sums): (Option<&mut Moments>, Option<&mut [f64]>),
 ) -> PassOut {
     // With `ZERO` nothing is dropped at `cap`: every zeroed entry stays restorable.
     let cap = if ZERO { usize::MAX } else { cap };
+    let tz = (t, zero_from);
     let Some(m) = mom else {
-        return fused_any::<STATS, ZERO>(emit, prefetch, r, g, base, (t, zero_from), cap, cand);
+        return fused_any::<STATS, ZERO>(emit, prefetch, r, g, base, tz, cap, cand, sums);
     };
-    // The moments are of the accumulated range before any zeroing.
+    // The moments are of the accumulated range before any zeroing (one chunk).
     let before = cand.len();
-    let out = fused_any::<STATS, false>(emit, prefetch, r, g, base, (t, zero_from), cap, cand);
+    let out = fused_any::<STATS, false>(emit, prefetch, r, g, base, tz, cap, cand, None);
     *m = moments_chunk(r);
     if ZERO {
         zero_candidates(r, base, &cand.idx[before..], &cand.val[before..], zero_from);
@@ -666,6 +667,8 @@ fn zeroed_from(v: f32, zero_from: i32) -> f32 {
 /// prefetch [`PREFETCH_AHEAD`] elements ahead (see there). With `ZERO`, the candidates with
 /// magnitude bits from `zero_from` up are zeroed in `r`: by the vector builds as they read
 /// each batch's values back (still in the first-level cache), by the portable one after.
+/// `chunk_sums` (vector builds only, with `STATS`): the range spans whole chunks from its
+/// start, and the pass writes each chunk's `|x|` sum there (see [`serial_chunks`]).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 fn fused_any<const STATS: bool, const ZERO: bool>(
@@ -677,29 +680,32 @@ fn fused_any<const STATS: bool, const ZERO: bool>(
     tz: (i32, i32),
     cap: usize,
     cand: &mut Cand,
+    chunk_sums: Option<&mut [f64]>,
 ) -> PassOut {
+    let sums = chunk_sums;
     match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if prefetch => unsafe {
-            wide::avx512::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand)
+            wide::avx512::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            wide::avx512::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand)
+            wide::avx512::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: `isa()` checked at run time that the CPU has AVX2.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if prefetch => unsafe {
-            wide::avx2::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand)
+            wide::avx2::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
-            wide::avx2::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand)
+            wide::avx2::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand, sums)
         },
         _ => {
+            debug_assert!(sums.is_none(), "the portable body sums one chunk a call");
             let before = cand.len();
             let out = fused_body::<STATS>(r, g, base, tz.0, cap, cand);
             if ZERO {
@@ -846,22 +852,29 @@ fn piece_len(n: usize, np: usize) -> usize {
     n.div_ceil(np).div_ceil(CHUNK).max(1) * CHUNK
 }
 
-/// One serial range of a pass: chunk by chunk when `split` (with `STATS`, writing each
-/// chunk's `|x|` sum to `sums` and folding them in order into the result), else in one go.
+/// One serial range of a pass: chunk by chunk when `split`, else in one go. With `STATS`,
+/// each chunk's `|x|` sum goes to `sums` and the result folds them in order: in one call
+/// where `one` folds them itself when handed `sums` (`folds`: the vector builds' fused
+/// pass), else one call per chunk.
+///
+/// Why one call: a call per chunk cost MSTopK's step 0.06–0.07× `stream` at 2^14 on a
+/// 2-core AVX-512 Intel VM (ρ = 0.01, fresh gradients, median ratio to `stream`, three
+/// launches of each build in turn: 2.30–2.33× per chunk, 2.23–2.26× in one call) and
+/// about 0.03× at 2^16 (2.03–2.05× against 1.98–2.04×).
 fn serial_chunks<const STATS: bool>(
     n: usize,
     sums: &mut [f64],
-    split: bool,
-    mut one: impl FnMut(usize, usize) -> PassOut,
+    (split, folds): (bool, bool),
+    mut one: impl FnMut(usize, usize, Option<&mut [f64]>) -> PassOut,
 ) -> PassOut {
-    if !STATS && !split {
-        return one(0, n);
+    if !split && (!STATS || folds) {
+        return one(0, n, STATS.then_some(sums));
     }
     let mut out = PassOut::new();
     // `sums` has one slot per chunk of this range.
     for (c, s) in sums.iter_mut().enumerate() {
         let lo = c * CHUNK;
-        let o = one(lo, (lo + CHUNK).min(n));
+        let o = one(lo, (lo + CHUNK).min(n), None);
         if STATS {
             *s = o.abs_sum;
         }
@@ -1009,10 +1022,12 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     // one go is faster: exact top-k at 2^14, ρ = 0.01, took 2.70× `stream` chunked against
     // 2.55× in one go on the 2-core Zen 3 VM (6 alternated launches).
     let chunked = MOM || (ZERO && isa() == Isa::Base);
+    // The vector builds fold the chunks' `|x|` sums within one call ([`serial_chunks`]).
+    let folds = isa() != Isa::Base;
     let np = pieces(n);
     if np == 1 {
         let before = cand.len();
-        let mut out = serial_chunks::<STATS>(n, &mut sums, chunked, |lo, hi| {
+        let mut out = serial_chunks::<STATS>(n, &mut sums, (chunked, folds), |lo, hi, s| {
             let m = moms.get_mut(lo / CHUNK).filter(|_| MOM);
             fused_one::<STATS, ZERO>(
                 emit,
@@ -1023,7 +1038,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
                 tz,
                 cap,
                 cand,
-                m,
+                (m, s),
             )
         });
         out.overflow |= cand.len() - before > cap.saturating_sub(before);
@@ -1062,10 +1077,10 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
             part.clear();
             part.zeroed_from = zero_from;
             let b = base + i * len;
-            let out = serial_chunks::<STATS>(rp.len(), sp, chunked, |lo, hi| {
+            let out = serial_chunks::<STATS>(rp.len(), sp, (chunked, folds), |lo, hi, s| {
                 let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
                 let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
-                fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, m)
+                fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, (m, s))
             });
             if let Some(f) = &f {
                 f(part, p);
@@ -1097,7 +1112,7 @@ pub(crate) fn scan_pass<const STATS: bool>(
     sums.resize(n.div_ceil(CHUNK), 0.0);
     let np = pieces(n);
     if np == 1 {
-        let out = serial_chunks::<STATS>(n, &mut sums, false, |lo, hi| {
+        let out = serial_chunks::<STATS>(n, &mut sums, (false, false), |lo, hi, _| {
             scan_one::<STATS>(&x[lo..hi], base + lo, t, cap, cand)
         });
         cand.sums = sums;
@@ -1119,7 +1134,7 @@ pub(crate) fn scan_pass<const STATS: bool>(
         .map(|(i, ((xp, part), sp))| {
             part.clear();
             let b = base + i * len;
-            serial_chunks::<STATS>(xp.len(), sp, false, |lo, hi| {
+            serial_chunks::<STATS>(xp.len(), sp, (false, false), |lo, hi, _| {
                 scan_one::<STATS>(&xp[lo..hi], b + lo, t, room, part)
             })
         })
@@ -1732,20 +1747,33 @@ mod tests {
     #[test]
     fn lanes_match_fused_pass() {
         // Within one chunk, over several (with a tail), and split over the pool.
-        for n in [1003, 3 * CHUNK + 37, 2 * PAR_MIN + CHUNK + 5] {
+        for n in [
+            1003,
+            2 * CHUNK,
+            2 * CHUNK + 5,
+            3 * CHUNK + 37,
+            2 * PAR_MIN + CHUNK + 5,
+        ] {
             let g: Vec<f32> = (0..n)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37)
                 .collect();
             // The largest magnitude is exact when some element reaches the threshold, and
             // below the threshold otherwise (`PassOut::max_bits`).
-            for t in [INF_BITS, abs_bits(18.4), 0] {
+            // Caps that end batches early and send blocks through the capped path, in the
+            // vector builds' one call over several chunks as much as in a chunk's.
+            let ts = [INF_BITS, abs_bits(18.4), 0];
+            for (t, cap) in ts
+                .iter()
+                .flat_map(|&t| [(t, usize::MAX), (t, 100 * BLOCK + 7), (t, 3)])
+            {
                 let mut r = vec![0.25f32; g.len()];
                 let mut c = Cand::default();
-                let out = fused_pass::<true, false>(&mut r, &g, 0, t, usize::MAX, &mut c);
+                let out = fused_pass::<true, false>(&mut r, &g, 0, t, cap, &mut c);
                 let mx = r.iter().map(|v| abs_bits(*v)).max().unwrap();
-                let out2 = scan_pass::<true>(&r, 0, t, usize::MAX, &mut c);
+                let out2 = scan_pass::<true>(&r, 0, t, cap, &mut c);
                 for o in [out, out2] {
-                    assert_eq!(o.abs_sum.to_bits(), abs_sum(&r).to_bits(), "n {n} t {t}");
+                    let what = format!("n {n} t {t} cap {cap}");
+                    assert_eq!(o.abs_sum.to_bits(), abs_sum(&r).to_bits(), "{what}");
                     if mx >= t {
                         assert_eq!(o.max_bits, mx, "n {n} t {t}");
                     } else {
@@ -1932,6 +1960,7 @@ mod tests {
                                 (t, t),
                                 cap,
                                 &mut c,
+                                None,
                             );
                             let stats = (o.overflow, o.abs_sum.to_bits(), o.max_bits);
                             let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
@@ -2030,52 +2059,60 @@ mod tests {
                                 let (mut r, mut c) = (r0.clone(), Cand::default());
                                 let mut c2 = Cand::default();
                                 // SAFETY: the CPU has the instruction set (`has`).
-                                let (o, o2) =
-                                    unsafe {
-                                        assert!(has);
-                                        let (rr, cc) = (&mut r, &mut c);
-                                        let o =
-                                            match (name == "avx2", prefetch) {
-                                                (true, false) => wide::avx2::fused::<
-                                                    true,
-                                                    false,
-                                                    false,
-                                                >(
-                                                    emit, rr, &g, 5, (t, t), cap, cc
-                                                ),
-                                                (true, true) => wide::avx2::fused::<
-                                                    true,
-                                                    true,
-                                                    false,
-                                                >(
-                                                    emit, rr, &g, 5, (t, t), cap, cc
-                                                ),
-                                                (false, false) => {
-                                                    wide::avx512::fused::<true, false, false>(
-                                                        emit,
-                                                        rr,
-                                                        &g,
-                                                        5,
-                                                        (t, t),
-                                                        cap,
-                                                        cc,
-                                                    )
-                                                }
-                                                (false, true) => wide::avx512::fused::<
-                                                    true,
-                                                    true,
-                                                    false,
-                                                >(
-                                                    emit, rr, &g, 5, (t, t), cap, cc
-                                                ),
-                                            };
-                                        let o2 = if name == "avx2" {
-                                            wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
-                                        } else {
-                                            wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
-                                        };
-                                        (o, o2)
+                                let (o, o2) = unsafe {
+                                    assert!(has);
+                                    let (rr, cc) = (&mut r, &mut c);
+                                    let o = match (name == "avx2", prefetch) {
+                                        (true, false) => wide::avx2::fused::<true, false, false>(
+                                            emit,
+                                            rr,
+                                            &g,
+                                            5,
+                                            (t, t),
+                                            cap,
+                                            cc,
+                                            None,
+                                        ),
+                                        (true, true) => wide::avx2::fused::<true, true, false>(
+                                            emit,
+                                            rr,
+                                            &g,
+                                            5,
+                                            (t, t),
+                                            cap,
+                                            cc,
+                                            None,
+                                        ),
+                                        (false, false) => {
+                                            wide::avx512::fused::<true, false, false>(
+                                                emit,
+                                                rr,
+                                                &g,
+                                                5,
+                                                (t, t),
+                                                cap,
+                                                cc,
+                                                None,
+                                            )
+                                        }
+                                        (false, true) => wide::avx512::fused::<true, true, false>(
+                                            emit,
+                                            rr,
+                                            &g,
+                                            5,
+                                            (t, t),
+                                            cap,
+                                            cc,
+                                            None,
+                                        ),
                                     };
+                                    let o2 = if name == "avx2" {
+                                        wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                    } else {
+                                        wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                    };
+                                    (o, o2)
+                                };
                                 let what = format!("{name} {emit:?} prefetch {prefetch} n {n} t {t} cap {cap} {bad:?}");
                                 let got = max_as_known(seen(&r, c, o), &want, t);
                                 assert_eq!(got, want, "fused {what}");
@@ -2093,16 +2130,16 @@ mod tests {
                                     let (rr, cc) = (&mut r, &mut c);
                                     match (name == "avx2", prefetch) {
                                         (true, false) => wide::avx2::fused::<true, false, true>(
-                                            emit, rr, &g, 5, tz, cap, cc,
+                                            emit, rr, &g, 5, tz, cap, cc, None,
                                         ),
                                         (true, true) => wide::avx2::fused::<true, true, true>(
-                                            emit, rr, &g, 5, tz, cap, cc,
+                                            emit, rr, &g, 5, tz, cap, cc, None,
                                         ),
                                         (false, false) => wide::avx512::fused::<true, false, true>(
-                                            emit, rr, &g, 5, tz, cap, cc,
+                                            emit, rr, &g, 5, tz, cap, cc, None,
                                         ),
                                         (false, true) => wide::avx512::fused::<true, true, true>(
-                                            emit, rr, &g, 5, tz, cap, cc,
+                                            emit, rr, &g, 5, tz, cap, cc, None,
                                         ),
                                     }
                                 };
@@ -2147,6 +2184,7 @@ mod tests {
                     (t, t),
                     usize::MAX,
                     &mut c,
+                    None,
                 );
                 assert_eq!(c.branch_free, want, "t {t} from {start}");
             }

@@ -573,6 +573,12 @@ macro_rules! wide_passes {
             /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
             /// share of the last batch's groups that held a hit, starting from the form the
             /// list's last pass ended in.
+            ///
+            /// With `STATS` and `chunk_sums`, the pass spans whole [`CHUNK`]s from its start
+            /// and writes the `|x|` sum of each chunk that its whole blocks complete to
+            /// `chunk_sums` (batches stop at chunk ends); `st.sum` is left with the lanes of a
+            /// last, partial chunk, which the tail continues. Without `chunk_sums` every lane
+            /// folds into `st.sum` once at the end (a pass over one chunk).
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn blocks<const STATS: bool, const ZERO: bool>(
@@ -584,6 +590,7 @@ macro_rules! wide_passes {
                 st: &mut State,
                 src: *mut f32,
                 emit: EmitForm,
+                mut chunk_sums: Option<&mut [f64]>,
                 mut load: impl FnMut(usize) -> W,
             ) {
                 let whole = n / BLOCK * BLOCK;
@@ -597,10 +604,23 @@ macro_rules! wide_passes {
                 // for all of its blocks.
                 unsafe {
                     let tv = W::bound(t);
+                    let per_chunk = STATS && chunk_sums.is_some();
                     let mut i = 0;
                     while i < whole {
+                        if per_chunk && i > 0 && i % CHUNK == 0 {
+                            if let Some(sums) = chunk_sums.as_deref_mut() {
+                                sums[i / CHUNK - 1] = f64::from(st.lanes.tree16());
+                            }
+                            st.lanes = W::zero();
+                        }
                         let len = cand.idx.len();
-                        let left = (whole - i) / BLOCK;
+                        // With per-chunk sums a batch ends at its chunk's end at the latest.
+                        let lim = if per_chunk {
+                            whole.min((i / CHUNK + 1) * CHUNK)
+                        } else {
+                            whole
+                        };
+                        let left = (lim - i) / BLOCK;
                         // Blocks that fit under `cap` with a block's room to spare.
                         let fit = (cap.saturating_sub(len) / BLOCK).saturating_sub(1);
                         if fit < left.min(BATCH) || t > INF_BITS {
@@ -680,9 +700,17 @@ macro_rules! wide_passes {
                         cand.branch_free = free;
                     }
                     if STATS {
-                        // The lanes folded once, before the tail's elements (as [`abs_sum`]).
-                        st.sum += f64::from(st.lanes.tree16());
+                        // The lanes folded once per chunk, before the tail's elements (as
+                        // [`abs_sum`]). A last chunk that the whole blocks complete goes to
+                        // its slot, and the tail (if any) starts a chunk of its own.
+                        let sum = f64::from(st.lanes.tree16());
                         st.lanes = W::zero();
+                        match chunk_sums {
+                            Some(sums) if whole > 0 && whole % CHUNK == 0 => {
+                                sums[whole / CHUNK - 1] = sum;
+                            }
+                            _ => st.sum += sum,
+                        }
                     }
                 }
             }
@@ -759,6 +787,7 @@ macro_rules! wide_passes {
                 (t, zero_from): (i32, i32),
                 cap: usize,
                 cand: &mut Cand,
+                mut chunk_sums: Option<&mut [f64]>,
             ) -> PassOut {
                 let n = r.len().min(g.len());
                 let whole = n / BLOCK * BLOCK;
@@ -788,13 +817,22 @@ macro_rules! wide_passes {
                 // SAFETY: `blocks` loads only whole blocks below `whole <= n`, within both
                 // slices, and zeroes only candidates among them.
                 unsafe {
-                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, load);
+                    let sums = chunk_sums.as_deref_mut();
+                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, sums, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
                     *rv += *gv;
                 }
                 let before = cand.len();
                 let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
+                if let (true, Some(sums)) = (STATS, chunk_sums) {
+                    // The last chunk, when partial, is `st.sum`; the pass's sum folds the
+                    // chunks' in order, as `serial_chunks` does.
+                    if n % CHUNK != 0 {
+                        sums[n / CHUNK] = st.sum;
+                    }
+                    st.sum = sums.iter().fold(0.0, |a, b| a + b);
+                }
                 if ZERO {
                     let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
                     zero_candidates(&mut r[..n], base, idx, val, zero_from);
@@ -906,6 +944,7 @@ macro_rules! wide_passes {
                         &mut st,
                         src,
                         emit_form(),
+                        None,
                         |i| W::load(px.add(i)),
                     );
                 }
