@@ -1983,6 +1983,82 @@ mod tests {
         assert!(compared > 20, "most cases emit candidates: {compared}");
     }
 
+    /// With per-chunk sums, one vector pass over several chunks ([`serial_chunks`]'s one
+    /// call) writes each chunk's `|x|` sum in [`abs_sum`]'s order, returns their fold, and
+    /// emits the same candidates as a pass without them, in every instruction set this CPU
+    /// has: whole chunks, a partial last one, and a tail that starts a chunk of its own;
+    /// caps that end batches early.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_passes_fold_each_chunk_in_the_reference_order() {
+        let isas = [
+            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("avx512", isa() == Isa::Avx512),
+        ];
+        let mut checked = 0;
+        for (name, has) in isas {
+            if !has {
+                continue;
+            }
+            for n in [2 * CHUNK, 2 * CHUNK + 5, 3 * CHUNK + 37, CHUNK - 3] {
+                let g: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.01)
+                    .collect();
+                for t in [INF_BITS, abs_bits(4.55), 0] {
+                    for cap in [usize::MAX, 100 * BLOCK + 7, 3] {
+                        let run = |with_sums: bool| {
+                            let mut r: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.001).collect();
+                            let mut c = Cand::default();
+                            let mut sums = vec![0.0f64; n.div_ceil(CHUNK)];
+                            let s = with_sums.then_some(&mut sums[..]);
+                            let emit = EmitForm::Adaptive;
+                            let tz = (t, t);
+                            // SAFETY: the CPU has the instruction set (`has`).
+                            let o = unsafe {
+                                if name == "avx2" {
+                                    wide::avx2::fused::<true, false, false>(
+                                        emit, &mut r, &g, 0, tz, cap, &mut c, s,
+                                    )
+                                } else {
+                                    wide::avx512::fused::<true, false, false>(
+                                        emit, &mut r, &g, 0, tz, cap, &mut c, s,
+                                    )
+                                }
+                            };
+                            (r, c, o, sums)
+                        };
+                        let (r, c, o, sums) = run(true);
+                        let what = format!("{name} n {n} t {t} cap {cap}");
+                        assert_eq!(o.abs_sum.to_bits(), abs_sum(&r).to_bits(), "{what}");
+                        for (k, chunk) in r.chunks(CHUNK).enumerate() {
+                            assert_eq!(
+                                sums[k].to_bits(),
+                                abs_sum(chunk).to_bits(),
+                                "{what} chunk {k}"
+                            );
+                        }
+                        let (_, c0, o0, _) = run(false);
+                        // The largest magnitude is only exact once some element reached `t`.
+                        if !c0.idx.is_empty() {
+                            assert_eq!(o.max_bits, o0.max_bits, "{what}");
+                        }
+                        assert_eq!(o.overflow, o0.overflow, "{what}");
+                        assert_eq!(
+                            (c.idx, bits_of(&c.val)),
+                            (c0.idx, bits_of(&c0.val)),
+                            "{what}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            checked >= 36 || !std::is_x86_feature_detected!("avx2"),
+            "{checked}"
+        );
+    }
+
     /// The vector passes of every instruction set this CPU has ([`wide`]) equal the
     /// portable bodies bit for bit: candidates, order, cap and overflow, statistics,
     /// non-finite reporting and the accumulated vector, fused and read-only, at hit rates
