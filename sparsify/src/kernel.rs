@@ -1983,6 +1983,43 @@ mod tests {
         assert!(compared > 20, "most cases emit candidates: {compared}");
     }
 
+    /// The statistics pass of the vector build `name` ("avx2" or "avx512", with or
+    /// without prefetching) over `r` and `g` from index `base`, with threshold and zeroing
+    /// bound `tz`: one call for the four instantiations the tests compare.
+    ///
+    /// # Safety
+    /// The CPU has that instruction set.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn wide_fused<const ZERO: bool>(
+        (name, prefetch): (&str, bool),
+        emit: EmitForm,
+        r: &mut [f32],
+        g: &[f32],
+        (base, tz): (usize, (i32, i32)),
+        cap: usize,
+        c: &mut Cand,
+        sums: Option<&mut [f64]>,
+    ) -> PassOut {
+        // SAFETY: as the caller ensures.
+        unsafe {
+            match (name == "avx2", prefetch) {
+                (true, false) => {
+                    wide::avx2::fused::<true, false, ZERO>(emit, r, g, base, tz, cap, c, sums)
+                }
+                (true, true) => {
+                    wide::avx2::fused::<true, true, ZERO>(emit, r, g, base, tz, cap, c, sums)
+                }
+                (false, false) => {
+                    wide::avx512::fused::<true, false, ZERO>(emit, r, g, base, tz, cap, c, sums)
+                }
+                (false, true) => {
+                    wide::avx512::fused::<true, true, ZERO>(emit, r, g, base, tz, cap, c, sums)
+                }
+            }
+        }
+    }
+
     /// With per-chunk sums, one vector pass over several chunks ([`serial_chunks`]'s one
     /// call) writes each chunk's `|x|` sum in [`abs_sum`]'s order, returns their fold, and
     /// emits the same candidates as a pass without them, in every instruction set this CPU
@@ -2015,15 +2052,8 @@ mod tests {
                             let tz = (t, t);
                             // SAFETY: the CPU has the instruction set (`has`).
                             let o = unsafe {
-                                if name == "avx2" {
-                                    wide::avx2::fused::<true, false, false>(
-                                        emit, &mut r, &g, 0, tz, cap, &mut c, s,
-                                    )
-                                } else {
-                                    wide::avx512::fused::<true, false, false>(
-                                        emit, &mut r, &g, 0, tz, cap, &mut c, s,
-                                    )
-                                }
+                                let how = (name, false);
+                                wide_fused::<false>(how, emit, &mut r, &g, (0, tz), cap, &mut c, s)
                             };
                             (r, c, o, sums)
                         };
@@ -2138,50 +2168,16 @@ mod tests {
                                 let (o, o2) = unsafe {
                                     assert!(has);
                                     let (rr, cc) = (&mut r, &mut c);
-                                    let o = match (name == "avx2", prefetch) {
-                                        (true, false) => wide::avx2::fused::<true, false, false>(
-                                            emit,
-                                            rr,
-                                            &g,
-                                            5,
-                                            (t, t),
-                                            cap,
-                                            cc,
-                                            None,
-                                        ),
-                                        (true, true) => wide::avx2::fused::<true, true, false>(
-                                            emit,
-                                            rr,
-                                            &g,
-                                            5,
-                                            (t, t),
-                                            cap,
-                                            cc,
-                                            None,
-                                        ),
-                                        (false, false) => {
-                                            wide::avx512::fused::<true, false, false>(
-                                                emit,
-                                                rr,
-                                                &g,
-                                                5,
-                                                (t, t),
-                                                cap,
-                                                cc,
-                                                None,
-                                            )
-                                        }
-                                        (false, true) => wide::avx512::fused::<true, true, false>(
-                                            emit,
-                                            rr,
-                                            &g,
-                                            5,
-                                            (t, t),
-                                            cap,
-                                            cc,
-                                            None,
-                                        ),
-                                    };
+                                    let o = wide_fused::<false>(
+                                        (name, prefetch),
+                                        emit,
+                                        rr,
+                                        &g,
+                                        (5, (t, t)),
+                                        cap,
+                                        cc,
+                                        None,
+                                    );
                                     let o2 = if name == "avx2" {
                                         wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
                                     } else {
@@ -2204,20 +2200,16 @@ mod tests {
                                 // SAFETY: as above.
                                 let o = unsafe {
                                     let (rr, cc) = (&mut r, &mut c);
-                                    match (name == "avx2", prefetch) {
-                                        (true, false) => wide::avx2::fused::<true, false, true>(
-                                            emit, rr, &g, 5, tz, cap, cc, None,
-                                        ),
-                                        (true, true) => wide::avx2::fused::<true, true, true>(
-                                            emit, rr, &g, 5, tz, cap, cc, None,
-                                        ),
-                                        (false, false) => wide::avx512::fused::<true, false, true>(
-                                            emit, rr, &g, 5, tz, cap, cc, None,
-                                        ),
-                                        (false, true) => wide::avx512::fused::<true, true, true>(
-                                            emit, rr, &g, 5, tz, cap, cc, None,
-                                        ),
-                                    }
+                                    wide_fused::<true>(
+                                        (name, prefetch),
+                                        emit,
+                                        rr,
+                                        &g,
+                                        (5, tz),
+                                        cap,
+                                        cc,
+                                        None,
+                                    )
                                 };
                                 let got = max_as_known(seen(&r, c, o), &want_zeroed, t);
                                 assert_eq!(got, want_zeroed, "zeroing {what}");
