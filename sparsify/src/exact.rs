@@ -167,7 +167,8 @@ impl ExactTopK {
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing
             // pass, put back what was not).
-            let (idx, val) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
+            let near = self.warm.kth_range(warm);
+            let (idx, val) = kernel::select_k_near(&mut self.cand, k, &mut self.scratch, near);
             if zero {
                 split::restore(residual, &self.cand);
             }

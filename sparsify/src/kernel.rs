@@ -1356,6 +1356,23 @@ pub(crate) fn select_k_of(
     keep_k_from(cand, kth, k)
 }
 
+/// [`select_k_of`] given a guess `near` of where the `k`-th magnitude lies
+/// ([`order::kth_largest_near`]); the same selection.
+pub(crate) fn select_k_near(
+    cand: &mut Cand,
+    k: usize,
+    scratch: &mut Vec<i32>,
+    near: Option<(i32, i32)>,
+) -> (Vec<u32>, Vec<f32>) {
+    let Some(near) = near.filter(|_| 0 < k && k < cand.len()) else {
+        return select_k_of(cand, k, scratch);
+    };
+    scratch.clear();
+    scratch.extend(cand.val.iter().map(|v| abs_bits(*v)));
+    let kth = order::kth_largest_near(scratch, k, near);
+    keep_k_from(cand, kth, k)
+}
+
 /// The `k` candidates kept at the `k`-th magnitude `kth`: all above it, then its ties in
 /// index order ([`keep_top`]), into the candidates' spare buffers.
 fn keep_k_from(cand: &mut Cand, kth: i32, k: usize) -> (Vec<u32>, Vec<f32>) {

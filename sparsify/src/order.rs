@@ -69,6 +69,60 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
     by_introselect(v, m)
 }
 
+/// [`kth_largest`] given a guess `lo..=hi` of where the `m`-th largest lies (a selector's
+/// last k-th magnitude and how far it moves between calls): one compaction round counts
+/// the elements above `hi` and keeps those in the range, and when the rank falls among the
+/// kept, only they are selected among. A wrong guess costs that round, never a wrong
+/// answer: the whole list is selected among as without one.
+///
+/// Why: the one-round histogram of [`kth_largest`] spends about 1.3 cycles per element on
+/// its scalar counts (timed inside it on the 2-core AVX-512 Xeon: 320 of 540 cycles for
+/// the 164th of 229 magnitudes), the compaction about a tenth of that, so a range that
+/// holds a third of the list or less selects faster. Exact top-k with error feedback at
+/// ρ = 0.01 there (fresh gradients, median ratio to `stream` over six launches): 2.00× →
+/// 1.96× at 2^14, 1.83× → 1.79× at 2^16.
+///
+/// # Panics
+/// If `m` is 0 or above `v.len()`.
+pub(crate) fn kth_largest_near(v: &mut [i32], m: usize, (lo, hi): (i32, i32)) -> i32 {
+    assert!(
+        (1..=v.len()).contains(&m),
+        "rank {m} of {} elements",
+        v.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if v.len() > SMALL && lo <= hi && std::is_x86_feature_detected!("avx2") {
+        let n = v.len();
+        let wide =
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw");
+        let inside = SPARE.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < n {
+                spare.resize(n, 0);
+            }
+            let (src, dst) = (v.as_ptr(), spare.as_mut_ptr());
+            // SAFETY: the CPU has the features of the round called (checked above); `src`
+            // holds `n`, `dst` has room for `n`, and they do not overlap.
+            let (above, kept) = unsafe {
+                if wide {
+                    avx512::round(src, n, dst, lo, hi)
+                } else {
+                    avx2::round(src, n, dst, lo, hi)
+                }
+            };
+            let inside = above < m && m <= above + kept;
+            if inside {
+                v[..kept].copy_from_slice(&spare[..kept]);
+            }
+            inside.then_some((kept, m - above))
+        });
+        if let Some((kept, rank)) = inside {
+            return kth_largest(&mut v[..kept], rank);
+        }
+    }
+    kth_largest(v, m)
+}
+
 /// The reference (and the path without AVX-512): `select_nth_unstable`.
 fn by_introselect(v: &mut [i32], m: usize) -> i32 {
     let n = v.len();
@@ -169,7 +223,13 @@ mod avx512 {
     /// # Safety
     /// AVX-512F/BW; `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn round(src: *const i32, n: usize, dst: *mut i32, lo: i32, hi: i32) -> (usize, usize) {
+    pub(super) unsafe fn round(
+        src: *const i32,
+        n: usize,
+        dst: *mut i32,
+        lo: i32,
+        hi: i32,
+    ) -> (usize, usize) {
         let (vlo, vhi) = (_mm512_set1_epi32(lo), _mm512_set1_epi32(hi));
         let (mut above, mut kept) = (0usize, 0usize);
         let whole = n / 16 * 16;
@@ -358,7 +418,13 @@ pub(crate) mod avx2 {
     /// # Safety
     /// AVX2; `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
     #[target_feature(enable = "avx2")]
-    unsafe fn round(src: *const i32, n: usize, dst: *mut i32, lo: i32, hi: i32) -> (usize, usize) {
+    pub(super) unsafe fn round(
+        src: *const i32,
+        n: usize,
+        dst: *mut i32,
+        lo: i32,
+        hi: i32,
+    ) -> (usize, usize) {
         let (vlo, vhi) = (_mm256_set1_epi32(lo), _mm256_set1_epi32(hi));
         let (mut above, mut kept) = (0usize, 0usize);
         let whole = n / 8 * 8;
@@ -522,6 +588,46 @@ mod tests {
             let v: Vec<i32> = v.iter().map(|x| x % distinct).collect();
             let m = pick.index(v.len()) + 1;
             prop_assert_eq!(kth_largest(&mut v.clone(), m), reference(&v, m));
+        }
+    }
+
+    /// The guessed range of [`kth_largest_near`] around the true value, off to either side,
+    /// empty or inverted: the answer is the same as without a guess. Both outcomes of the
+    /// guess (the rank inside the kept range, and outside it) occur for every list length.
+    #[test]
+    fn a_guess_right_or_wrong_gives_the_same_rank() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for n in [1usize, 64, 65, 200, 1024, 1025, 5000] {
+            let (mut inside, mut outside) = (0, 0);
+            for trial in 0..60 {
+                // Ties in half the trials.
+                let modulus = if trial % 2 == 0 { 50 } else { 1 << 30 };
+                let v: Vec<i32> = (0..n).map(|_| (next() % modulus) as i32).collect();
+                let m = (next() as usize % n) + 1;
+                let want = reference(&v, m);
+                let w = (next() % 40) as i32 - 8;
+                let shift = (next() % 60) as i32 - 30;
+                let (lo, hi) = (want + shift - w, want + shift + w);
+                let got = kth_largest_near(&mut v.clone(), m, (lo, hi));
+                assert_eq!(got, want, "n {n}, m {m}, range {lo}..={hi}");
+                if n > SMALL && lo <= want && want <= hi {
+                    inside += 1;
+                } else if n > SMALL {
+                    outside += 1;
+                }
+            }
+            if n > SMALL {
+                assert!(
+                    inside > 5 && outside > 5,
+                    "n {n}: {inside} inside, {outside} outside"
+                );
+            }
         }
     }
 

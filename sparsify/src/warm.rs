@@ -29,6 +29,11 @@ const START_MARGIN: f32 = 0.125;
 const MAX_WIDEN: f32 = 16.0;
 /// Longest run of cold calls after repeated misses.
 const MAX_BACKOFF: u32 = 256;
+/// Mean square log change of the k-th magnitude assumed before two calls have shown one
+/// (a 2 % move).
+const START_STEP: f32 = 4e-4;
+/// Narrowest half-width of [`WarmStart::kth_range`], relative.
+const MIN_RANGE: f32 = 1.0 / 512.0;
 
 /// The warm-start state of one selector.
 #[derive(Debug, Clone)]
@@ -46,6 +51,9 @@ pub(crate) struct WarmStart {
     drift: f32,
     /// Factor on the estimated margin, grown by misses and decaying on hits.
     widen: f32,
+    /// Mean square of the log change of the k-th magnitude between calls, both ways
+    /// (decaying): how far from the last one to look for the next ([`Self::kth_range`]).
+    step: f32,
     /// The threshold and candidate count of the current call, when it started warm and
     /// hit (for [`Self::learn`]).
     pending: Option<(i32, usize)>,
@@ -66,6 +74,7 @@ impl Default for WarmStart {
             tail: START_MARGIN,
             drift: 0.0,
             widen: 1.0,
+            step: START_STEP,
             pending: None,
             misses: 0,
             cold_left: 0,
@@ -173,6 +182,7 @@ impl WarmStart {
             self.tail = START_MARGIN;
             self.drift = 0.0;
             self.widen = 1.0;
+            self.step = START_STEP;
             self.misses = 0;
             self.cold_left = 0;
         }
@@ -188,8 +198,10 @@ impl WarmStart {
             // Only a fall makes a warm call come up short (a rise adds candidates, up to
             // the cap). A fall by more than 40 % counts as 40 %: a one-off (a learning-rate
             // step) keeps the next few calls cold, not the next forty.
-            let fall = (now / f32::from_bits(last as u32)).ln().clamp(-0.5, 0.0);
+            let change = (now / f32::from_bits(last as u32)).ln().clamp(-0.5, 0.5);
+            let fall = change.min(0.0);
             self.drift += (fall * fall - self.drift) / 8.0;
+            self.step += (change * change - self.step) / 8.0;
         }
         if let Some((t, found)) = pending {
             let seen = 1.0 - f32::from_bits(t as u32) / now;
@@ -204,6 +216,27 @@ impl WarmStart {
         let drift = 1.0 - (-4.0 * self.drift.sqrt()).exp();
         // Past `MAX_MARGIN` the next call starts cold (see [`Self::threshold`]).
         self.margin = (self.tail.max(drift) * self.widen).clamp(MIN_MARGIN, 2.0 * MAX_MARGIN);
+    }
+
+    /// Where this call's k-th magnitude most likely lies, as magnitude bits `lo..=hi`, when
+    /// it started warm (`warm` is what [`Self::threshold`] gave): the last one, give or
+    /// take twice the root mean square of its moves between calls. A guess for
+    /// [`crate::order::kth_largest_near`], which checks it. Twice, not three times: on
+    /// fresh Gaussian gradients at ρ = 0.01 (2^14 and 2^16) the range held the k-th
+    /// magnitude in 96–97 % of the calls and kept 21–34 % of the candidates, against
+    /// 99.7 % and 30–48 % (a miss costs one compaction of the list, a wide range a longer
+    /// selection).
+    pub(crate) fn kth_range(&self, warm: Option<i32>) -> Option<(i32, i32)> {
+        if warm.is_none() || self.kth <= 0 {
+            return None;
+        }
+        let half = 2.0 * self.step.sqrt() + MIN_RANGE;
+        let last = f32::from_bits(self.kth as u32);
+        let bits = |x: f32| x.to_bits() as i32;
+        Some((
+            bits(last * (1.0 - half).max(0.0)),
+            bits(last * (1.0 + half)),
+        ))
     }
 
     /// (warm calls, of which missed) so far.
@@ -320,5 +353,36 @@ mod tests {
         w.set_enabled(false);
         w.learn(10_000, 10, bits(1.0));
         assert_eq!(w.threshold(10_000, 10), None);
+    }
+
+    /// The range to look for the next k-th magnitude in: only for a warm call, around the
+    /// last one, and as wide as its moves have been (both ways).
+    #[test]
+    fn kth_range_follows_the_moves_both_ways() {
+        let bits = |x: f32| x.to_bits() as i32;
+        let of = |r: (i32, i32)| (f32::from_bits(r.0 as u32), f32::from_bits(r.1 as u32));
+        let mut w = WarmStart::default();
+        assert_eq!(w.kth_range(Some(1)), None, "nothing learned yet");
+        w.learn(10_000, 100, bits(2.0));
+        assert_eq!(w.kth_range(None), None, "a cold call guesses nothing");
+        let (lo, hi) = of(w.kth_range(Some(1)).unwrap());
+        assert!(lo < 2.0 && hi > 2.0 && hi - 2.0 < 0.2, "{lo}..{hi}");
+        // Steady: the range narrows towards its floor.
+        for _ in 0..100 {
+            w.learn(10_000, 100, bits(2.0));
+        }
+        let (lo, hi) = of(w.kth_range(Some(1)).unwrap());
+        assert!(2.0 - lo < 0.01 && hi - 2.0 < 0.01, "{lo}..{hi}");
+        // Rises widen it as falls do.
+        let mut up = w.clone();
+        let mut down = w.clone();
+        for i in 0..20 {
+            up.learn(10_000, 100, bits(if i % 2 == 0 { 2.2 } else { 2.0 }));
+            down.learn(10_000, 100, bits(if i % 2 == 0 { 2.0 / 1.1 } else { 2.0 }));
+        }
+        for v in [&up, &down] {
+            let (lo, hi) = of(v.kth_range(Some(1)).unwrap());
+            assert!(2.0 - lo > 0.2 && hi - 2.0 > 0.2, "{lo}..{hi}");
+        }
     }
 }
