@@ -570,28 +570,37 @@ macro_rules! isa_build {
         }
     };
 }
-isa_build!(avx2, "avx2");
-isa_build!(avx512, "avx512f,avx512bw,avx512vl");
+isa_build!(avx2, "avx2,popcnt,bmi1,bmi2,lzcnt");
+isa_build!(avx512, "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt");
 
-/// The widest instruction set this CPU has among those the hot loops are built for.
+/// The widest instruction set this CPU has among those the hot loops are built for. Each
+/// tier includes the scalar bit instructions that every CPU with its vectors has
+/// (`popcnt`, `bmi1`, `bmi2`, `lzcnt`): without them a mask's `count_ones` compiled to a
+/// table lookup in vector registers (an order statistic's compaction round over 229
+/// magnitudes took 181 cycles, 87 with `popcnt`).
 #[derive(Clone, Copy, PartialEq)]
-enum Isa {
+pub(crate) enum Isa {
     Avx512,
     Avx2,
     Base,
 }
 
 #[inline]
-fn isa() -> Isa {
+pub(crate) fn isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f")
+        let bits = std::is_x86_feature_detected!("popcnt")
+            && std::is_x86_feature_detected!("bmi1")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("lzcnt");
+        if bits
+            && std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
         {
             return Isa::Avx512;
         }
-        if std::is_x86_feature_detected!("avx2") {
+        if bits && std::is_x86_feature_detected!("avx2") {
             return Isa::Avx2;
         }
     }
@@ -1510,7 +1519,7 @@ mod avx512_keep {
     ///
     /// # Safety
     /// AVX-512F; `pi` and `pv` valid for `idx.len() + BLOCK` writes.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn keep_at_or_above(
         idx: &[u32],
         val: &[f32],
@@ -1554,7 +1563,7 @@ mod avx2_keep {
     ///
     /// # Safety
     /// AVX2; `pi` and `pv` valid for `idx.len() + 16` writes.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn keep_at_or_above(
         idx: &[u32],
         val: &[f32],
@@ -2046,7 +2055,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn wide_passes_fold_each_chunk_in_the_reference_order() {
         let isas = [
-            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("avx2", isa() != Isa::Base),
             ("avx512", isa() == Isa::Avx512),
         ];
         let mut checked = 0;
@@ -2100,10 +2109,7 @@ mod tests {
                 }
             }
         }
-        assert!(
-            checked >= 36 || !std::is_x86_feature_detected!("avx2"),
-            "{checked}"
-        );
+        assert!(checked >= 36 || isa() == Isa::Base, "{checked}");
     }
 
     /// The vector passes of every instruction set this CPU has ([`wide`]) equal the
@@ -2139,7 +2145,7 @@ mod tests {
             got
         };
         let isas: Vec<(&str, bool)> = vec![
-            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("avx2", isa() != Isa::Base),
             ("avx512", isa() == Isa::Avx512),
         ];
         let (mut compared, mut emitted, mut zeroed) = (0, 0, 0);

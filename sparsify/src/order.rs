@@ -10,6 +10,7 @@
 //! round: about three times faster from a thousand elements up with AVX-512 (measured on
 //! the candidates of a fused pass; see `docs/results/topk.md`).
 
+use crate::kernel::{isa, Isa};
 use std::cell::RefCell;
 
 /// Lists of at most this many elements are finished with `select_nth_unstable`.
@@ -22,6 +23,10 @@ const SMALL: usize = 64;
 /// launches, median ratio to `stream`): 3.09× with rounds down to [`SMALL`], 2.57× with
 /// this as the limit below which a list skipped the rounds (MSTopK 3.48× → 3.22×).
 const AVX512_SMALL: usize = 320;
+
+/// Most elements [`kth_largest_near`] selects among bit by bit (`avx512::kth_by_bits`) once
+/// they are in the guessed range.
+const BITS_MAX: usize = 512;
 
 /// Lists of at most this many elements are selected among by one histogram round with
 /// AVX2 ([`avx2::kth_by_histogram`]) instead of the sampled rounds, on every CPU with AVX2
@@ -47,7 +52,7 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         v.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if v.len() > SMALL && std::is_x86_feature_detected!("avx2") {
+    if v.len() > SMALL && isa() != Isa::Base {
         if v.len() <= HISTOGRAM_MAX {
             return SPARE.with(|spare| {
                 let mut spare = spare.borrow_mut();
@@ -59,7 +64,7 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
                 unsafe { avx2::kth_by_histogram(v, m, spare.as_mut_ptr()) }
             });
         }
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
+        if isa() == Isa::Avx512 {
             // SAFETY: the CPU has AVX-512F/BW (checked just above).
             return unsafe { avx512::kth_largest(v, m) };
         }
@@ -75,12 +80,17 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
 /// kept, only they are selected among. A wrong guess costs that round, never a wrong
 /// answer: the whole list is selected among as without one.
 ///
+/// With AVX-512, up to [`BITS_MAX`] kept elements are selected among bit by bit
+/// (`avx512::kth_by_bits`), without a branch on the data.
+///
 /// Why: the one-round histogram of [`kth_largest`] spends about 1.3 cycles per element on
 /// its scalar counts (timed inside it on the 2-core AVX-512 Xeon: 320 of 540 cycles for
 /// the 164th of 229 magnitudes), the compaction about a tenth of that, so a range that
-/// holds a third of the list or less selects faster. Exact top-k with error feedback at
-/// ρ = 0.01 there (fresh gradients, median ratio to `stream` over six launches): 2.00× →
-/// 1.96× at 2^14, 1.83× → 1.79× at 2^16.
+/// holds a third of the list or less selects faster. Timed alone there on fresh lists
+/// (a guess ±150 000 bits around the answer, a test that was not kept): 519 against 870
+/// cycles for 229 magnitudes, 1085 against 2541 for 800. Exact top-k with error feedback
+/// at ρ = 0.01 (fresh gradients, median ratio to `stream` over six launches, before the
+/// bit-by-bit selection): 2.00× → 1.96× at 2^14, 1.83× → 1.79× at 2^16.
 ///
 /// # Panics
 /// If `m` is 0 or above `v.len()`.
@@ -91,10 +101,9 @@ pub(crate) fn kth_largest_near(v: &mut [i32], m: usize, (lo, hi): (i32, i32)) ->
         v.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if v.len() > SMALL && lo <= hi && std::is_x86_feature_detected!("avx2") {
+    if v.len() > SMALL && lo <= hi && isa() != Isa::Base {
         let n = v.len();
-        let wide =
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw");
+        let wide = isa() == Isa::Avx512;
         let inside = SPARE.with(|spare| {
             let mut spare = spare.borrow_mut();
             if spare.len() < n {
@@ -110,17 +119,38 @@ pub(crate) fn kth_largest_near(v: &mut [i32], m: usize, (lo, hi): (i32, i32)) ->
                     avx2::round(src, n, dst, lo, hi)
                 }
             };
-            let inside = above < m && m <= above + kept;
-            if inside {
-                v[..kept].copy_from_slice(&spare[..kept]);
+            if !(above < m && m <= above + kept) {
+                return Guess::Missed;
             }
-            inside.then_some((kept, m - above))
+            let narrow = (hi.wrapping_sub(lo) as u32) < 1 << 30;
+            if wide && narrow && kept <= BITS_MAX {
+                // SAFETY: the CPU has AVX-512 (checked above); the kept elements lie in
+                // `lo..=hi`.
+                let kth = unsafe { avx512::kth_by_bits(&spare[..kept], m - above, (lo, hi)) };
+                return Guess::Found(kth);
+            }
+            v[..kept].copy_from_slice(&spare[..kept]);
+            Guess::Among(kept, m - above)
         });
-        if let Some((kept, rank)) = inside {
-            return kth_largest(&mut v[..kept], rank);
+        match inside {
+            Guess::Found(kth) => return kth,
+            Guess::Among(kept, rank) => return kth_largest(&mut v[..kept], rank),
+            Guess::Missed => {}
         }
     }
     kth_largest(v, m)
+}
+
+/// How the guess of [`kth_largest_near`] went.
+#[cfg(target_arch = "x86_64")]
+enum Guess {
+    /// The rank lay in the range, and this is the element.
+    Found(i32),
+    /// The rank lay in the range: the first `.0` elements of the list are those in it,
+    /// and the element is the `.1`-th largest of them.
+    Among(usize, usize),
+    /// The rank lay outside the range.
+    Missed,
 }
 
 /// The reference (and the path without AVX-512): `select_nth_unstable`.
@@ -158,12 +188,12 @@ fn pivots(sample: &[i32], n: usize, m: usize) -> (i32, i32) {
 /// narrows its live candidates this way once per round.
 pub(crate) fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if isa() == Isa::Avx512 {
         // SAFETY: the CPU has AVX-512F (checked just above).
         return unsafe { avx512::retain(v, t, at_or_above) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if isa() != Isa::Base {
         // SAFETY: the CPU has AVX2 (checked just above).
         return unsafe { avx2::retain(v, t, at_or_above) };
     }
@@ -222,7 +252,7 @@ mod avx512 {
     ///
     /// # Safety
     /// AVX-512F/BW; `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn round(
         src: *const i32,
         n: usize,
@@ -251,12 +281,73 @@ mod avx512 {
         unsafe { round_rest(src, (i, n), dst, (lo, hi), (above, kept)) }
     }
 
+    /// The `m`-th largest of `v` (`1 <= m <= v.len()`), all of whose elements lie in
+    /// `lo..=hi` with `hi - lo < 2^30`, two bits at a time from the top: the largest `t`
+    /// with at least `m` elements at or above it is the answer, and each step counts, over
+    /// the whole list in vectors, the elements at or above the three values the next two
+    /// bits can give `t`. No branch depends on the data, where `select_nth_unstable`
+    /// mispredicts about half of its comparisons on fresh inputs.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
+    pub(super) unsafe fn kth_by_bits(v: &[i32], m: usize, (lo, hi): (i32, i32)) -> i32 {
+        let n = v.len();
+        let span = hi.wrapping_sub(lo) as u32;
+        debug_assert!(span < 1 << 30 && (1..=n).contains(&m));
+        let base = _mm512_set1_epi32(lo);
+        let whole = n / 16 * 16;
+        let tail = ((1u32 << (n - whole)) - 1) as u16;
+        // An even number of bits that covers the span.
+        let bits = (32 - span.leading_zeros()).next_multiple_of(2);
+        let mut t = 0u32;
+        for b in (0..bits).step_by(2).rev() {
+            let c = [t | 1 << b, t | 2 << b, t | 3 << b];
+            let vc = c.map(|c| _mm512_set1_epi32(c as i32));
+            let mut counts = [0u32; 3];
+            let mut add = |x: __m512i, lanes: u16| {
+                let x = _mm512_sub_epi32(x, base);
+                for (n, &vc) in counts.iter_mut().zip(&vc) {
+                    *n += _mm512_mask_cmpge_epu32_mask(lanes, x, vc).count_ones();
+                }
+            };
+            let mut i = 0;
+            while i < whole {
+                // SAFETY: `i + 16 <= n` reads.
+                add(
+                    unsafe { _mm512_loadu_si512(v.as_ptr().add(i).cast()) },
+                    u16::MAX,
+                );
+                i += 16;
+            }
+            if tail != 0 {
+                // SAFETY: the masked load reads only the `n - whole` elements left.
+                add(
+                    unsafe { _mm512_maskz_loadu_epi32(tail, v.as_ptr().add(whole)) },
+                    tail,
+                );
+            }
+            let m = m as u32;
+            // The counts fall with the value, so the largest of the three that keeps `m`.
+            t = if counts[2] >= m {
+                c[2]
+            } else if counts[1] >= m {
+                c[1]
+            } else if counts[0] >= m {
+                c[0]
+            } else {
+                t
+            };
+        }
+        lo.wrapping_add(t as i32)
+    }
+
     /// [`super::retain`]: sixteen at a time, compacted in place (the store at the kept
     /// count never passes the block just read).
     ///
     /// # Safety
     /// AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
         let n = v.len();
         let whole = n / 16 * 16;
@@ -283,7 +374,7 @@ mod avx512 {
     ///
     /// # Safety
     /// AVX-512F/BW; `1 <= m <= v.len()`.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         // SAFETY: AVX-512 is enabled here; `by_rounds` passes valid, disjoint buffers.
         by_rounds(v, m, AVX512_SMALL, |src, n, dst, lo, hi| unsafe {
@@ -417,7 +508,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// AVX2; `src` valid for `n` reads, `dst` for `n` writes, not overlapping.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn round(
         src: *const i32,
         n: usize,
@@ -451,7 +542,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// AVX2.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn retain(v: &mut [i32], t: i32, at_or_above: bool) -> usize {
         let n = v.len();
         let whole = n / 8 * 8;
@@ -482,7 +573,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// AVX2; `1 <= m <= v.len()`, `dst` valid for `v.len()` writes and not overlapping `v`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn kth_by_histogram(v: &[i32], m: usize, dst: *mut i32) -> i32 {
         let n = v.len();
         let (mut lo, mut hi) = (_mm256_set1_epi32(i32::MAX), _mm256_set1_epi32(i32::MIN));
@@ -556,7 +647,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// AVX2; `1 <= m <= v.len()`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn kth_largest(v: &mut [i32], m: usize) -> i32 {
         // SAFETY: AVX2 is enabled here; `by_rounds` passes valid, disjoint buffers.
         by_rounds(v, m, SMALL, |src, n, dst, lo, hi| unsafe {
@@ -613,7 +704,12 @@ mod tests {
                 let want = reference(&v, m);
                 let w = (next() % 40) as i32 - 8;
                 let shift = (next() % 60) as i32 - 30;
-                let (lo, hi) = (want + shift - w, want + shift + w);
+                let (lo, hi) = if trial % 10 == 0 {
+                    // A range too wide to select among bit by bit.
+                    (want.saturating_sub(1 << 30), want.saturating_add(1 << 30))
+                } else {
+                    (want + shift - w, want + shift + w)
+                };
                 let got = kth_largest_near(&mut v.clone(), m, (lo, hi));
                 assert_eq!(got, want, "n {n}, m {m}, range {lo}..={hi}");
                 if n > SMALL && lo <= want && want <= hi {

@@ -534,10 +534,10 @@ fn write_piece(l: &Cand, class: Class, o: &mut Out<'_>, lo: usize) -> (usize, i3
     let count = o.idx.len();
     let (mut at, mut rank, mut min, mut done) = (0usize, 0usize, i32::MAX, 0usize);
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if crate::kernel::isa() == crate::kernel::Isa::Avx512 {
         // SAFETY: AVX-512F checked just above.
         (at, rank, min, done) = unsafe { avx512_write::blocks(l, class, o, lo) };
-    } else if std::is_x86_feature_detected!("avx2") {
+    } else if crate::kernel::isa() != crate::kernel::Isa::Base {
         // SAFETY: AVX2 checked just above.
         (at, rank, min, done) = unsafe { avx2_write::blocks(l, class, o, lo) };
     }
@@ -577,7 +577,7 @@ mod avx512_write {
     ///
     /// # Safety
     /// AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn blocks(
         l: &Cand,
         class: Class,
@@ -639,7 +639,7 @@ mod avx2_write {
     ///
     /// # Safety
     /// AVX2.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
     pub(super) unsafe fn blocks(
         l: &Cand,
         class: Class,

@@ -956,5 +956,9 @@ macro_rules! wide_passes {
     };
 }
 
-wide_passes!(avx512, "avx512f,avx512bw,avx512vl", Zmm);
-wide_passes!(avx2, "avx2", Ymm2);
+wide_passes!(
+    avx512,
+    "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt",
+    Zmm
+);
+wide_passes!(avx2, "avx2,popcnt,bmi1,bmi2,lzcnt", Ymm2);
