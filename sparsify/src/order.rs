@@ -718,13 +718,9 @@ mod tests {
     /// guess (the rank inside the kept range, and outside it) occur for every list length.
     #[test]
     fn a_guess_right_or_wrong_gives_the_same_rank() {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let mut next = move || rng.gen::<u64>();
         for n in [1usize, 64, 65, 200, 1024, 1025, 5000] {
             let (mut inside, mut outside) = (0, 0);
             for trial in 0..60 {
