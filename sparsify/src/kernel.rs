@@ -585,8 +585,15 @@ pub(crate) enum Isa {
     Base,
 }
 
+/// The tier of this CPU, detected once: every dispatch site asks, several per step, and the
+/// detection tests seven features.
 #[inline]
 pub(crate) fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(detect_isa)
+}
+
+fn detect_isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         let bits = std::is_x86_feature_detected!("popcnt")

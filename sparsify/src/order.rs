@@ -76,18 +76,28 @@ pub(crate) fn kth_largest(v: &mut [i32], m: usize) -> i32 {
     // top-k with error feedback at 2^14, ρ = 0.001 (about 30 candidates; fresh gradients,
     // median ratio to `stream`, three launches each): 1.96–1.99× → 1.84–1.87×; MSTopK
     // 2.17× → 2.04–2.06×.
-    #[cfg(target_arch = "x86_64")]
-    if v.len() > 1 && isa() == Isa::Avx512 {
+    if v.len() > 1 {
         let (lo, hi) = v
             .iter()
             .fold((i32::MAX, i32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        if (hi.wrapping_sub(lo) as u32) < 1 << 30 {
-            // SAFETY: the CPU has AVX-512 (checked just above); every element lies in
-            // `lo..=hi`.
-            return unsafe { avx512::kth_by_bits(v, m, (lo, hi)) };
+        if let Some(kth) = by_bits(v, m, (lo, hi)) {
+            return kth;
         }
     }
     by_introselect(v, m)
+}
+
+/// The `m`-th largest of `v`, all of whose elements lie in `lo..=hi`, bit by bit
+/// (`avx512::kth_by_bits`); `None` without AVX-512 or for a span of `2^30` or more.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn by_bits(v: &[i32], m: usize, (lo, hi): (i32, i32)) -> Option<i32> {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && (hi.wrapping_sub(lo) as u32) < 1 << 30 {
+        // SAFETY: the CPU has AVX-512 (checked just above); the caller keeps every element
+        // in `lo..=hi`.
+        return Some(unsafe { avx512::kth_by_bits(v, m, (lo, hi)) });
+    }
+    None
 }
 
 /// [`kth_largest`] given a guess `lo..=hi` of where the `m`-th largest lies (a selector's
@@ -138,12 +148,11 @@ pub(crate) fn kth_largest_near(v: &mut [i32], m: usize, (lo, hi): (i32, i32)) ->
             if !(above < m && m <= above + kept) {
                 return Guess::Missed;
             }
-            let narrow = (hi.wrapping_sub(lo) as u32) < 1 << 30;
-            if wide && narrow && kept <= BITS_MAX {
-                // SAFETY: the CPU has AVX-512 (checked above); the kept elements lie in
-                // `lo..=hi`.
-                let kth = unsafe { avx512::kth_by_bits(&spare[..kept], m - above, (lo, hi)) };
-                return Guess::Found(kth);
+            if kept <= BITS_MAX {
+                // The kept elements lie in `lo..=hi`.
+                if let Some(kth) = by_bits(&spare[..kept], m - above, (lo, hi)) {
+                    return Guess::Found(kth);
+                }
             }
             v[..kept].copy_from_slice(&spare[..kept]);
             Guess::Among(kept, m - above)
