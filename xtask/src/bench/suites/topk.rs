@@ -95,6 +95,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
     // (selector, fewest and most entries selected per call, as a multiple of k).
     let mut selected_range: Vec<(&str, f64, f64)> = Vec::new();
     let mut misses = Vec::new();
+    // Lowest and highest ratio of a selector's own floor to `stream`'s ([`times_and_ratios`]).
+    let mut floor_spread = (f64::INFINITY, 0.0f64);
     let mut peer_ratios: Vec<(String, f64, f64)> = Vec::new();
     // The cases run inside a pool of their own, so that this thread is one of its workers
     // and starts every parallel pass itself (see `sparsify::join_global_pool`).
@@ -116,8 +118,26 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         for (di, &density) in densities.iter().enumerate() {
             let k = ks[di];
             pb.set_message(format!("d=2^{} ρ={density}", d.trailing_zeros()));
-            let (rounds, selected) = pool.install(|| time_cases(&cases, grad, k, reps, false))?;
-            let (times, ratios) = times_and_ratios(&cases, &rounds);
+            let timed = pool.install(|| time_cases(&cases, grad, k, reps, false))?;
+            let (times, ratios, spread) = times_and_ratios(&cases, &timed);
+            let selected = &timed.1;
+            for (ci, &case) in cases.iter().enumerate() {
+                if !timed.2[ci].is_empty() {
+                    let params = [("d", j(d)), ("density", j(density)), ("k", j(k))];
+                    out.record(
+                        SUITE,
+                        case,
+                        &params,
+                        "own_floor_to_stream",
+                        spread[ci],
+                        "ratio",
+                    );
+                    floor_spread = (
+                        floor_spread.0.min(spread[ci]),
+                        floor_spread.1.max(spread[ci]),
+                    );
+                }
+            }
             for (ci, &case) in cases.iter().enumerate() {
                 let Some(per_k) = median_per_k(&selected[ci], k) else {
                     continue;
@@ -210,9 +230,8 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
                     "d=2^{} ρ={density}, caches flushed",
                     d.trailing_zeros()
                 ));
-                let (rounds, _) =
-                    pool.install(|| time_cases(&flushed_cases, grad, k, reps, true))?;
-                let (times, ratios) = times_and_ratios(&flushed_cases, &rounds);
+                let timed = pool.install(|| time_cases(&flushed_cases, grad, k, reps, true))?;
+                let (times, ratios, _) = times_and_ratios(&flushed_cases, &timed);
                 let mut row = vec![format!("2^{}", d.trailing_zeros()), density.to_string()];
                 for ((&case, &t), &ratio) in flushed_cases.iter().zip(&times).zip(&ratios) {
                     let params = [
@@ -250,6 +269,12 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
         "with the warm start off (every call as on a tensor shape seen for the first time), worst ratio to the streaming pass: {} (for information; the goal counts the default, warm calls)",
         worst_list(&cold_worst)
     ));
+    if floor_spread.1 > 0.0 {
+        out.findings.push(format!(
+            "each selector's ratio is to the streaming pass on its own residual, timed next to it in every round; that floor ran {:.2}–{:.2}× `stream`'s pass over a vector of its own (median per-round ratio over the selectors and cells: the spread that one shared floor would have put into the ratios)",
+            floor_spread.0, floor_spread.1
+        ));
+    }
     if !CAN_FLUSH {
         out.findings.push(
             "the step with the caches flushed was not timed: this build cannot flush the caches (x86-64 only)"
@@ -312,9 +337,13 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
          next to `stream` (one pass of \
          `r[i] += g[i]` over the same buffers with the same threads and the same serial \
          cut-off: the memory floor of the fused operation) and `naive` (`select_nth_unstable` \
-         on a copy of |x|, one thread). In brackets: the ratio to `stream`, the median over \
+         on a copy of |x|, one thread). In brackets: the ratio to the floor, the median over \
          the rounds of the ratio within each round (every round times every case once, in \
-         a fresh order, so a round's ratio compares runs that saw the same machine). Goal: every \
+         a fresh order, so a round's ratio compares runs that saw the same machine); a \
+         selector's floor is `stream`'s pass over that selector's own residual and the same \
+         gradient, timed right before or after its step (in alternate rounds), since the same \
+         pass over two different vectors can differ by a fifth (the summary gives the spread). \
+         `stream`'s column is the pass over a vector of its own. Goal: every \
          selector but Gaussian-k within 1.25× of `stream` from 2^20 up and within 2× below; \
          Gaussian-k within 2×. The residual, and `stream`'s vector alike, is reset (untimed) \
          before each repetition, so every case starts from the same cache state, and \
@@ -338,7 +367,7 @@ pub fn run(ctx: &Ctx, pb: &ProgressBar) -> Result<SuiteOutput, BoxErr> {
              each case writes (zeroed) and the gradient are written back and evicted from \
              every cache level (`clflush` per line, untimed), as in a training step, where a \
              layer's residual was last touched an iteration ago. Fastest time and, in \
-             brackets, the median per-round ratio to `stream` flushed alike (for \
+             brackets, the median per-round ratio to the floor flushed alike (for \
              information: the goal counts the runs in cache above).\n\n{}\n",
             FLUSHED_MAX.trailing_zeros(),
             table(&header, &flushed_rows)
@@ -495,17 +524,36 @@ fn reps_for(d: usize, quick: bool) -> usize {
     }
 }
 
-/// Each case's fastest time and its ratio to `stream`: the median of the per-round ratios
-/// (each round timed both under the same load; the ratio of two separate minima compares
-/// each case's luckiest round, and moved a cell by ±30 % between runs).
-fn times_and_ratios(cases: &[&str], rounds: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
+/// Each case's fastest time, its ratio to the floor, and the ratio of its own floor to
+/// `stream`'s.
+///
+/// The ratio is the median of the per-round ratios (each round timed both under the same
+/// load; the ratio of two separate minima compares each case's luckiest round, and moved a
+/// cell by ±30 % between runs). A selector's floor is `stream`'s pass on that selector's
+/// own residual, timed next to it in the same round ([`time_cases`]): the same pass over
+/// two different buffers differed by up to 20 % within one process on the 2-core Intel VM
+/// (2^22: 1.08–1.20× in three launches of four, 2^20: 0.80–0.99×, cases in turns), a
+/// spread that a floor on a buffer of its own put into every selector's ratio. The third
+/// vector is that spread: each selector's own floor over `stream`'s (median per-round
+/// ratio; 1 for `stream` and `naive`).
+fn times_and_ratios(cases: &[&str], t: &Timed) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (rounds, _, floors) = t;
     let times = rounds.iter().map(|r| fastest(r)).collect();
-    let stream = cases.iter().position(|c| *c == "stream").unwrap_or(0);
-    let ratios = rounds
-        .iter()
-        .map(|r| paired_ratio(r, &rounds[stream]))
+    let stream = &rounds[cases.iter().position(|c| *c == "stream").unwrap_or(0)];
+    let floor_of = |ci: usize| {
+        if floors[ci].is_empty() {
+            stream
+        } else {
+            &floors[ci]
+        }
+    };
+    let ratios = (0..rounds.len())
+        .map(|ci| paired_ratio(&rounds[ci], floor_of(ci)))
         .collect();
-    (times, ratios)
+    let spread = (0..rounds.len())
+        .map(|ci| paired_ratio(floor_of(ci), stream))
+        .collect();
+    (times, ratios, spread)
 }
 
 /// Raises each `(case, worst ratio, at d, at ρ)` of `worst` to `ratio_of(case)` at `d`,
@@ -574,6 +622,7 @@ fn time_cases(
     }
     let mut rounds = vec![Vec::with_capacity(reps); cases.len()];
     let mut selected = vec![Vec::with_capacity(reps); cases.len()];
+    let mut floors = vec![Vec::with_capacity(reps); cases.len()];
     for round in 0..=reps.max(1) {
         if round > 0 {
             fill_gradient(&mut grad, 0x5EED_0000 + round as u64);
@@ -605,6 +654,21 @@ fn time_cases(
                     s.elapsed()
                 }
                 (_, Some((sel, ef))) => {
+                    // The floor on this case's own residual, right before its step in odd
+                    // rounds and right after it in even ones.
+                    let own_floor = |ef: &mut ErrorFeedback| -> Result<f64, BoxErr> {
+                        ef.reset();
+                        if flushed {
+                            flush(ef.residual());
+                        }
+                        wake_pool(d);
+                        let s = Instant::now();
+                        sparsify::accumulate(ef.residual_mut(), grad)?;
+                        std::hint::black_box(ef.residual());
+                        Ok(s.elapsed().as_secs_f64())
+                    };
+                    let floor_first = round % 2 == 1;
+                    let mut floor = if floor_first { own_floor(ef)? } else { 0.0 };
                     ef.reset();
                     if flushed {
                         flush(ef.residual());
@@ -617,8 +681,12 @@ fn time_cases(
                     // the next run writes into buffers that are already mapped.
                     sel.recycle(sg);
                     let t = s.elapsed();
+                    if !floor_first {
+                        floor = own_floor(ef)?;
+                    }
                     if round > 0 {
                         selected[ci].push(nnz);
+                        floors[ci].push(floor);
                     }
                     t
                 }
@@ -629,7 +697,7 @@ fn time_cases(
             }
         }
     }
-    Ok((rounds, selected))
+    Ok((rounds, selected, floors))
 }
 
 /// Wakes every worker of the current pool (untimed, before each timed run from
@@ -648,9 +716,10 @@ fn wake_pool(d: usize) {
     }
 }
 
-/// Per case, the seconds of each timed round and the entries selected in each (none for
-/// `stream` and `naive`).
-type Timed = (Vec<Vec<f64>>, Vec<Vec<usize>>);
+/// Per case, the seconds of each timed round, the entries selected in each (none for
+/// `stream` and `naive`), and the seconds of the floor run on that case's own residual in
+/// each round (none for `stream` and `naive`; see [`time_cases`]).
+type Timed = (Vec<Vec<f64>>, Vec<Vec<usize>>, Vec<Vec<f64>>);
 
 /// The median of `counts` (entries selected per run) over `k`; `None` for a case that
 /// selects nothing (the floor, `naive`).
