@@ -124,8 +124,9 @@ pub fn check_residual(residual: &[f32], len: usize) -> Result<()> {
 /// writes the residual at least once. Non-finite values are not checked.
 pub fn accumulate(residual: &mut [f32], grad: &[f32]) -> Result<()> {
     crate::check_same_len(residual.len(), grad.len())?;
-    let add = crate::kernel::add_one;
-    let np = crate::kernel::pieces(grad.len());
+    let n = grad.len();
+    let add = |r: &mut [f32], g: &[f32]| crate::kernel::add_far_one(r, g, n);
+    let np = crate::kernel::pieces(n);
     if np == 1 {
         add(residual, grad);
     } else {

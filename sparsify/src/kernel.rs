@@ -534,6 +534,30 @@ macro_rules! isa_build {
                 add_body(r, g)
             }
 
+            /// [`add_body`] with a prefetch of both slices [`PREFETCH_AHEAD`] elements
+            /// ahead, one per 64-byte line of each (as the fused passes that prefetch).
+            #[target_feature(enable = $feat)]
+            pub(super) fn add_far(r: &mut [f32], g: &[f32]) {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                let n = r.len().min(g.len());
+                let (pr, pg) = (r.as_ptr(), g.as_ptr());
+                let whole = n / GROUP_SPAN * GROUP_SPAN;
+                for ((rc, gc), at) in r[..whole]
+                    .chunks_exact_mut(GROUP_SPAN)
+                    .zip(g[..whole].chunks_exact(GROUP_SPAN))
+                    .zip((0..whole).step_by(GROUP_SPAN))
+                {
+                    for line in (0..GROUP_SPAN).step_by(BLOCK) {
+                        let ahead = at + line + PREFETCH_AHEAD;
+                        // A hint, never a fault: past the slices' end it touches nothing.
+                        _mm_prefetch::<_MM_HINT_T0>(pr.wrapping_add(ahead).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(pg.wrapping_add(ahead).cast());
+                    }
+                    add_body(rc, gc);
+                }
+                add_body(&mut r[whole..n], &g[whole..n]);
+            }
+
             /// [`moments_body`] in AVX2 registers (the compilers' vectorisation of the
             /// body came out scalar or spilling): the same lanes, operations and order,
             /// so the same bits.
@@ -830,20 +854,62 @@ const PREFETCH_MIN: usize = PAR_MIN;
 /// (Gaussian-k's) prefetch ([`prefetches`]).
 pub(crate) const PREFETCH_AHEAD: usize = 2048;
 
-/// Whether a fused pass over `n` elements prefetches ([`PREFETCH_AHEAD`]); `moments`: the
-/// pass also takes the moments of each chunk right after it.
+/// Whether a pass over `n` elements prefetches ([`PREFETCH_AHEAD`]): the fused passes and
+/// the floor alike ([`add_far_one`]); `moments`: the pass also takes the moments of each
+/// chunk right after it.
 ///
-/// Not on a CPU with AVX-512 unless `moments`: on an AVX-512 AMD EPYC (Zen 4, 2
-/// threads) the hints cost more than they bring. Same process, cases interleaved, 41
-/// rounds, ratio to `stream` without / with them at ρ = 0.01: with no candidate at all
-/// 1.00–1.02× / 1.08–1.25× (2^22–2^26); exact 1.14–1.36× / 1.26–1.44×, MSTopK
-/// 1.17–1.35× / 1.32–1.50× (most pairs; a few the other way, within the noise). A lean
-/// loop with the same loads, stores, compares and emission but no hint ran at
+/// Not on an AMD CPU with AVX-512 (Zen 4 and later) unless `moments`: on an AMD EPYC
+/// (Zen 4, 2 threads) the hints cost more than they bring. Same process, cases
+/// interleaved, 41 rounds, ratio to `stream` without / with them at ρ = 0.01: with no
+/// candidate at all 1.00–1.02× / 1.08–1.25× (2^22–2^26); exact 1.14–1.36× / 1.26–1.44×,
+/// MSTopK 1.17–1.35× / 1.32–1.50× (most pairs; a few the other way, within the noise). A
+/// lean loop with the same loads, stores, compares and emission but no hint ran at
 /// `stream`'s speed at 2^24, and 1.10–1.16× with the hints. Gaussian-k's pass, which
 /// stops after each chunk to take its moments, ran faster with them in every pair
 /// (1.93–2.81× / 2.11–3.03× at 2^22–2^26).
+///
+/// On an Intel Xeon with AVX-512 (the 2-core VM, 2 threads) they help every pass: the
+/// step against the floor on the same residual (both without hints, then the selectors
+/// with them), median over 101 rounds (31 at 2^24): at ρ = 0.01 the hard threshold
+/// 1.32× → 1.06× (2^20), 1.40× → 1.13× (2^22), 1.37× → 1.10× (2^24); exact top-k 1.46× →
+/// 1.17×, 1.53× → 1.18×, 1.45× → 1.14×; MSTopK 1.47× → 1.20×, 1.50× → 1.27×, 1.49× →
+/// 1.21×; at ρ = 0.001 every one of them from 1.12–1.30× to 0.86–1.09×. Timed per piece
+/// at 2^20 (exact, ρ = 0.01) a piece's pass took 100–137 µs without the hints and 80–100
+/// µs with them, against the floor's 75–95 µs. The floor's own pass ran 5–10 % faster
+/// with them too (2^22: 926 → 843 µs, 2^24: 5.18 → 4.94 ms), so it prefetches alike.
 fn prefetches(n: usize, moments: bool) -> bool {
-    n >= PREFETCH_MIN && (moments || isa() != Isa::Avx512)
+    n >= PREFETCH_MIN && (moments || prefetch_helps())
+}
+
+/// Whether this CPU's passes over data beyond its cache run faster with software
+/// prefetches ([`prefetches`]): all but AMD's with AVX-512. Detected once.
+fn prefetch_helps() -> bool {
+    static HELPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HELPS.get_or_init(|| isa() != Isa::Avx512 || !amd())
+}
+
+/// Whether the CPU is AMD's (`cpuid` leaf 0 vendor "AuthenticAMD").
+fn amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 0 exists on every x86-64 CPU.
+        let id = std::arch::x86_64::__cpuid(0);
+        // "Auth" "enti" "cAMD" in EBX, EDX, ECX.
+        id.ebx == 0x6874_7541 && id.edx == 0x6974_6e65 && id.ecx == 0x444d_4163
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `r[i] += g[i]` over one piece of a pass over `n` elements in all: prefetching like the
+/// fused passes over the same `n` ([`prefetches`]), so that the floor they are measured
+/// against is the fastest streaming pass, not one that leaves the hints out.
+pub(crate) fn add_far_one(r: &mut [f32], g: &[f32], n: usize) {
+    if prefetches(n, false) {
+        dispatch!(add_far(r, g), add_body(r, g))
+    } else {
+        add_one(r, g)
+    }
 }
 
 /// Number of parallel pieces for a pass over `n` elements: 1 (serial) below [`PAR_MIN`] or
@@ -1899,6 +1965,29 @@ mod tests {
             assert_eq!(m1, m2, "n {n}");
             assert_eq!(bits_of(&r1), bits_of(&r2), "n {n}");
             assert_eq!(a.1.to_bits(), abs_sum(&r1).to_bits(), "n {n}");
+        }
+    }
+
+    /// The floor's prefetching add ([`add_far_one`], asked for as over a pass long enough
+    /// to prefetch) writes what the plain loop writes, over whole spans, a partial span
+    /// and a tail, and leaves everything past the slice alone (the hints run
+    /// [`PREFETCH_AHEAD`] past its end).
+    #[test]
+    fn the_prefetching_add_matches_the_plain_one() {
+        for n in [0usize, 9, GROUP_SPAN, 3 * GROUP_SPAN + 17, 5 * CHUNK + 100] {
+            let g: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.013)
+                .collect();
+            let r0: Vec<f32> = (0..n + 8).map(|i| (i % 7) as f32 * 0.1).collect();
+            let mut want = r0.clone();
+            add_body(&mut want[..n], &g);
+            let mut got = r0.clone();
+            add_far_one(&mut got[..n], &g, PREFETCH_MIN);
+            assert_eq!(bits_of(&got), bits_of(&want), "n {n}");
+            assert!(
+                n < GROUP_SPAN || bits_of(&got) != bits_of(&r0),
+                "n {n}: nothing added"
+            );
         }
     }
 
