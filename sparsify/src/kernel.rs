@@ -929,6 +929,62 @@ pub(crate) fn pieces(n: usize) -> usize {
     }
 }
 
+/// Runs `f(i)` for every piece `i < count` on the rayon pool, each exactly once, the
+/// calling thread included: every thread takes the next piece not yet taken until none is
+/// left, and the caller then spins until the last one taken is done.
+///
+/// Why not a parallel iterator: its join put the caller to sleep when the other thread
+/// finished last, and waking it took longer than the wait. On the 2-core Intel VM at 2^20
+/// (four pieces, two threads; each piece timed from the call's start, medians of 401
+/// rounds) the pool's second thread started 15–32 µs late (woken by the call), so it ended
+/// last, and the call returned 25–74 µs after the last piece had ended: the floor's
+/// `r += g` took 200–240 µs of which its pieces 140–180, exact top-k's pass 250 of which
+/// 190. Here a thread woken late takes fewer pieces, and the caller's wait is at most what
+/// is left of one piece, spent spinning.
+///
+/// A panic in `f` still counts its piece as done (so the caller's spin ends) and is
+/// propagated by the scope.
+pub(crate) fn run_pieces(count: usize, f: impl Fn(usize) + Sync) {
+    /// Longest spin before yielding: a few pieces of the smallest split pass.
+    const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// Counts a piece as done when dropped, unwinding included.
+    struct Done<'a>(&'a AtomicUsize);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Release);
+        }
+    }
+    let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let take = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= count {
+            break;
+        }
+        let _done = Done(&done);
+        f(i);
+    };
+    let helpers = rayon::current_num_threads().min(count).saturating_sub(1);
+    rayon::scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| take());
+        }
+        take();
+        // Every piece is taken; spin while another thread finishes its last one (a helper
+        // that never started finds nothing left, and the scope runs it here at once). Past
+        // `SPIN`, yield instead: on an oversubscribed machine (more ranks than cores) the
+        // thread waited for may need this core.
+        let start = std::time::Instant::now();
+        while done.load(Ordering::Acquire) < count {
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    });
+}
+
 /// Length of each of `np` pieces over `n` elements: a multiple of [`CHUNK`].
 fn piece_len(n: usize, np: usize) -> usize {
     n.div_ceil(np).div_ceil(CHUNK).max(1) * CHUNK
@@ -972,8 +1028,8 @@ fn serial_chunks<const STATS: bool>(
 /// With `keep_all` every piece's candidates are kept even past `room` (the overflow is
 /// still flagged): a zeroing pass zeroed all of them in the residual, and the caller
 /// restores them from the list.
-fn gather(cand: &mut Cand, outs: Vec<PassOut>, room: usize, keep_all: bool) -> PassOut {
-    let (out, total) = merge_pieces(cand, &outs, room);
+fn gather(cand: &mut Cand, outs: &[PassOut], room: usize, keep_all: bool) -> PassOut {
+    let (out, total) = merge_pieces(cand, outs, room);
     let mut left = if keep_all { usize::MAX } else { room };
     cand.idx.reserve_exact(total.min(left));
     cand.val.reserve_exact(total.min(left));
@@ -1128,7 +1184,6 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
         cand.moms = moms;
         return out;
     }
-    use rayon::prelude::*;
     let len = piece_len(n, np);
     let room = cap.saturating_sub(cand.len());
     let count = n.div_ceil(len);
@@ -1147,28 +1202,37 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     if ps.len() < count {
         ps.resize_with(count, P::default);
     }
-    let outs: Vec<PassOut> = r
-        .par_chunks_mut(len)
-        .zip(g.par_chunks(len))
-        .zip(cand.parts.par_iter_mut())
-        .zip(sums.par_chunks_mut(per))
-        .zip(moms.par_chunks_mut(per))
-        .zip(ps.par_iter_mut())
-        .enumerate()
-        .map(|(i, (((((rp, gp), part), sp), mp), p))| {
-            part.clear();
-            part.zeroed_from = zero_from;
-            let b = base + i * len;
-            let out = serial_chunks::<STATS>(rp.len(), sp, (chunked, folds), |lo, hi, s| {
-                let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
-                let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
-                fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, (m, s))
-            });
-            if let Some(f) = &f {
-                f(part, p);
-            }
-            out
+    // Each piece's slices and lists behind a lock of its own: the piece runner hands every
+    // index to exactly one thread, so no lock is ever contended.
+    let work: smallvec::SmallVec<[_; 16]> = r
+        .chunks_mut(len)
+        .zip(g.chunks(len))
+        .zip(cand.parts.iter_mut())
+        .zip(sums.chunks_mut(per))
+        .zip(moms.chunks_mut(per))
+        .zip(ps.iter_mut())
+        .map(|(((((rp, gp), part), sp), mp), p)| {
+            std::sync::Mutex::new((rp, gp, part, sp, mp, p, PassOut::new()))
         })
+        .collect();
+    run_pieces(count, |i| {
+        let mut piece = work[i].lock().unwrap_or_else(|e| e.into_inner());
+        let (rp, gp, part, sp, mp, p, out) = &mut *piece;
+        part.clear();
+        part.zeroed_from = zero_from;
+        let b = base + i * len;
+        *out = serial_chunks::<STATS>(rp.len(), sp, (chunked, folds), |lo, hi, s| {
+            let m = mp.get_mut(lo / CHUNK).filter(|_| MOM);
+            let (rc, gc) = (&mut rp[lo..hi], &gp[lo..hi]);
+            fused_one::<STATS, ZERO>(emit, far, rc, gc, b + lo, tz, room, part, (m, s))
+        });
+        if let Some(f) = &f {
+            f(part, p);
+        }
+    });
+    let outs: smallvec::SmallVec<[PassOut; 16]> = work
+        .into_iter()
+        .map(|w| w.into_inner().unwrap_or_else(|e| e.into_inner()).6)
         .collect();
     cand.sums = sums;
     cand.moms = moms;
@@ -1176,7 +1240,7 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
         (cand.split, cand.piece) = (count, len);
         return merge_pieces(cand, &outs, room).0;
     }
-    gather(cand, outs, room, ZERO)
+    gather(cand, &outs, room, ZERO)
 }
 
 /// Read-only filter pass over `x`, parallel like [`fused_pass`].
@@ -1222,7 +1286,7 @@ pub(crate) fn scan_pass<const STATS: bool>(
         })
         .collect();
     cand.sums = sums;
-    gather(cand, outs, room, false)
+    gather(cand, &outs, room, false)
 }
 
 /// Lists shorter than this are zeroed on the calling thread by [`zero_at`].
@@ -1965,6 +2029,53 @@ mod tests {
             assert_eq!(m1, m2, "n {n}");
             assert_eq!(bits_of(&r1), bits_of(&r2), "n {n}");
             assert_eq!(a.1.to_bits(), abs_sum(&r1).to_bits(), "n {n}");
+        }
+    }
+
+    /// [`run_pieces`] runs every piece exactly once, on a pool of one thread and of
+    /// several, with fewer pieces than threads and more.
+    #[test]
+    fn every_piece_runs_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for count in [0usize, 1, 2, 5, 33] {
+                let runs: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+                pool.install(|| {
+                    run_pieces(count, |i| {
+                        runs[i].fetch_add(1, Ordering::Relaxed);
+                    })
+                });
+                let runs: Vec<usize> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+                assert_eq!(runs, vec![1; count], "{threads} threads, {count} pieces");
+            }
+        }
+    }
+
+    /// A piece that panics reaches the caller as a panic, on whichever thread it ran,
+    /// and the other pieces still run: the caller's wait for them ends.
+    #[test]
+    fn a_panicking_piece_panics_the_caller() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for bad in [0usize, 3, 7] {
+            let ran = AtomicUsize::new(0);
+            let got = pool.install(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_pieces(8, |i| {
+                        ran.fetch_add(1, Ordering::Relaxed);
+                        assert_ne!(i, bad, "piece {i} fails");
+                    })
+                }))
+            });
+            assert!(got.is_err(), "piece {bad}'s panic was lost");
+            assert!(ran.load(Ordering::Relaxed) >= 1);
         }
     }
 

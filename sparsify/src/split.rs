@@ -14,8 +14,6 @@
 
 use std::mem::MaybeUninit;
 
-use rayon::prelude::*;
-
 use crate::kernel::{abs_bits, Cand};
 use crate::order;
 use crate::spare::Spare;
@@ -201,11 +199,14 @@ fn each<T: Send>(lists: &[Cand], work: &mut [T], f: impl Fn(usize, &Cand, &mut T
     if lists.len() == 1 {
         f(0, &lists[0], &mut work[0]);
     } else {
-        lists
-            .par_iter()
-            .zip(work.par_iter_mut())
-            .enumerate()
-            .for_each(|(i, (l, w))| f(i, l, w));
+        // As the pass's pieces ([`crate::kernel::run_pieces`]): no join that puts the
+        // calling thread to sleep while the other finishes.
+        let cells: smallvec::SmallVec<[_; 16]> =
+            work.iter_mut().map(std::sync::Mutex::new).collect();
+        crate::kernel::run_pieces(lists.len().min(cells.len()), |i| {
+            let mut w = cells[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(i, &lists[i], &mut **w);
+        });
     }
 }
 
