@@ -133,16 +133,9 @@ pub fn accumulate(residual: &mut [f32], grad: &[f32]) -> Result<()> {
         // The pieces run as the fused passes' do (`kernel::run_pieces`), so that the floor
         // pays the same hand-off as the passes measured against it.
         let len = n.div_ceil(np);
-        let work: smallvec::SmallVec<[_; 16]> = residual
-            .chunks_mut(len)
-            .zip(grad.chunks(len))
-            .map(std::sync::Mutex::new)
-            .collect();
-        crate::kernel::run_pieces(work.len(), |i| {
-            let mut piece = work[i].lock().unwrap_or_else(|e| e.into_inner());
-            let (r, g) = &mut *piece;
-            add(r, g);
-        });
+        let mut work: smallvec::SmallVec<[_; 16]> =
+            residual.chunks_mut(len).zip(grad.chunks(len)).collect();
+        crate::kernel::run_pieces(&mut work, |_, (r, g)| add(r, g));
     }
     Ok(())
 }

@@ -929,7 +929,7 @@ pub(crate) fn pieces(n: usize) -> usize {
     }
 }
 
-/// Runs `f(i)` for every piece `i < count` on the rayon pool, each exactly once, the
+/// Runs `f(i, &mut pieces[i])` for every piece on the rayon pool, each exactly once, the
 /// calling thread included: every thread takes the next piece not yet taken until none is
 /// left, and the caller then spins until the last one taken is done.
 ///
@@ -944,10 +944,11 @@ pub(crate) fn pieces(n: usize) -> usize {
 ///
 /// A panic in `f` still counts its piece as done (so the caller's spin ends) and is
 /// propagated by the scope.
-pub(crate) fn run_pieces(count: usize, f: impl Fn(usize) + Sync) {
+pub(crate) fn run_pieces<T: Send>(pieces: &mut [T], f: impl Fn(usize, &mut T) + Sync) {
     /// Longest spin before yielding: a few pieces of the smallest split pass.
     const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
     /// Counts a piece as done when dropped, unwinding included.
     struct Done<'a>(&'a AtomicUsize);
     impl Drop for Done<'_> {
@@ -955,6 +956,11 @@ pub(crate) fn run_pieces(count: usize, f: impl Fn(usize) + Sync) {
             self.0.fetch_add(1, Ordering::Release);
         }
     }
+    let count = pieces.len();
+    // Each piece behind a lock of its own, to hand it to another thread: every index is
+    // taken by exactly one thread, so no lock is ever contended.
+    let cells: smallvec::SmallVec<[Mutex<&mut T>; 16]> =
+        pieces.iter_mut().map(Mutex::new).collect();
     let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let take = || loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -962,7 +968,8 @@ pub(crate) fn run_pieces(count: usize, f: impl Fn(usize) + Sync) {
             break;
         }
         let _done = Done(&done);
-        f(i);
+        let mut piece = cells[i].lock().unwrap_or_else(|e| e.into_inner());
+        f(i, &mut piece);
     };
     let helpers = rayon::current_num_threads().min(count).saturating_sub(1);
     rayon::scope(|s| {
@@ -1202,22 +1209,16 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     if ps.len() < count {
         ps.resize_with(count, P::default);
     }
-    // Each piece's slices and lists behind a lock of its own: the piece runner hands every
-    // index to exactly one thread, so no lock is ever contended.
-    let work: smallvec::SmallVec<[_; 16]> = r
+    let mut work: smallvec::SmallVec<[_; 16]> = r
         .chunks_mut(len)
         .zip(g.chunks(len))
         .zip(cand.parts.iter_mut())
         .zip(sums.chunks_mut(per))
         .zip(moms.chunks_mut(per))
         .zip(ps.iter_mut())
-        .map(|(((((rp, gp), part), sp), mp), p)| {
-            std::sync::Mutex::new((rp, gp, part, sp, mp, p, PassOut::new()))
-        })
+        .map(|(((((rp, gp), part), sp), mp), p)| (rp, gp, part, sp, mp, p, PassOut::new()))
         .collect();
-    run_pieces(count, |i| {
-        let mut piece = work[i].lock().unwrap_or_else(|e| e.into_inner());
-        let (rp, gp, part, sp, mp, p, out) = &mut *piece;
+    run_pieces(&mut work, |i, (rp, gp, part, sp, mp, p, out)| {
         part.clear();
         part.zeroed_from = zero_from;
         let b = base + i * len;
@@ -1230,10 +1231,8 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
             f(part, p);
         }
     });
-    let outs: smallvec::SmallVec<[PassOut; 16]> = work
-        .into_iter()
-        .map(|w| w.into_inner().unwrap_or_else(|e| e.into_inner()).6)
-        .collect();
+    let outs: smallvec::SmallVec<[PassOut; 16]> = work.iter().map(|w| w.6).collect();
+    drop(work);
     cand.sums = sums;
     cand.moms = moms;
     if split {
@@ -2036,21 +2035,16 @@ mod tests {
     /// several, with fewer pieces than threads and more.
     #[test]
     fn every_piece_runs_once() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         for threads in [1, 2, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             for count in [0usize, 1, 2, 5, 33] {
-                let runs: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
-                pool.install(|| {
-                    run_pieces(count, |i| {
-                        runs[i].fetch_add(1, Ordering::Relaxed);
-                    })
-                });
-                let runs: Vec<usize> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
-                assert_eq!(runs, vec![1; count], "{threads} threads, {count} pieces");
+                let mut runs = vec![(usize::MAX, 0usize); count];
+                pool.install(|| run_pieces(&mut runs, |i, r| *r = (i, r.1 + 1)));
+                let want: Vec<(usize, usize)> = (0..count).map(|i| (i, 1)).collect();
+                assert_eq!(runs, want, "{threads} threads, {count} pieces");
             }
         }
     }
@@ -2059,32 +2053,45 @@ mod tests {
     /// and the other pieces still run: the caller's wait for them ends.
     #[test]
     fn a_panicking_piece_panics_the_caller() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
             .unwrap();
         for bad in [0usize, 3, 7] {
-            let ran = AtomicUsize::new(0);
+            let mut ran = vec![false; 8];
             let got = pool.install(|| {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_pieces(8, |i| {
-                        ran.fetch_add(1, Ordering::Relaxed);
+                    run_pieces(&mut ran, |i, r| {
+                        *r = true;
                         assert_ne!(i, bad, "piece {i} fails");
                     })
                 }))
             });
             assert!(got.is_err(), "piece {bad}'s panic was lost");
-            assert!(ran.load(Ordering::Relaxed) >= 1);
+            assert!(ran[bad], "piece {bad} never ran");
         }
     }
 
-    /// The floor's prefetching add ([`add_far_one`], asked for as over a pass long enough
-    /// to prefetch) writes what the plain loop writes, over whole spans, a partial span
-    /// and a tail, and leaves everything past the slice alone (the hints run
-    /// [`PREFETCH_AHEAD`] past its end).
+    /// Every build of the prefetching add (`add_far`) this CPU has writes what the plain
+    /// loop writes, over whole spans, a partial span and a tail, and leaves everything past
+    /// the slice alone (the hints run [`PREFETCH_AHEAD`] past its end). So does
+    /// [`add_far_one`] asked for as over a pass long enough to prefetch.
     #[test]
     fn the_prefetching_add_matches_the_plain_one() {
+        type Add = fn(&mut [f32], &[f32]);
+        let mut builds: Vec<(&str, Add)> =
+            vec![("add_far_one", |r, g| add_far_one(r, g, PREFETCH_MIN))];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa() != Isa::Base {
+                // SAFETY: only called when the CPU has AVX2 (checked just above).
+                builds.push(("avx2", |r, g| unsafe { avx2::add_far(r, g) }));
+            }
+            if isa() == Isa::Avx512 {
+                // SAFETY: only called when the CPU has AVX-512 (checked just above).
+                builds.push(("avx512", |r, g| unsafe { avx512::add_far(r, g) }));
+            }
+        }
         for n in [0usize, 9, GROUP_SPAN, 3 * GROUP_SPAN + 17, 5 * CHUNK + 100] {
             let g: Vec<f32> = (0..n)
                 .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.013)
@@ -2092,11 +2099,13 @@ mod tests {
             let r0: Vec<f32> = (0..n + 8).map(|i| (i % 7) as f32 * 0.1).collect();
             let mut want = r0.clone();
             add_body(&mut want[..n], &g);
-            let mut got = r0.clone();
-            add_far_one(&mut got[..n], &g, PREFETCH_MIN);
-            assert_eq!(bits_of(&got), bits_of(&want), "n {n}");
+            for (name, add) in &builds {
+                let mut got = r0.clone();
+                add(&mut got[..n], &g);
+                assert_eq!(bits_of(&got), bits_of(&want), "{name}, n {n}");
+            }
             assert!(
-                n < GROUP_SPAN || bits_of(&got) != bits_of(&r0),
+                n < GROUP_SPAN || bits_of(&want) != bits_of(&r0),
                 "n {n}: nothing added"
             );
         }

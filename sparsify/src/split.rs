@@ -201,12 +201,7 @@ fn each<T: Send>(lists: &[Cand], work: &mut [T], f: impl Fn(usize, &Cand, &mut T
     } else {
         // As the pass's pieces ([`crate::kernel::run_pieces`]): no join that puts the
         // calling thread to sleep while the other finishes.
-        let cells: smallvec::SmallVec<[_; 16]> =
-            work.iter_mut().map(std::sync::Mutex::new).collect();
-        crate::kernel::run_pieces(lists.len().min(cells.len()), |i| {
-            let mut w = cells[i].lock().unwrap_or_else(|e| e.into_inner());
-            f(i, &lists[i], &mut **w);
-        });
+        crate::kernel::run_pieces(&mut work[..lists.len()], |i, w| f(i, &lists[i], w));
     }
 }
 

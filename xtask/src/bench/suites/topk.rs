@@ -6,7 +6,7 @@
 //! threshold that passes several times k, and its time is that of the larger selection.
 
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use sparsify::{ErrorFeedback, ExactTopK, HardThreshold, Selector, SelectorKind};
@@ -634,18 +634,7 @@ fn time_cases(
                 flush(grad);
             }
             let t = match (case, &mut sels[ci]) {
-                ("stream", _) => {
-                    // Zeroed untimed like every selector's residual (see above).
-                    stream.fill(0.0);
-                    if flushed {
-                        flush(&stream);
-                    }
-                    wake_pool(d);
-                    let s = Instant::now();
-                    sparsify::accumulate(&mut stream, grad)?;
-                    std::hint::black_box(&stream);
-                    s.elapsed()
-                }
+                ("stream", _) => time_floor(&mut stream, grad, flushed)?,
                 ("naive", _) => {
                     let s = Instant::now();
                     let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
@@ -656,19 +645,11 @@ fn time_cases(
                 (_, Some((sel, ef))) => {
                     // The floor on this case's own residual, right before its step in odd
                     // rounds and right after it in even ones.
-                    let own_floor = |ef: &mut ErrorFeedback| -> Result<f64, BoxErr> {
-                        ef.reset();
-                        if flushed {
-                            flush(ef.residual());
-                        }
-                        wake_pool(d);
-                        let s = Instant::now();
-                        sparsify::accumulate(ef.residual_mut(), grad)?;
-                        std::hint::black_box(ef.residual());
-                        Ok(s.elapsed().as_secs_f64())
-                    };
                     let floor_first = round % 2 == 1;
-                    let mut floor = if floor_first { own_floor(ef)? } else { 0.0 };
+                    let mut floor = Duration::ZERO;
+                    if floor_first {
+                        floor = time_floor(ef.residual_mut(), grad, flushed)?;
+                    }
                     ef.reset();
                     if flushed {
                         flush(ef.residual());
@@ -682,11 +663,11 @@ fn time_cases(
                     sel.recycle(sg);
                     let t = s.elapsed();
                     if !floor_first {
-                        floor = own_floor(ef)?;
+                        floor = time_floor(ef.residual_mut(), grad, flushed)?;
                     }
                     if round > 0 {
                         selected[ci].push(nnz);
-                        floors[ci].push(floor);
+                        floors[ci].push(floor.as_secs_f64());
                     }
                     t
                 }
@@ -698,6 +679,21 @@ fn time_cases(
         }
     }
     Ok((rounds, selected, floors))
+}
+
+/// One timed run of the floor (`sparsify::accumulate`) into `v` on `grad`: `v` is zeroed
+/// first (untimed) like every selector's residual, and flushed from the caches with
+/// `flushed` (see [`time_cases`]).
+fn time_floor(v: &mut [f32], grad: &[f32], flushed: bool) -> Result<Duration, BoxErr> {
+    v.fill(0.0);
+    if flushed {
+        flush(v);
+    }
+    wake_pool(v.len());
+    let s = Instant::now();
+    sparsify::accumulate(v, grad)?;
+    std::hint::black_box(&*v);
+    Ok(s.elapsed())
 }
 
 /// Wakes every worker of the current pool (untimed, before each timed run from
