@@ -45,6 +45,9 @@ pub(crate) struct Cand {
     /// Whether the last batch of an [`EmitForm::Adaptive`] pass into this list used the
     /// branch-free form: the next pass starts from it.
     branch_free: bool,
+    /// Whether the last batch of an [`EmitForm::Adaptive`] pass into this list chose the
+    /// dense form for the next: the next pass starts from it.
+    dense: bool,
     /// After a pass that zeroes its candidates (`ZERO`): the smallest magnitude bits it
     /// zeroed; the candidates below it kept their value in the residual (see
     /// [`fused_split`]).
@@ -72,6 +75,10 @@ pub enum EmitForm {
     /// Write each group's first two hits unconditionally, in one store (a slot without a
     /// hit is overwritten by the next write), and loop only past them.
     BranchFree,
+    /// Compress each block's hits into the lists in the register (AVX-512 `vpcompressd`),
+    /// with no branch on their number: the form for many hits (the AVX2 build, whose
+    /// compression is a loop, emits branch-free instead).
+    Dense,
 }
 
 /// The form every later pass of this process emits in (a diagnostic: the default,
@@ -85,6 +92,7 @@ pub fn emit_form() -> EmitForm {
     match EMIT_FORM.load(std::sync::atomic::Ordering::Relaxed) {
         1 => EmitForm::Branchy,
         2 => EmitForm::BranchFree,
+        3 => EmitForm::Dense,
         _ => EmitForm::Adaptive,
     }
 }
@@ -558,33 +566,11 @@ macro_rules! isa_build {
                 add_body(&mut r[whole..n], &g[whole..n]);
             }
 
-            /// [`moments_body`] in AVX2 registers (the compilers' vectorisation of the
-            /// body came out scalar or spilling): the same lanes, operations and order,
-            /// so the same bits.
+            /// [`moments_body`] with this build's vectors (the compiler keeps each sum's 32
+            /// lanes in registers: two with AVX-512, four with AVX2).
             #[target_feature(enable = $feat)]
             pub(super) fn moments(x: &[f32]) -> (f64, f64) {
-                use std::arch::x86_64::*;
-                let mut ch = x.chunks_exact(16);
-                // SAFETY: AVX2 is enabled (every build here has it); each chunk has 16
-                // readable values, and the stores go to arrays of 16.
-                let (mut s, mut q) = unsafe {
-                    let mut s = [_mm256_setzero_pd(); 4];
-                    let mut q = [_mm256_setzero_pd(); 4];
-                    for c in &mut ch {
-                        for b in 0..4 {
-                            let v = _mm256_cvtps_pd(_mm_loadu_ps(c.as_ptr().add(4 * b)));
-                            s[b] = _mm256_add_pd(s[b], v);
-                            q[b] = _mm256_add_pd(q[b], _mm256_mul_pd(v, v));
-                        }
-                    }
-                    let (mut sl, mut ql) = ([[0.0f64; 4]; 4], [[0.0f64; 4]; 4]);
-                    for b in 0..4 {
-                        _mm256_storeu_pd(sl[b].as_mut_ptr(), s[b]);
-                        _mm256_storeu_pd(ql[b].as_mut_ptr(), q[b]);
-                    }
-                    (sl, ql)
-                };
-                moments_end(ch.remainder(), &mut s, &mut q)
+                moments_body(x)
             }
 
             #[target_feature(enable = $feat)]
@@ -1343,45 +1329,91 @@ pub(crate) fn sample_size(d: usize, k: usize) -> Option<usize> {
 }
 
 /// Positions of the sample runs: `runs` starts at a regular stride over `d`.
-fn run_starts(d: usize, n: usize) -> impl Iterator<Item = usize> {
-    let runs = (n / RUN).max(1);
-    let stride = (d / runs).max(RUN);
+fn run_starts(d: usize, n: usize) -> impl Iterator<Item = usize> + Clone {
+    runs_of(d, n, RUN)
+}
+
+/// Starts of the runs of `len` contiguous elements (about `n` in all) at a regular stride
+/// over `d`.
+fn runs_of(d: usize, n: usize, len: usize) -> impl Iterator<Item = usize> + Clone {
+    let runs = (n / len).max(1);
+    let stride = (d / runs).max(len);
     (0..runs)
         .map(move |b| b * stride)
-        .filter(move |&s| s + RUN <= d)
+        .filter(move |&s| s + len <= d)
+}
+
+/// Calls `f` with the pieces of [`RUN`] elements of `r` and `g` at the sample positions of
+/// runs of `lines` pieces each ([`runs_of`]), in order.
+///
+/// The runs lie a stride of `d / runs` apart, beyond what the hardware prefetchers follow,
+/// so each run would wait for its lines in turn: the lines of the run
+/// [`SAMPLE_AHEAD`] runs on are requested first.
+fn sample_runs(
+    (r, g): (&[f32], &[f32]),
+    n: usize,
+    lines: usize,
+    mut f: impl FnMut(&[f32; RUN], &[f32; RUN]),
+) {
+    let d = r.len().min(g.len());
+    let starts = runs_of(d, n, lines * RUN);
+    let mut ahead = starts.clone().skip(SAMPLE_AHEAD);
+    for s in starts {
+        if let Some(a) = ahead.next() {
+            for l in 0..lines {
+                hint_read(r[a + l * RUN..].as_ptr());
+                hint_read(g[a + l * RUN..].as_ptr());
+            }
+        }
+        for p in (s..s + lines * RUN).step_by(RUN) {
+            f(
+                r[p..p + RUN].try_into().expect("run"),
+                g[p..p + RUN].try_into().expect("run"),
+            );
+        }
+    }
+}
+
+/// How many runs ahead [`sample_runs`] requests its lines.
+const SAMPLE_AHEAD: usize = 16;
+
+/// A prefetch of the line at `p` into every cache level: a hint, never a fault.
+#[inline(always)]
+fn hint_read(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch only hints; SSE is in every x86-64 CPU.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Magnitude bits of `r[i] + g[i]` at the sample positions (nothing is written).
 pub(crate) fn sample_acc(r: &[f32], g: &[f32], n: usize, out: &mut Vec<i32>) {
     out.clear();
-    let d = r.len().min(g.len());
-    for s in run_starts(d, n) {
+    sample_runs((r, g), n, 1, |a, b| {
         // A whole run at once (fixed length, so it vectorises; one push per element did
         // not).
-        let (a, b): (&[f32; RUN], &[f32; RUN]) = (
-            r[s..s + RUN].try_into().expect("run"),
-            g[s..s + RUN].try_into().expect("run"),
-        );
         let mut m = [0i32; RUN];
         for j in 0..RUN {
             m[j] = abs_bits(a[j] + b[j]);
         }
         out.extend_from_slice(&m);
-    }
+    });
 }
 
-/// Values of `r[i] + g[i]` at the sample positions (nothing is written).
-pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, out: &mut Vec<f32>) {
+/// Values of `r[i] + g[i]` at about `n` positions in runs of `lines` lines (nothing is
+/// written).
+pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, lines: usize, out: &mut Vec<f32>) {
     out.clear();
-    let d = r.len().min(g.len());
-    for s in run_starts(d, n) {
-        out.extend(
-            r[s..s + RUN]
-                .iter()
-                .zip(&g[s..s + RUN])
-                .map(|(a, b)| *a + *b),
-        );
-    }
+    sample_runs((r, g), n, lines, |a, b| {
+        let mut m = [0f32; RUN];
+        for j in 0..RUN {
+            m[j] = a[j] + b[j];
+        }
+        out.extend_from_slice(&m);
+    });
 }
 
 /// Magnitude bits of `x[i]` at the sample positions.
@@ -1777,47 +1809,61 @@ pub(crate) fn exact_readonly(
 /// Sum and sum of squares of a chunk (f64).
 type Moments = (f64, f64);
 
-/// Sum and sum of squares (f64, 8 lanes combined by [`combine_lanes`]) of one chunk.
+/// Lanes of [`moments_body`]'s sums.
+const MOMENT_LANES: usize = 32;
+
+/// Sum and sum of squares of one chunk: per lane in f32, the lanes then added in f64 in a
+/// fixed order ([`fold_lanes`]).
+///
+/// Lane `j` takes the elements `32i + j` (at most 128 of a [`CHUNK`]): enough independent
+/// chains that the additions do not wait on each other, few enough that both sums stay in
+/// registers, and the same lanes in every build, so the same bits. In f32 a chunk's sums
+/// carry a relative error of at most about 128 · 2^-24 ≈ 8e-6 of the sum of magnitudes,
+/// far below what moves a Gaussian threshold; they cost 3 vector operations per 16
+/// elements against about 10 in f64 (the conversions, twice the additions and
+/// multiplications). A Gaussian-k step at 2^16, ρ = 0.01 spent 6.5 of its 42 µs here in
+/// f64. Where an f32 sum or square overflows (values beyond about 1.8e19), the chunk is
+/// summed in f64 instead ([`moments_f64`]): the result is finite exactly when every value
+/// is.
 #[inline(always)]
 fn moments_body(x: &[f32]) -> (f64, f64) {
-    // 16 lanes (four registers of 4 with AVX2) per sum, lane `j` taking the elements
-    // `16i + j`: enough independent chains that the additions do not wait on each other
-    // (one chain of dependent f64 additions would bound a chunk in cache at 0.5 cycle an
-    // element), few enough that both sums stay in registers. The x86 builds run this in
-    // intrinsics (`isa_build!`): 32 lanes per sum took all sixteen AVX2 registers and
-    // spilled, and with a separate pass for the largest magnitude `perf` put the moments
-    // at 0.59× the samples of `stream` in a Gaussian-k step at 2^20, ρ = 0.01 (0.41×
-    // now).
-    let (mut s, mut q) = ([[0.0f64; 4]; 4], [[0.0f64; 4]; 4]);
-    let mut ch = x.chunks_exact(16);
+    let (mut s, mut q) = ([0.0f32; MOMENT_LANES], [0.0f32; MOMENT_LANES]);
+    let mut ch = x.chunks_exact(MOMENT_LANES);
     for c in &mut ch {
-        for (b, (sb, qb)) in s.iter_mut().zip(q.iter_mut()).enumerate() {
-            for l in 0..4 {
-                let v = f64::from(c[4 * b + l]);
-                sb[l] += v;
-                qb[l] += v * v;
-            }
+        for j in 0..MOMENT_LANES {
+            s[j] += c[j];
+            q[j] += c[j] * c[j];
         }
     }
-    moments_end(ch.remainder(), &mut s, &mut q)
+    for (j, &a) in ch.remainder().iter().enumerate() {
+        s[j] += a;
+        q[j] += a * a;
+    }
+    let (s, q) = (fold_lanes(&s), fold_lanes(&q));
+    if s.is_finite() && q.is_finite() {
+        (s, q)
+    } else {
+        moments_f64(x)
+    }
 }
 
-/// The end of [`moments_body`]: the last, partial group of 16 into the lanes, then both
-/// sums' lanes folded.
+/// The lanes of [`moments_body`] added in f64 in a fixed order.
 #[inline(always)]
-fn moments_end(rest: &[f32], s: &mut [[f64; 4]; 4], q: &mut [[f64; 4]; 4]) -> (f64, f64) {
-    for (j, &a) in rest.iter().enumerate() {
-        s[j / 4][j % 4] += f64::from(a);
-        q[j / 4][j % 4] += f64::from(a) * f64::from(a);
+fn fold_lanes(l: &[f32; MOMENT_LANES]) -> f64 {
+    let mut t = [0.0f64; 8];
+    for (j, v) in l.iter().enumerate() {
+        t[j % 8] += f64::from(*v);
     }
-    let fold = |l: &[[f64; 4]; 4]| {
-        let mut t = [0.0f64; 8];
-        for j in 0..8 {
-            t[j] = l[j / 4][j % 4] + l[2 + j / 4][j % 4];
-        }
-        combine_lanes(&t)
-    };
-    (fold(s), fold(q))
+    combine_lanes(&t)
+}
+
+/// Sum and sum of squares in f64, in order: where [`moments_body`]'s f32 lanes overflow.
+#[cold]
+fn moments_f64(x: &[f32]) -> (f64, f64) {
+    x.iter().fold((0.0, 0.0), |(s, q), &v| {
+        let v = f64::from(v);
+        (s + v, q + v * v)
+    })
 }
 
 /// Folds per-chunk moments in index order; a non-finite value is an error naming the first.
@@ -2113,8 +2159,8 @@ mod tests {
 
     #[test]
     fn moments_builds_agree_bitwise() {
-        // Whole groups of 16 and partial ones, values of both signs at random scales over
-        // 2^±30, many draws of the short ones: the f64 sums then round differently when a
+        // Whole groups of 32 and partial ones, values of both signs at random scales over
+        // 2^±30, many draws of the short ones: the sums then round differently when a
         // lane, the order or the folding changes (builds that swapped two lanes of any one
         // register failed this).
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -2145,10 +2191,25 @@ mod tests {
                 (s2.to_bits(), q2.to_bits()),
                 "n {n} draw {draw}"
             );
+            // The AVX2 build too, where this CPU dispatches to AVX-512.
+            #[cfg(target_arch = "x86_64")]
+            if isa() == Isa::Avx512 {
+                // SAFETY: an AVX-512 CPU has every feature of the AVX2 build.
+                let (s3, q3) = unsafe { avx2::moments(&x) };
+                assert_eq!((s.to_bits(), q.to_bits()), (s3.to_bits(), q3.to_bits()));
+            }
+            // f32 lanes of at most 129 values: within 129 · 2^-24 of the magnitudes' sum.
             let direct: f64 = x.iter().map(|&v| f64::from(v)).sum();
             let scale: f64 = x.iter().map(|&v| f64::from(v).abs()).sum();
-            assert!((s - direct).abs() <= 1e-12 * scale.max(1e-300), "n {n}");
+            assert!((s - direct).abs() <= 1e-5 * scale.max(1e-300), "n {n}");
+            let squares: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            assert!((q - squares).abs() <= 1e-5 * squares.max(1e-300), "n {n}");
         }
+        // Squares beyond f32's range: the chunk is summed in f64, finite and close.
+        let x = vec![3e20f32, -3e20, 1.0];
+        let (s, q) = moments_chunk(&x);
+        assert_eq!(s, 1.0);
+        assert!((q / (2.0 * f64::from(3e20f32).powi(2)) - 1.0).abs() < 1e-12);
         // A non-finite value is reported with its index, a finite one is not.
         let mut x = vec![1.0f32; 3 * CHUNK];
         assert!(moments(&x).is_ok());
@@ -2187,10 +2248,11 @@ mod tests {
                         if let Some(b) = bad {
                             r0[b] = f32::NAN;
                         }
-                        let run = |emit: EmitForm, start_free: bool| {
+                        let run = |emit: EmitForm, start: (bool, bool)| {
                             let mut r = r0.clone();
                             let mut c = Cand {
-                                branch_free: start_free,
+                                branch_free: start.0,
+                                dense: start.1,
                                 ..Cand::default()
                             };
                             let o = fused_any::<true, false>(
@@ -2204,18 +2266,27 @@ mod tests {
                                 &mut c,
                                 None,
                             );
-                            let stats = (o.overflow, o.abs_sum.to_bits(), o.max_bits);
+                            // The largest magnitude is exact when one reached `t`, and
+                            // only below `t` otherwise (`PassOut::max_bits`).
+                            let mx = if o.max_bits >= t {
+                                Some(o.max_bits)
+                            } else {
+                                None
+                            };
+                            let stats = (o.overflow, o.abs_sum.to_bits(), mx);
                             let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
                             (bits_of(&r), c.idx, bits_of(&c.val), stats, nf)
                         };
-                        let a = run(EmitForm::Branchy, false);
+                        let a = run(EmitForm::Branchy, (false, false));
                         for (emit, start) in [
-                            (EmitForm::BranchFree, false),
-                            (EmitForm::Adaptive, false),
-                            (EmitForm::Adaptive, true),
+                            (EmitForm::BranchFree, (false, false)),
+                            (EmitForm::Dense, (false, false)),
+                            (EmitForm::Adaptive, (false, false)),
+                            (EmitForm::Adaptive, (true, false)),
+                            (EmitForm::Adaptive, (true, true)),
                         ] {
                             let b = run(emit, start);
-                            assert_eq!(a, b, "{emit:?} from {start} n {n} t {t} cap {cap}");
+                            assert_eq!(a, b, "{emit:?} from {start:?} n {n} t {t} cap {cap}");
                         }
                         compared += usize::from(!a.1.is_empty());
                     }
@@ -2396,8 +2467,12 @@ mod tests {
                         let o = scan_body::<true>(&r0, 5, t, cap, &mut c);
                         let want_scan = seen(&r0, c, o);
                         for &(name, has) in isas.iter().filter(|i| i.1) {
-                            let forms =
-                                [EmitForm::Branchy, EmitForm::BranchFree, EmitForm::Adaptive];
+                            let forms = [
+                                EmitForm::Branchy,
+                                EmitForm::BranchFree,
+                                EmitForm::Dense,
+                                EmitForm::Adaptive,
+                            ];
                             for (emit, prefetch) in
                                 forms.into_iter().flat_map(|e| [(e, false), (e, true)])
                             {
@@ -2468,18 +2543,28 @@ mod tests {
     }
 
     /// An adaptive pass ends in the branch-free form where most groups hold a hit, and
-    /// in the branchy one where none do, whatever form it started from.
+    /// in the branchy one where none do, whatever form it started from; with AVX-512 it
+    /// ends dense where many elements are hits, and not where few are.
     #[test]
     fn adaptive_form_follows_the_hit_rate() {
         if isa() == Isa::Base {
             return;
         }
-        let g: Vec<f32> = (0..4 * CHUNK).map(|i| 1.0 + (i % 7) as f32).collect();
-        for (t, want) in [(0, true), (abs_bits(5.5), true), (INF_BITS, false)] {
-            for start in [false, true] {
+        let g: Vec<f32> = (0..4 * CHUNK).map(|i| 1.0 + (i % 101) as f32).collect();
+        let avx512 = isa() == Isa::Avx512;
+        // Hit rates 100 %, 2 of 101 (a hit in most groups, fewer than one element in 32)
+        // and none.
+        let cases = [
+            (0, true, avx512),
+            (abs_bits(100.5), true, false),
+            (INF_BITS, false, false),
+        ];
+        for (t, want, want_dense) in cases {
+            for start in [(false, false), (true, false), (true, true)] {
                 let mut r = vec![0.0f32; g.len()];
                 let mut c = Cand {
-                    branch_free: start,
+                    branch_free: start.0,
+                    dense: start.1,
                     ..Cand::default()
                 };
                 fused_any::<false, false>(
@@ -2493,7 +2578,8 @@ mod tests {
                     &mut c,
                     None,
                 );
-                assert_eq!(c.branch_free, want, "t {t} from {start}");
+                assert_eq!(c.branch_free, want, "t {t} from {start:?}");
+                assert_eq!(c.dense, want_dense, "t {t} from {start:?}");
             }
         }
     }

@@ -82,6 +82,13 @@ pub(super) trait Wide: Copy {
     /// Writes the lanes set in `m` (indices `off + j`, values `a[j]`) packed at `pi` and
     /// `pv`, each with room for 16.
     unsafe fn compress(m: u16, a: Self, off: usize, pi: *mut u32, pv: *mut f32);
+    /// Whether [`Self::compress`] is a few instructions without a branch (AVX-512's
+    /// `vpcompressd`), so that the dense form ([`EmitForm::Dense`]) pays.
+    const COMPRESSES: bool;
+    /// Lane-wise `i32` maximum with `o` in the lanes set in `m`; the others keep `self`.
+    unsafe fn max_i32_masked(self, m: u16, o: Self) -> Self;
+    /// Writes zero to the lanes of the block at `p` set in `m`.
+    unsafe fn zero_masked(p: *mut f32, m: u16);
 }
 
 /// An AVX-512 register.
@@ -169,6 +176,20 @@ impl Wide for Zmm {
             _mm512_storeu_si512(pi.cast(), _mm512_maskz_compress_epi32(m, idx));
             _mm512_storeu_ps(pv, _mm512_maskz_compress_ps(m, a.0));
         }
+    }
+    const COMPRESSES: bool = true;
+    #[inline(always)]
+    unsafe fn max_i32_masked(self, m: u16, o: Self) -> Self {
+        // SAFETY: as in `add_f32`.
+        unsafe {
+            let (a, b) = (_mm512_castps_si512(self.0), _mm512_castps_si512(o.0));
+            Zmm(_mm512_castsi512_ps(_mm512_mask_max_epi32(a, m, a, b)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero_masked(p: *mut f32, m: u16) {
+        // SAFETY: AVX-512F enabled by the caller; `p` has 16 writable values.
+        unsafe { _mm512_mask_storeu_ps(p, m, _mm512_setzero_ps()) }
     }
 }
 
@@ -344,6 +365,27 @@ impl Wide for Ymm2 {
             }
         }
     }
+    const COMPRESSES: bool = false;
+    #[inline(always)]
+    unsafe fn max_i32_masked(self, m: u16, o: Self) -> Self {
+        let (mut a, mut b) = ([0i32; 16], [0i32; 16]);
+        // SAFETY: both arrays have room for 16 lanes; AVX2 enabled by the caller.
+        unsafe {
+            self.store(a.as_mut_ptr().cast());
+            o.store(b.as_mut_ptr().cast());
+            for j in (0..16).filter(|j| m >> j & 1 == 1) {
+                a[j] = a[j].max(b[j]);
+            }
+            Self::load(a.as_ptr().cast())
+        }
+    }
+    #[inline(always)]
+    unsafe fn zero_masked(p: *mut f32, m: u16) {
+        for j in (0..16).filter(|j| m >> j & 1 == 1) {
+            // SAFETY: the caller's block at `p` has 16 writable values.
+            unsafe { p.add(j).write(0.0) };
+        }
+    }
 }
 
 /// The passes of one instruction set: module `$m`, its functions compiled with `$feat`
@@ -385,6 +427,10 @@ macro_rules! wide_passes {
             /// 3.17× → 3.12× for 128 against 64. Up to 1024 helped the threshold selector a
             /// little more (2.24×) but cost MSTopK (3.72×).
             const MAX_BATCH: usize = 128;
+
+            /// An adaptive pass emits the next batch in the dense form ([`EmitForm::Dense`])
+            /// where this batch had at least one hit per this many elements.
+            const DENSE_ABOVE: usize = 48;
 
             /// The per-block state that stays in registers during a batch.
             struct Batch {
@@ -568,6 +614,51 @@ macro_rules! wide_passes {
                 hits
             }
 
+            /// The blocks of one batch, `i` up to `end`, in the dense form
+            /// ([`EmitForm::Dense`]): each block's hits are compressed into both lists in
+            /// the register, with no branch on how many there are, and with `ZERO` those
+            /// from `tzv`'s bits up ([`Wide::bound`]) are zeroed in `src` by a masked store.
+            /// Returns the largest magnitude bits among the hits (0 if none).
+            #[inline(never)]
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn dense<const STATS: bool, const ZERO: bool>(
+                i: &mut usize,
+                end: usize,
+                base: usize,
+                (tv, tzv): (W, W),
+                w: &mut Batch,
+                st: &mut State,
+                src: *mut f32,
+                load: &mut impl FnMut(usize) -> W,
+            ) -> i32 {
+                let (mut j, mut len) = (*i, w.len);
+                // SAFETY: as in `blocks`, whose batch reserved room for all of these blocks
+                // and one more (each compression stores 16 lanes); `src` holds every block
+                // below `end`.
+                unsafe {
+                    let mut top = W::zero();
+                    while j < end {
+                        let a = load(j);
+                        let bits = a.abs();
+                        if STATS {
+                            st.lanes = st.lanes.add_f32(bits);
+                        }
+                        let m = bits.ge_mask(tv);
+                        W::compress(m, a, base + j, w.pi.add(len), w.pv.add(len));
+                        len += m.count_ones() as usize;
+                        top = top.max_i32_masked(m, bits);
+                        if ZERO {
+                            W::zero_masked(src.add(j), m & bits.ge_mask(tzv));
+                        }
+                        j += BLOCK;
+                    }
+                    *i = j;
+                    w.len = len;
+                    top.reduce_max_i32()
+                }
+            }
+
             /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
             /// the block at `i` (and writes the accumulated ones back in a fused pass), emitting
             /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
@@ -596,9 +687,15 @@ macro_rules! wide_passes {
                 let whole = n / BLOCK * BLOCK;
                 let mut free = match emit {
                     EmitForm::Branchy => false,
-                    EmitForm::BranchFree => true,
+                    EmitForm::BranchFree | EmitForm::Dense => true,
                     EmitForm::Adaptive => cand.branch_free,
                 };
+                let mut dense_now = W::COMPRESSES
+                    && match emit {
+                        EmitForm::Dense => true,
+                        EmitForm::Adaptive => cand.dense,
+                        _ => false,
+                    };
                 // SAFETY (whole body): this module's features are enabled by the callers;
                 // `block` writes at most 16 entries per block, and each batch reserved room
                 // for all of its blocks.
@@ -646,6 +743,22 @@ macro_rules! wide_passes {
                             len,
                         };
                         let at = i;
+                        if dense_now {
+                            let tzv = W::bound(zero_from.max(t));
+                            let tvs = (tv, tzv);
+                            let top = dense::<STATS, ZERO>(
+                                &mut i, end, base, tvs, &mut w, st, src, &mut load,
+                            );
+                            if emit == EmitForm::Adaptive {
+                                dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
+                                free = true;
+                            }
+                            st.nf |= u64::from(top >= INF_BITS);
+                            st.top = st.top.max(top);
+                            cand.idx.set_len(w.len);
+                            cand.val.set_len(w.len);
+                            continue;
+                        }
                         let hits = if free {
                             groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, &mut load)
                         } else {
@@ -654,6 +767,9 @@ macro_rules! wide_passes {
                         if emit == EmitForm::Adaptive {
                             free = 4 * hits as usize * 4 * BLOCK > i - at;
                         }
+                        // Whether the next batch is dense: decided once this batch's hits
+                        // are all in the list, below.
+                        let decide_dense = emit == EmitForm::Adaptive && W::COMPRESSES;
                         // The groups wrote indices only: their values are read here, once
                         // the batch's stores have left the store queue. A value read right
                         // after its block's vector store waited for it: on an AVX-512 Zen 4
@@ -695,9 +811,13 @@ macro_rules! wide_passes {
                         st.top = st.top.max(top);
                         cand.idx.set_len(w.len);
                         cand.val.set_len(w.len);
+                        if decide_dense {
+                            dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
+                        }
                     }
                     if emit == EmitForm::Adaptive {
                         cand.branch_free = free;
+                        cand.dense = dense_now;
                     }
                     if STATS {
                         // The lanes folded once per chunk, before the tail's elements (as
