@@ -529,6 +529,14 @@ fn count_ge_body(x: &[i32], t: i32) -> usize {
     x.iter().fold(0u32, |a, &v| a + u32::from(v >= t)) as usize
 }
 
+/// How many of `vals` have magnitude bits at or above `t` (vectorises to a mask, a compare
+/// and a subtract per register of values).
+#[inline(always)]
+fn count_vals_ge_body(vals: &[f32], t: i32) -> usize {
+    vals.iter()
+        .fold(0u32, |a, v| a + u32::from(abs_bits(*v) >= t)) as usize
+}
+
 /// The hot loops compiled for one instruction set (the bodies are `inline(always)`, so
 /// each build vectorises for its own registers).
 macro_rules! isa_build {
@@ -576,6 +584,11 @@ macro_rules! isa_build {
             #[target_feature(enable = $feat)]
             pub(super) fn count_ge(x: &[i32], t: i32) -> usize {
                 count_ge_body(x, t)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn count_vals_ge(vals: &[f32], t: i32) -> usize {
+                count_vals_ge_body(vals, t)
             }
         }
     };
@@ -791,6 +804,12 @@ pub(crate) fn add_max_one<const STATS: bool>(
 #[inline]
 pub(crate) fn count_ge(x: &[i32], t: i32) -> usize {
     dispatch!(count_ge(x, t), count_ge_body(x, t))
+}
+
+/// [`count_vals_ge_body`] from the widest build.
+#[inline]
+pub(crate) fn count_vals_ge(vals: &[f32], t: i32) -> usize {
+    dispatch!(count_vals_ge(vals, t), count_vals_ge_body(vals, t))
 }
 
 /// [`add_body`] from the widest build.

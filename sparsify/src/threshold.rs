@@ -642,7 +642,7 @@ impl GaussianK {
     /// `residual + grad`, and one fused pass accumulates,
     /// computes the exact statistics and emits (and zeroes) every entry above a little
     /// below the lowest threshold the estimate needs. The corrections then count among
-    /// those candidates exactly (all seven thresholds they can visit in one parallel count);
+    /// those candidates exactly (each count a parallel pass over the candidates);
     /// a count below the candidates' threshold is needed only to see "too many", which all
     /// the candidates already show when there are more than `4k/3`. When the estimate was
     /// off (a count is not known, or the last threshold is below the candidates), the
@@ -707,14 +707,15 @@ impl GaussianK {
         }
         let c = self.cand.len() as f64;
         let right = gaussian_threshold(sum, sumsq, d, k, d);
-        // The seven thresholds the corrections can count at, from the exact statistics.
-        let tree = correction_tree(right);
-        let mut totals = Vec::with_capacity(tree.len());
-        split::count_ge_each(&self.cand, &tree, &mut totals, &mut self.work);
+        // The corrections' counts, each among the candidates where it is at or above
+        // them, in turn (the thresholds counted, in order).
+        let mut counted = smallvec::SmallVec::<[i32; 3]>::new();
+        let (cand, work) = (&self.cand, &mut self.work);
         let exact = |t: i32| {
             if t >= tl {
-                let i = tree.iter().position(|&x| x == t)?;
-                Some(totals[i] as f64)
+                let total = split::count_ge(cand, t, counted.is_empty(), work);
+                counted.push(t);
+                Some(total as f64)
             } else if c > many {
                 // Below the candidates: more than all of them, already "too many".
                 Some(f64::INFINITY)
@@ -724,7 +725,9 @@ impl GaussianK {
         };
         match corrections(right, k, exact) {
             Some((last, right)) if last >= tl => {
-                let i = tree.iter().position(|&x| x == last).unwrap_or(0);
+                // The last count is at `last` (a count below the candidates ends the path
+                // with `last < tl`).
+                let i = counted.len().saturating_sub(1);
                 let res = split::Residual::Restore(x);
                 let (idx, val) = split::select_ge(&mut self.cand, i, last, res, &mut self.work);
                 #[cfg(test)]
