@@ -1422,6 +1422,32 @@ pub(crate) fn sample_acc(r: &[f32], g: &[f32], n: usize, out: &mut Vec<i32>) {
     });
 }
 
+/// Magnitude bits of `r[i] + g[i]` (of `r[i]` alone when `g` is `None`) at `start`,
+/// `start + stride`, … below the length, into `out`.
+///
+/// Each sample is a line of its own once the stride passes 16, and at DGC's stride of 96
+/// a page of its own every ten samples: on the 2-core VM (4 KiB pages) DGC's 1 % sample
+/// took 110–120 µs of a step at 2^20, a plain strided loop as long. Neither prefetching
+/// 32 samples ahead nor two threads (a worker woken for it) made it faster there.
+pub(crate) fn sample_strided(
+    r: &[f32],
+    g: Option<&[f32]>,
+    (start, stride): (usize, usize),
+    out: &mut Vec<i32>,
+) {
+    out.clear();
+    let d = g.map_or(r.len(), |g| r.len().min(g.len()));
+    let stride = stride.max(1);
+    if start >= d {
+        return;
+    }
+    out.reserve((d - start).div_ceil(stride));
+    match g {
+        Some(g) => out.extend((start..d).step_by(stride).map(|i| abs_bits(r[i] + g[i]))),
+        None => out.extend((start..d).step_by(stride).map(|i| abs_bits(r[i]))),
+    }
+}
+
 /// Values of `r[i] + g[i]` at about `n` positions in runs of `lines` lines (nothing is
 /// written).
 pub(crate) fn sample_vals(r: &[f32], g: &[f32], n: usize, lines: usize, out: &mut Vec<f32>) {
