@@ -23,7 +23,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let d = 1usize << e;
     let k = ((d as f64 * density) as usize).max(1);
-    let forms = [EmitForm::Adaptive, EmitForm::Branchy, EmitForm::BranchFree];
+    let forms = [
+        EmitForm::Adaptive,
+        EmitForm::Branchy,
+        EmitForm::BranchFree,
+        EmitForm::Dense,
+    ];
     let mut cases: Vec<(Box<dyn Selector>, ErrorFeedback)> = forms
         .iter()
         .map(|_| (kind.build(1), ErrorFeedback::new(d)))
