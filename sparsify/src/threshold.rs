@@ -726,6 +726,11 @@ impl GaussianK {
             split::restore(x, &self.cand);
             out.check()?;
         }
+        if !(sum.is_finite() && sumsq.is_finite()) {
+            // Finite values whose f32 sums overflowed: the general path sums in f64.
+            split::restore(x, &self.cand);
+            return Ok(OnePass::Accumulated);
+        }
         let c = self.cand.len() as f64;
         let right = gaussian_threshold(sum, sumsq, d, k, d);
         // The corrections' counts, each among the candidates where it is at or above

@@ -45,6 +45,8 @@ pub(super) trait Wide: Copy {
     unsafe fn store(self, p: *mut f32);
     /// Lane-wise `f32` sum.
     unsafe fn add_f32(self, o: Self) -> Self;
+    /// Lane-wise `f32` product.
+    unsafe fn mul_f32(self, o: Self) -> Self;
     /// The magnitude bits ([`abs_bits`]) of each lane.
     unsafe fn abs(self) -> Self;
     /// The operand of [`Self::ge_mask`] that tests against threshold bits `t`.
@@ -110,6 +112,11 @@ impl Wide for Zmm {
     unsafe fn add_f32(self, o: Self) -> Self {
         // SAFETY: register-only, AVX-512F enabled by the caller.
         Zmm(unsafe { _mm512_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn mul_f32(self, o: Self) -> Self {
+        // SAFETY: register-only, AVX-512F enabled by the caller.
+        Zmm(unsafe { _mm512_mul_ps(self.0, o.0) })
     }
     #[inline(always)]
     unsafe fn abs(self) -> Self {
@@ -249,6 +256,16 @@ impl Wide for Ymm2 {
             Ymm2([
                 _mm256_add_ps(self.0[0], o.0[0]),
                 _mm256_add_ps(self.0[1], o.0[1]),
+            ])
+        }
+    }
+    #[inline(always)]
+    unsafe fn mul_f32(self, o: Self) -> Self {
+        // SAFETY: register-only, AVX2 enabled by the caller.
+        unsafe {
+            Ymm2([
+                _mm256_mul_ps(self.0[0], o.0[0]),
+                _mm256_mul_ps(self.0[1], o.0[1]),
             ])
         }
     }
@@ -435,6 +452,70 @@ macro_rules! wide_passes {
             /// density, 1.73× / 1.85× at 2 %, 1.86× / 1.98× at 3 %, 3.36× / 1.99× at 5 %;
             /// at 2^20 level up to 3 %, 1.20× / 1.06× at 5 %.
             const DENSE_ABOVE: usize = 25;
+
+            /// Per-lane moments of a one-chunk pass: [`moments_body`]'s 32 lanes, two
+            /// registers a sum (the block at element `j` of the chunk goes to the first or
+            /// the second by `j / 16`'s parity).
+            pub(crate) struct MomLanes {
+                s: [W; 2],
+                q: [W; 2],
+            }
+
+            impl MomLanes {
+                #[inline(always)]
+                unsafe fn zero() -> Self {
+                    // SAFETY: register-only; the caller's features.
+                    unsafe {
+                        MomLanes {
+                            s: [W::zero(); 2],
+                            q: [W::zero(); 2],
+                        }
+                    }
+                }
+
+                /// Adds the block `a` at element `j` of the chunk (a multiple of 16), as
+                /// [`moments_body`] adds it: the value, then its square (no fused
+                /// multiply-add).
+                #[inline(always)]
+                unsafe fn add(&mut self, j: usize, a: W) {
+                    // SAFETY: register-only; the caller's features.
+                    unsafe {
+                        let sq = a.mul_f32(a);
+                        if j & BLOCK == 0 {
+                            self.s[0] = self.s[0].add_f32(a);
+                            self.q[0] = self.q[0].add_f32(sq);
+                        } else {
+                            self.s[1] = self.s[1].add_f32(a);
+                            self.q[1] = self.q[1].add_f32(sq);
+                        }
+                    }
+                }
+
+                /// Adds the blocks of `src` from `from` to `to` (whole blocks).
+                #[inline(always)]
+                unsafe fn add_range(&mut self, src: *const f32, from: usize, to: usize) {
+                    // SAFETY: the caller's features; `src` holds `from..to`.
+                    unsafe {
+                        for j in (from..to).step_by(BLOCK) {
+                            self.add(j, W::load(src.add(j)));
+                        }
+                    }
+                }
+
+                /// The 32 lanes of each sum, in order.
+                #[inline(always)]
+                unsafe fn lanes(&self) -> ([f32; 32], [f32; 32]) {
+                    let (mut s, mut q) = ([0.0f32; 32], [0.0f32; 32]);
+                    // SAFETY: each store writes 16 lanes into an array of 32.
+                    unsafe {
+                        for h in 0..2 {
+                            self.s[h].store(s.as_mut_ptr().add(BLOCK * h));
+                            self.q[h].store(q.as_mut_ptr().add(BLOCK * h));
+                        }
+                    }
+                    (s, q)
+                }
+            }
 
             /// The per-block state that stays in registers during a batch.
             struct Batch {
@@ -626,13 +707,13 @@ macro_rules! wide_passes {
             #[inline(never)]
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn dense<const STATS: bool, const ZERO: bool>(
+            unsafe fn dense<const STATS: bool, const ZERO: bool, const MOM: bool>(
                 i: &mut usize,
                 end: usize,
                 base: usize,
                 (tv, tzv): (W, W),
                 w: &mut Batch,
-                st: &mut State,
+                (st, mom): (&mut State, &mut MomLanes),
                 src: *mut f32,
                 load: &mut impl FnMut(usize) -> W,
             ) -> i32 {
@@ -644,6 +725,9 @@ macro_rules! wide_passes {
                     let mut top = W::zero();
                     while j < end {
                         let a = load(j);
+                        if MOM {
+                            mom.add(j, a);
+                        }
                         let bits = a.abs();
                         if STATS {
                             st.lanes = st.lanes.add_f32(bits);
@@ -686,6 +770,7 @@ macro_rules! wide_passes {
                 src: *mut f32,
                 emit: EmitForm,
                 mut chunk_sums: Option<&mut [f64]>,
+                mut mom: Option<&mut MomLanes>,
                 mut load: impl FnMut(usize) -> W,
             ) {
                 let whole = n / BLOCK * BLOCK;
@@ -726,9 +811,13 @@ macro_rules! wide_passes {
                         let fit = (cap.saturating_sub(len) / BLOCK).saturating_sub(1);
                         if fit < left.min(BATCH) || t > INF_BITS {
                             let end = i + left.min(BATCH) * BLOCK;
+                            let from = i;
                             while i < end {
                                 capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
                                 i += BLOCK;
+                            }
+                            if let Some(m) = mom.as_deref_mut() {
+                                m.add_range(src, from, end);
                             }
                             if ZERO {
                                 for (&j, &v) in cand.idx[len..].iter().zip(&cand.val[len..]) {
@@ -750,9 +839,28 @@ macro_rules! wide_passes {
                         if dense_now {
                             let tzv = W::bound(zero_from.max(t));
                             let tvs = (tv, tzv);
-                            let top = dense::<STATS, ZERO>(
-                                &mut i, end, base, tvs, &mut w, st, src, &mut load,
-                            );
+                            let top = match mom.as_deref_mut() {
+                                Some(m) => dense::<STATS, ZERO, true>(
+                                    &mut i,
+                                    end,
+                                    base,
+                                    tvs,
+                                    &mut w,
+                                    (st, m),
+                                    src,
+                                    &mut load,
+                                ),
+                                None => dense::<STATS, ZERO, false>(
+                                    &mut i,
+                                    end,
+                                    base,
+                                    tvs,
+                                    &mut w,
+                                    (st, &mut MomLanes::zero()),
+                                    src,
+                                    &mut load,
+                                ),
+                            };
                             if emit == EmitForm::Adaptive {
                                 dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
                                 free = true;
@@ -774,6 +882,11 @@ macro_rules! wide_passes {
                         // Whether the next batch is dense: decided once this batch's hits
                         // are all in the list, below.
                         let decide_dense = emit == EmitForm::Adaptive && W::COMPRESSES;
+                        // The moments of the groups' blocks, before the loop below zeroes
+                        // any of them.
+                        if let Some(m) = mom.as_deref_mut() {
+                            m.add_range(src, at, i);
+                        }
                         // The groups wrote indices only: their values are read here, once
                         // the batch's stores have left the store queue. A value read right
                         // after its block's vector store waited for it: on an AVX-512 Zen 4
@@ -801,7 +914,11 @@ macro_rules! wide_passes {
                         }
                         let grouped = w.len;
                         while i < end {
-                            block::<STATS>(load(i), base + i, tv, &mut w, st);
+                            let a = load(i);
+                            if let Some(m) = mom.as_deref_mut() {
+                                m.add(i, a);
+                            }
+                            block::<STATS>(a, base + i, tv, &mut w, st);
                             i += BLOCK;
                         }
                         for n in grouped..w.len {
@@ -911,11 +1028,13 @@ macro_rules! wide_passes {
                 (t, zero_from): (i32, i32),
                 cap: usize,
                 cand: &mut Cand,
-                mut chunk_sums: Option<&mut [f64]>,
+                (mut chunk_sums, mom): (Option<&mut [f64]>, Option<&mut Moments>),
             ) -> PassOut {
                 let n = r.len().min(g.len());
                 let whole = n / BLOCK * BLOCK;
                 let mut st = state();
+                // SAFETY: register-only; this module's features are enabled here.
+                let mut lanes = mom.is_some().then(|| unsafe { MomLanes::zero() });
                 let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
                 // One block at `i`, accumulated and stored (`blocks` passes whole blocks below
                 // `whole <= n`, within both slices).
@@ -942,10 +1061,23 @@ macro_rules! wide_passes {
                 // slices, and zeroes only candidates among them.
                 unsafe {
                     let sums = chunk_sums.as_deref_mut();
-                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, sums, load);
+                    let m = lanes.as_mut();
+                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, sums, m, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
                     *rv += *gv;
+                }
+                if let (Some(m), Some(l)) = (mom, &lanes) {
+                    // The tail into the lanes after the last whole block's, as
+                    // `moments_body`'s remainder (the range is one chunk at most).
+                    // SAFETY: this module's features are enabled here.
+                    let (mut s, mut q) = unsafe { l.lanes() };
+                    for (j, &a) in r[whole..n].iter().enumerate() {
+                        let at = whole % (2 * BLOCK) + j;
+                        s[at] += a;
+                        q[at] += a * a;
+                    }
+                    *m = (fold_lanes(&s), fold_lanes(&q));
                 }
                 let before = cand.len();
                 let mx = tail::<STATS>(&r[whole..n], base + whole, t, cap, cand, &mut st);
@@ -1068,6 +1200,7 @@ macro_rules! wide_passes {
                         &mut st,
                         src,
                         emit_form(),
+                        None,
                         None,
                         |i| W::load(px.add(i)),
                     );
