@@ -2200,6 +2200,26 @@ mod tests {
         }
     }
 
+    /// `n` values of both signs at random scales over 2^±30 from the xorshift state `seed`:
+    /// sums of them round differently when a lane, the order or the folding changes.
+    fn random_scales(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                let h = *seed;
+                let mag = (1.0 + (h >> 40) as f32 / (1u64 << 24) as f32)
+                    * 2f32.powi((h % 61) as i32 - 30);
+                if h >> 63 == 1 {
+                    -mag
+                } else {
+                    mag
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn moments_builds_agree_bitwise() {
         // Whole groups of 32 and partial ones, values of both signs at random scales over
@@ -2207,26 +2227,9 @@ mod tests {
         // lane, the order or the folding changes (builds that swapped two lanes of any one
         // register failed this).
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
         let sizes = [0usize, 7, 16, 33, 100, CHUNK, CHUNK + 13];
         for (draw, n) in sizes.iter().flat_map(|&n| (0..50).map(move |d| (d, n))) {
-            let x: Vec<f32> = (0..n)
-                .map(|_| {
-                    let h = next();
-                    let mag = (1.0 + (h >> 40) as f32 / (1u64 << 24) as f32)
-                        * 2f32.powi((h % 61) as i32 - 30);
-                    if h >> 63 == 1 {
-                        -mag
-                    } else {
-                        mag
-                    }
-                })
-                .collect();
+            let x = random_scales(&mut seed, n);
             let (s, q) = moments_body(&x);
             let (s2, q2) = moments_chunk(&x);
             assert_eq!(
@@ -2275,29 +2278,9 @@ mod tests {
     #[test]
     fn moments_in_the_pass_equal_the_chunk_moments() {
         let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
         let mut compared = 0;
         for n in [CHUNK, CHUNK - 5, 16 * 7 + 9, 48, 33, 5] {
-            let mut draw = |n: usize| -> Vec<f32> {
-                (0..n)
-                    .map(|_| {
-                        let h = next();
-                        let mag = (1.0 + (h >> 40) as f32 / (1u64 << 24) as f32)
-                            * 2f32.powi((h % 61) as i32 - 30);
-                        if h >> 63 == 1 {
-                            -mag
-                        } else {
-                            mag
-                        }
-                    })
-                    .collect()
-            };
-            let (r0, g) = (draw(n), draw(n));
+            let (r0, g) = (random_scales(&mut seed, n), random_scales(&mut seed, n));
             let acc: Vec<f32> = r0.iter().zip(&g).map(|(a, b)| a + b).collect();
             let want = moments_chunk(&acc);
             for t in [INF_BITS, abs_bits(1e6), abs_bits(1e-3), 0] {
