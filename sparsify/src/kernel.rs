@@ -537,6 +537,22 @@ fn count_vals_ge_body(vals: &[f32], t: i32) -> usize {
         .fold(0u32, |a, v| a + u32::from(abs_bits(*v) >= t)) as usize
 }
 
+/// Appends to `out` the magnitude bits of `vals` that lie in `lo..=hi`, in order. Sixteen
+/// at a time: one test without a branch per element (a compare per register), and the
+/// rare run that holds one picked out element by element.
+#[inline(always)]
+fn magnitudes_in_body(vals: &[f32], (lo, hi): (i32, i32), out: &mut Vec<i32>) {
+    let inside = |v: &f32| (lo..=hi).contains(&abs_bits(*v));
+    let mut runs = vals.chunks_exact(16);
+    for run in &mut runs {
+        if run.iter().fold(false, |any, v| any | inside(v)) {
+            out.extend(run.iter().filter(|v| inside(v)).map(|v| abs_bits(*v)));
+        }
+    }
+    let rest = runs.remainder().iter().filter(|v| inside(v));
+    out.extend(rest.map(|v| abs_bits(*v)));
+}
+
 /// The hot loops compiled for one instruction set (the bodies are `inline(always)`, so
 /// each build vectorises for its own registers).
 macro_rules! isa_build {
@@ -589,6 +605,11 @@ macro_rules! isa_build {
             #[target_feature(enable = $feat)]
             pub(super) fn count_vals_ge(vals: &[f32], t: i32) -> usize {
                 count_vals_ge_body(vals, t)
+            }
+
+            #[target_feature(enable = $feat)]
+            pub(super) fn magnitudes_in(vals: &[f32], range: (i32, i32), out: &mut Vec<i32>) {
+                magnitudes_in_body(vals, range, out)
             }
         }
     };
@@ -808,6 +829,18 @@ pub(crate) fn count_ge(x: &[i32], t: i32) -> usize {
 #[inline]
 pub(crate) fn count_vals_ge(vals: &[f32], t: i32) -> usize {
     dispatch!(count_vals_ge(vals, t), count_vals_ge_body(vals, t))
+}
+
+/// [`magnitudes_in_body`] from the widest build: the magnitude bits of `vals` in
+/// `lo..=hi` appended to `out`. The portable build tested four values per instruction:
+/// picking one histogram bucket's members out of 11 400 candidates took 8 µs on the
+/// 2-core AVX-512 VM (exact top-k at 2^20, ρ = 0.01, on 2 threads).
+#[inline]
+pub(crate) fn magnitudes_in(vals: &[f32], range: (i32, i32), out: &mut Vec<i32>) {
+    dispatch!(
+        magnitudes_in(vals, range, out),
+        magnitudes_in_body(vals, range, out)
+    )
 }
 
 /// [`add_body`] from the widest build.
