@@ -133,10 +133,12 @@ impl ExactTopK {
             (0, usize::MAX)
         };
         let zero_from = self.warm.zero_from(warm, t);
+        let near = self.warm.kth_range(warm);
         let (out, zero) = split::fused_pass::<false>(
             residual,
             grad,
             (t, zero_from, cap, k),
+            near,
             &mut self.cand,
             &mut self.work.pieces,
         );
@@ -167,7 +169,6 @@ impl ExactTopK {
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing
             // pass, put back what was not).
-            let near = self.warm.kth_range(warm);
             let (idx, val) = kernel::select_k_near(&mut self.cand, k, &mut self.scratch, near);
             if zero {
                 split::restore(residual, &self.cand);

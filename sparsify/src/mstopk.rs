@@ -158,21 +158,21 @@ impl MsTopK {
         } else if bound.is_none() && near.is_some() {
             self.search_by_rank(bound, stats, k, near)
         } else {
-            self.search_by_counts(t_low, (bound, &buckets), stats, k)
+            self.search_by_counts(t_low, bound, stats, k)
         }
     }
 
-    /// [`Self::search`] answering each count from the candidates. A histogram of the
-    /// candidates' magnitudes ([`split::ms_boundary`]) decides every round whose threshold
-    /// falls outside the one bucket where the count crosses `k`; only rounds inside it count
-    /// that bucket's few magnitudes. The round thresholds only narrow (they are monotone in
+    /// [`Self::search`] answering each count from the candidates. The band of magnitudes
+    /// where the count crosses `k` ([`split::ms_boundary`]: the warm call's guess, or one
+    /// bucket of a histogram) decides every round whose threshold falls outside it; only
+    /// rounds inside it count the band's few magnitudes. The round thresholds only narrow (they are monotone in
     /// `ratio`), so each such round partitions just the magnitudes still between the
     /// bounds: those above the upper bound are counted once and dropped, those below the
     /// lower one never count again. The decisions are exactly those of Algorithm 1's counts.
     fn search_by_counts(
         &mut self,
         t_low: i32,
-        (bound, buckets): (Option<(usize, usize)>, &split::Buckets),
+        bound: Option<((i32, i32), usize)>,
         (mean, u, max_bits): (f64, f64, i32),
         k: usize,
     ) -> Bounds {
@@ -181,7 +181,7 @@ impl MsTopK {
             t1: i32::MAX,
             t2: 0,
         };
-        let (kb, mut above) = bound.unwrap_or((usize::MAX, 0));
+        let ((lo, hi), mut above) = bound.unwrap_or(((1, 0), 0));
         let mut live = self.work.members_mut();
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
         // (all magnitudes nearly equal); then every round counts all the bucket.
@@ -202,9 +202,9 @@ impl MsTopK {
             // (count ≤ k, count > 0)
             let (fits, some) = if tb < t_low {
                 (false, true)
-            } else if bound.is_some() && buckets.of(tb) != kb {
-                // Above the boundary bucket at most k pass, below it more than k.
-                (buckets.of(tb) > kb, tb <= max_bits)
+            } else if bound.is_some() && !(lo..=hi).contains(&tb) {
+                // Above the boundary band at most k pass, below it more than k.
+                (tb > hi, tb <= max_bits)
             } else if !narrows {
                 let nnz = above + kernel::count_ge(live, tb);
                 (nnz <= k, nnz > 0)
@@ -272,7 +272,7 @@ impl MsTopK {
     /// Algorithm 1's counts.
     fn search_by_rank(
         &mut self,
-        bound: Option<(usize, usize)>,
+        bound: Option<((i32, i32), usize)>,
         (mean, u, max_bits): (f64, f64, i32),
         k: usize,
         near: Option<(i32, i32)>,
@@ -644,16 +644,17 @@ impl Selector for MsTopK {
             (None, None) => (0, usize::MAX),
         };
         let zero_from = self.warm.zero_from(warm, t);
+        let near = self.warm.kth_range(warm);
         let (out, zero) = split::fused_pass::<true>(
             residual,
             grad,
             (t, zero_from, cap, k),
+            near,
             &mut self.cand,
             &mut self.work.pieces,
         );
         // The rounds below `t_low` need more than `k` candidates.
         self.warm.judge(warm, out.overflow, self.cand.len(), k + 1);
-        let near = self.warm.kth_range(warm);
         let (idx, val, min) = self.complete(Buf::Residual(residual, zero), t, out, k, near)?;
         self.warm.learn(d, k, min);
         Ok(finish_bits(idx, val, d, min))

@@ -57,20 +57,23 @@ const MAX_BUCKETS_LOG: u32 = 11;
 /// for small `k`, the selection zeroes what it takes. Returns the pass and whether it zeroed.
 ///
 /// `zero_from`: where the zeroing pass starts zeroing (see [`crate::kernel::fused_split`]);
-/// the selectors pass the last call's k-th magnitude when they start warm.
+/// the selectors pass the last call's k-th magnitude when they start warm. `near`: a guess
+/// of where the boundary magnitude lies; the pieces then [`prepare_near`] instead of
+/// building histograms.
 pub(crate) fn fused_pass<const STATS: bool>(
     residual: &mut [f32],
     grad: &[f32],
     (t, zero_from, cap, k): (i32, i32, usize, usize),
+    near: Option<(i32, i32)>,
     cand: &mut Cand,
     pieces: &mut Vec<Piece>,
 ) -> (crate::kernel::PassOut, bool) {
     let zero = crate::kernel::pieces(residual.len()) > 1 && k >= ZERO_K;
     let b = Buckets::new(t, k);
-    let post = (pieces, move |l: &Cand, p: &mut Piece| {
-        if zero {
-            prepare(l, p, b)
-        }
+    let post = (pieces, move |l: &Cand, p: &mut Piece| match (zero, near) {
+        (false, _) => {}
+        (true, Some(band)) => prepare_near(l, p, band),
+        (true, None) => prepare(l, p, b),
     });
     let out = if zero {
         crate::kernel::fused_split::<STATS, true, _>(
@@ -90,14 +93,14 @@ pub(crate) fn fused_pass<const STATS: bool>(
 /// Scratch of one piece, kept between calls.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Piece {
-    /// Candidates per bucket ([`prepare`]).
+    /// Candidates per bucket ([`prepare`]; empty after [`prepare_near`]).
     hist: Vec<u32>,
-    /// The piece's candidate magnitudes in bucket `kb` ([`boundary`]; none held while
-    /// `kb` is `usize::MAX`), in list order.
+    /// The piece's candidate magnitudes in `band`, in list order: set by [`prepare_near`]
+    /// from a guess, or by [`boundary`] to one bucket of the histogram.
     members: Vec<i32>,
-    kb: usize,
-    /// The piece's candidates in the buckets above `kb` (set with `members`).
-    above_kb: usize,
+    band: Option<(i32, i32)>,
+    /// The piece's candidates above `band` (set with it).
+    above: usize,
     /// Candidates the piece keeps for sure, and its range of ranks among the ranked ones.
     sure: usize,
     ranked: (usize, usize),
@@ -110,17 +113,18 @@ pub(crate) struct Piece {
 }
 
 impl Piece {
-    /// Number of the piece's candidates (list `l`) with magnitude `>= x`: from the
-    /// histogram and the members of bucket `kb` when `x` falls in it, else by counting.
+    /// Number of the piece's candidates (list `l`) with magnitude `>= x`: from the count
+    /// above its band and the members when `x` falls in the band, else by counting.
     fn count_ge(&self, l: &Cand, b: &Buckets, x: i32) -> usize {
         if x <= b.t {
             return l.val.len();
         }
-        let j = b.of(x);
-        if j != self.kb {
-            return l.val.iter().filter(|v| abs_bits(**v) >= x).count();
+        match self.band {
+            Some((lo, hi)) if (lo..=hi).contains(&x) => {
+                self.above + self.members.iter().filter(|&&m| m >= x).count()
+            }
+            _ => kernel::count_vals_ge(&l.val, x),
         }
-        self.above_kb + self.members.iter().filter(|&&m| m >= x).count()
     }
 }
 
@@ -157,7 +161,7 @@ impl Buckets {
     }
 
     /// Bucket of magnitude bits `m` (those below `t` count as `t`).
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn of(&self, m: i32) -> usize {
         ((m.wrapping_sub(self.t).max(0) as u32 >> self.shift) as usize).min(self.n - 1)
     }
@@ -184,12 +188,25 @@ impl Buckets {
 /// this function's samples at 2^24, ρ = 0.01.
 pub(crate) fn prepare(l: &Cand, p: &mut Piece, b: Buckets) {
     // No bucket's members are held until `boundary` picks them.
-    p.kb = usize::MAX;
+    p.band = None;
     p.hist.clear();
     p.hist.resize(b.n, 0);
-    for v in &l.val {
-        p.hist[b.of(abs_bits(*v))] += 1;
-    }
+    kernel::histogram(&l.val, (b.t, b.shift), &mut p.hist);
+}
+
+/// What a piece computes right after its pass instead of [`prepare`] when the selector
+/// has a guess `lo..=hi` of where the boundary magnitude lies (a warm call's
+/// [`crate::warm::WarmStart::kth_range`]): the count above the guess and the magnitudes
+/// inside it, two vectorised scans of the list. When the guess holds the boundary,
+/// [`boundary`] needs neither a histogram (about one scattered increment per candidate,
+/// 3.3 µs of a piece of 2^18 elements at ρ = 0.01) nor a second round on the pool to pick
+/// the boundary bucket out of the lists; when it misses, it histograms then.
+pub(crate) fn prepare_near(l: &Cand, p: &mut Piece, (lo, hi): (i32, i32)) {
+    p.hist.clear();
+    p.band = Some((lo, hi));
+    p.above = kernel::count_vals_ge(&l.val, hi.saturating_add(1));
+    p.members.clear();
+    kernel::magnitudes_in(&l.val, (lo, hi), &mut p.members);
 }
 
 /// Runs `f` on every list with its scratch: in parallel over several, inline for one (no
@@ -204,12 +221,41 @@ fn each<T: Send>(lists: &[Cand], work: &mut [T], f: impl Fn(usize, &Cand, &mut T
     }
 }
 
-/// Merges the prepared pieces' histograms; returns the bucket where the count from the
-/// top first reaches `k + strict` (`strict` 0: at least `k`, 1: more than `k`) and the
-/// count above it, and collects that bucket's magnitudes: each piece's in its
-/// `members` (picked out of its list in parallel), all of them in `w.members`.
-fn boundary(lists: &[Cand], b: &Buckets, k: usize, strict: usize, w: &mut Work) -> (usize, usize) {
+/// The magnitude band that holds the one where the count from the top first reaches
+/// `k + strict` (`strict` 0: at least `k`, 1: more than `k`) over the [`prepare`]d or
+/// [`prepare_near`]d pieces, and the count above the band; collects the band's
+/// magnitudes: each piece's in its `members`, all of them in `w.members`. The band is the
+/// pieces' guess when it holds that magnitude, else one bucket of their merged histograms
+/// (each piece picks its members out of its list in parallel).
+fn boundary(
+    lists: &[Cand],
+    b: &Buckets,
+    k: usize,
+    strict: usize,
+    w: &mut Work,
+) -> ((i32, i32), usize) {
     let np = lists.len();
+    let want = k + strict;
+    let guess = w.pieces[0].band;
+    if guess.is_some() && w.pieces[..np].iter().all(|p| p.band == guess) {
+        let above: usize = w.pieces[..np].iter().map(|p| p.above).sum();
+        let inside: usize = w.pieces[..np].iter().map(|p| p.members.len()).sum();
+        if let Some(band) = guess.filter(|_| above < want && above + inside >= want) {
+            w.members.clear();
+            for p in &w.pieces[..np] {
+                w.members.extend_from_slice(&p.members);
+            }
+
+            return (band, above);
+        }
+    }
+    if w.pieces[..np]
+        .iter()
+        .any(|p| p.band.is_some() || p.hist.len() != b.n)
+    {
+        // The guess missed (or there was none): histogram the lists now.
+        each(lists, &mut w.pieces[..np], |_, l, p| prepare(l, p, *b));
+    }
     let pieces = &w.pieces[..np];
     // From the bottom, merging the pieces' counts bucket by bucket only as far as needed:
     // a warm or sampled threshold lies just below the `k`-th magnitude, so its bucket is
@@ -217,31 +263,31 @@ fn boundary(lists: &[Cand], b: &Buckets, k: usize, strict: usize, w: &mut Work) 
     // scanning them from the top, took 3 µs of a 280 µs step at 2^20, ρ = 0.01).
     let total: usize = lists.iter().map(|l| l.val.len()).sum();
     let (mut kb, mut above) = (0, total);
-    if k + strict == 0 {
+    if want == 0 {
         // Nothing to reach: the top bucket, with nothing above it.
         (kb, above) = (b.n - 1, 0);
-    } else if total >= k + strict {
+    } else if total >= want {
         for j in 0..b.n {
             above -= pieces.iter().map(|p| p.hist[j] as usize).sum::<usize>();
-            if above < k + strict {
+            if above < want {
                 kb = j;
                 break;
             }
         }
     }
-    let (lo, hi) = b.range(kb);
+    let band = b.range(kb);
     each(lists, &mut w.pieces[..np], |_, l, p| {
-        p.kb = kb;
-        p.above_kb = l.val.len() - p.hist[..=kb].iter().map(|&c| c as usize).sum::<usize>();
+        p.band = Some(band);
+        p.above = l.val.len() - p.hist[..=kb].iter().map(|&c| c as usize).sum::<usize>();
         p.members.clear();
         p.members.reserve(p.hist[kb] as usize);
-        kernel::magnitudes_in(&l.val, (lo, hi), &mut p.members);
+        kernel::magnitudes_in(&l.val, band, &mut p.members);
     });
     w.members.clear();
     for p in &w.pieces[..np] {
         w.members.extend_from_slice(&p.members);
     }
-    (kb, above)
+    (band, above)
 }
 
 /// Exact top-`k` (largest magnitude, the lower index on ties) among the candidates of
@@ -314,7 +360,7 @@ fn kth_of_prepared(lists: &[Cand], b: &Buckets, k: usize, w: &mut Work) -> i32 {
     for p in &mut w.pieces[..np] {
         let gt = p.members.iter().filter(|&&m| m > kth).count();
         let eq = p.members.iter().filter(|&&m| m == kth).count();
-        p.sure = p.above_kb + gt;
+        p.sure = p.above + gt;
         ties -= gt;
         p.ranked = (0, eq);
     }
@@ -738,16 +784,16 @@ pub(crate) struct MsPick {
     pub t2: i32,
 }
 
-/// MSTopK's boundary bucket over the [`prepare`]d candidates of a split pass: the one
-/// with at most `k` candidates above it and more than `k` from it on. Returns it and the
-/// count above it, and [`Work::members_mut`] holds its magnitudes; for the one list of a
+/// MSTopK's boundary band over the [`prepare`]d or [`prepare_near`]d candidates of a split
+/// pass: one with at most `k` candidates above it and more than `k` from it on. Returns
+/// it (magnitude bits `lo..=hi`) and the count above it, and [`Work::members_mut`] holds its magnitudes; for the one list of a
 /// serial pass, `None`, and the members are all its magnitudes.
 pub(crate) fn ms_boundary(
     cand: &Cand,
     b: &Buckets,
     k: usize,
     w: &mut Work,
-) -> Option<(usize, usize)> {
+) -> Option<((i32, i32), usize)> {
     let np = cand.lists().0.len();
     if np == 1 {
         // One list (a serial pass, not prepared): the search partitions all of it.
@@ -901,29 +947,100 @@ impl Work {
 mod tests {
     use super::*;
 
-    /// [`boundary`] picks exactly the boundary bucket's magnitudes out of each list, and
-    /// [`Piece::count_ge`] counts right both inside that bucket (from the histogram and
-    /// the members) and outside it (by counting the list).
-    #[test]
-    fn boundary_members_and_counts_match_a_direct_count() {
+    /// Two lists of 3000 candidates each, magnitudes in [1, 3) (one binade and a bit more),
+    /// both signs, and all their magnitudes.
+    fn two_lists() -> (Vec<Cand>, Vec<i32>) {
         let mut s = 0x2545_F491_4F6C_DD1Du64;
         let mut lists = vec![Cand::default(), Cand::default()];
-        let t = 1.0f32.to_bits() as i32;
         for l in &mut lists {
             for i in 0..3000u32 {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                // Magnitudes in [1, 3): one binade and a bit more, both signs.
                 let m = 1.0 + (s >> 40) as f32 / (1u64 << 23) as f32;
                 l.idx.push(i);
                 l.val.push(if s & 1 == 0 { m } else { -m });
             }
         }
-        let all: Vec<i32> = lists
+        let all = lists
             .iter()
             .flat_map(|l| l.val.iter().map(|v| abs_bits(*v)))
             .collect();
+        (lists, all)
+    }
+
+    /// Pieces [`prepare_near`]d from a guessed band answer [`boundary`] from the guess when
+    /// it holds the boundary magnitude and from the histogram when it does not (too high,
+    /// too low); either way the band holds it, the count above it is right, the members
+    /// are the band's magnitudes, and [`Piece::count_ge`] counts right.
+    #[test]
+    fn a_guessed_band_answers_or_falls_back_to_the_histogram() {
+        let (lists, all) = two_lists();
+        let t = 1.0f32.to_bits() as i32;
+        let mut sorted = all.clone();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let (mut hits, mut misses) = (0, 0);
+        for (k, strict) in [(1000, 0), (1000, 1), (4000, 1), (1, 0)] {
+            let want = k + strict;
+            let kth = sorted[want - 1];
+            let guesses = [
+                (kth - 5000, kth + 5000),
+                (kth, kth),
+                (kth + 1, kth + 9000),
+                (kth - 9000, kth - 1),
+            ];
+            for guess in guesses {
+                let b = Buckets::new(t, k);
+                let mut w = Work::default();
+                w.pieces.resize_with(lists.len(), Piece::default);
+                for (l, p) in lists.iter().zip(&mut w.pieces) {
+                    prepare_near(l, p, guess);
+                }
+                let (band, above) = boundary(&lists, &b, k, strict, &mut w);
+                if (guess.0..=guess.1).contains(&kth) {
+                    assert_eq!(band, guess, "k {k}: a guess that holds it is kept");
+                    hits += 1;
+                } else {
+                    assert_eq!(band, b.range(b.of(band.0)), "k {k}: a bucket after a miss");
+                    misses += 1;
+                }
+                assert!((band.0..=band.1).contains(&kth), "k {k} guess {guess:?}");
+                let direct_above = all.iter().filter(|&&m| m > band.1).count();
+                assert_eq!(above, direct_above, "k {k} guess {guess:?}");
+                let mut members = w.members.clone();
+                members.sort_unstable();
+                let mut direct: Vec<i32> = all
+                    .iter()
+                    .copied()
+                    .filter(|m| (band.0..=band.1).contains(m))
+                    .collect();
+                direct.sort_unstable();
+                assert_eq!(members, direct, "k {k} guess {guess:?}");
+                for x in [
+                    t + 1,
+                    band.0,
+                    kth,
+                    band.1,
+                    band.1.saturating_add(1),
+                    sorted[0],
+                ] {
+                    for (l, p) in lists.iter().zip(&w.pieces) {
+                        let direct = l.val.iter().filter(|v| abs_bits(**v) >= x).count();
+                        assert_eq!(p.count_ge(l, &b, x), direct, "x = {x}");
+                    }
+                }
+            }
+        }
+        assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
+    }
+
+    /// [`boundary`] picks exactly the boundary bucket's magnitudes out of each list, and
+    /// [`Piece::count_ge`] counts right both inside that bucket (from the histogram and
+    /// the members) and outside it (by counting the list).
+    #[test]
+    fn boundary_members_and_counts_match_a_direct_count() {
+        let (lists, all) = two_lists();
+        let t = 1.0f32.to_bits() as i32;
         let k = 1000;
         let b = Buckets::new(t, k);
         let mut w = Work::default();
@@ -933,7 +1050,12 @@ mod tests {
         }
         // The bucket against a count from the top, for several `k` and both `strict`.
         for (kk, strict) in [(1, 0), (1, 1), (999, 1), (3000, 0), (5999, 1), (6000, 0)] {
-            let (kb, above) = boundary(&lists, &b, kk, strict, &mut w);
+            for (l, p) in lists.iter().zip(&mut w.pieces) {
+                prepare(l, p, b);
+            }
+            let (band, above) = boundary(&lists, &b, kk, strict, &mut w);
+            let kb = b.of(band.0);
+            assert_eq!(band, b.range(kb));
             let from = |j: usize| all.iter().filter(|&&m| b.of(m) >= j).count();
             assert!(
                 from(kb + 1) < kk + strict && from(kb) >= kk + strict,
@@ -941,7 +1063,11 @@ mod tests {
             );
             assert_eq!(above, from(kb + 1), "k {kk}");
         }
-        let (kb, above) = boundary(&lists, &b, k, 0, &mut w);
+        for (l, p) in lists.iter().zip(&mut w.pieces) {
+            prepare(l, p, b);
+        }
+        let (band, above) = boundary(&lists, &b, k, 0, &mut w);
+        let kb = b.of(band.0);
         let direct_above = all.iter().filter(|&&m| b.of(m) > kb).count();
         let mut direct_members: Vec<i32> = all.iter().copied().filter(|&m| b.of(m) == kb).collect();
         assert_eq!(above, direct_above);
