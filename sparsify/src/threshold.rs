@@ -1063,6 +1063,18 @@ pub(crate) mod tests {
         });
     }
 
+    /// (threads, length) of the DGC tests: a serial pass, and one split over a pool.
+    const DGC_SHAPES: [(usize, usize); 2] = [(1, 40_000), (2, 2 * kernel::PAR_MIN + 33)];
+
+    /// Runs `f` on a new pool of `threads` threads.
+    fn on_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(f)
+    }
+
     /// Fused DGC steps on one tensor after the first take their sample in their pass when
     /// it is split over the pool (a serial one samples first); each selects what the
     /// read-only selection of its accumulated vector selects (the same seed draws the same
@@ -1070,12 +1082,8 @@ pub(crate) mod tests {
     /// as large, where the pass's candidates fall short of the sample's threshold.
     #[test]
     fn dgc_steps_that_sample_in_their_pass_equal_read_only_ones() {
-        for (threads, d) in [(1, 40_000), (2, 2 * kernel::PAR_MIN + 33)] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let (hits, misses) = pool.install(|| {
+        for (threads, d) in DGC_SHAPES {
+            let (hits, misses) = on_pool(threads, || {
                 DGC_WARM.with(|c| c.set((0, 0)));
                 for k in [d / 1000, d / 100] {
                     let (mut fused, mut read) = (DgcSampling::new(5), DgcSampling::new(5));
@@ -1125,13 +1133,9 @@ pub(crate) mod tests {
     /// path after the first pass, serial and split over a pool.
     #[test]
     fn dgc_fused_equals_read_only_on_every_path() {
-        for (threads, d) in [(1, 40_000), (2, 2 * kernel::PAR_MIN + 33)] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
+        for (threads, d) in DGC_SHAPES {
             // The steps run on the pool's thread, which counts their paths.
-            let paths = pool.install(|| {
+            let paths = on_pool(threads, || {
                 DGC_PATHS.with(|c| c.set([0; 4]));
                 for seed in 0..6u64 {
                     for kind in [0u8, 1, 3] {
