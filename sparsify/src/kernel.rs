@@ -2397,7 +2397,7 @@ mod tests {
             .collect()
     }
 
-    /// The widest build's band pick and histogram equal the portable bodies (every length
+    /// The widest build's band picks and histogram equal the portable bodies (every length
     /// mod 16, bands that hold none, some and all of the values, appended to a list that
     /// is not empty), and the histogram equals a count per bucket.
     #[test]
@@ -2417,6 +2417,13 @@ mod tests {
                 let direct: Vec<i32> = direct.filter(|m| (band.0..=band.1).contains(m)).collect();
                 assert_eq!(got, want, "n {n} band {band:?}");
                 assert_eq!(got[1..], direct[..], "n {n} band {band:?}");
+                let idx: Vec<u32> = (0..n as u32).map(|i| i * 3 + 1).collect();
+                let (mut got, mut want) = (vec![(7, 7.0)], vec![(7, 7.0)]);
+                entries_in(&idx, &vals, band, &mut got);
+                entries_in_body(&idx, &vals, band, &mut want);
+                assert_eq!(got, want, "n {n} band {band:?}");
+                let mags: Vec<i32> = got[1..].iter().map(|e| abs_bits(e.1)).collect();
+                assert_eq!(mags, direct, "n {n} band {band:?}");
                 picked += got.len() - 1;
                 some += usize::from(got.len() > 1 && got.len() <= n);
             }
