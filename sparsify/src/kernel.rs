@@ -553,18 +553,25 @@ fn magnitudes_in_body(vals: &[f32], (lo, hi): (i32, i32), out: &mut Vec<i32>) {
     out.extend(rest.map(|v| abs_bits(*v)));
 }
 
-/// Adds to `hist` the count of `vals` per bucket `min((|v| bits - t).max(0) >> shift,
-/// hist.len() - 1)`. Sixty-four at a time: their buckets computed first (vectorised), then
-/// counted one by one.
+/// The histogram bucket of magnitude bits `m` over `t` (those below `t` count as `t`),
+/// `shift` bits a bucket, the last one (`last`) open-ended.
 #[inline(always)]
-fn histogram_body(vals: &[f32], (t, shift): (i32, u32), hist: &mut [u32]) {
+pub(crate) fn bucket_of(m: i32, (t, shift): (i32, u32), last: usize) -> usize {
+    ((m.wrapping_sub(t).max(0) as u32 >> shift) as usize).min(last)
+}
+
+/// Adds to `hist` the count of `vals` per bucket ([`bucket_of`], the last one
+/// `hist.len() - 1`). Sixty-four at a time: their buckets computed first (vectorised),
+/// then counted one by one.
+#[inline(always)]
+fn histogram_body(vals: &[f32], at_t: (i32, u32), hist: &mut [u32]) {
     let Some(last) = hist.len().checked_sub(1) else {
         return;
     };
     let mut at = [0u32; 64];
     for run in vals.chunks(64) {
         for (a, v) in at.iter_mut().zip(run) {
-            *a = ((abs_bits(*v).wrapping_sub(t).max(0) as u32) >> shift).min(last as u32);
+            *a = bucket_of(abs_bits(*v), at_t, last) as u32;
         }
         for &j in &at[..run.len()] {
             hist[j as usize] += 1;
@@ -650,11 +657,6 @@ macro_rules! isa_build {
             #[target_feature(enable = $feat)]
             pub(super) fn histogram(vals: &[f32], at: (i32, u32), hist: &mut [u32]) {
                 histogram_body(vals, at, hist)
-            }
-
-            #[target_feature(enable = $feat)]
-            pub(super) fn magnitudes_in(vals: &[f32], range: (i32, i32), out: &mut Vec<i32>) {
-                magnitudes_in_body(vals, range, out)
             }
         }
     };
@@ -882,15 +884,15 @@ pub(crate) fn count_vals_ge(vals: &[f32], t: i32) -> usize {
 /// 2-core AVX-512 VM (exact top-k at 2^20, ρ = 0.01, on 2 threads).
 #[inline]
 pub(crate) fn magnitudes_in(vals: &[f32], range: (i32, i32), out: &mut Vec<i32>) {
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
+    match isa() {
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512F.
-        return unsafe { avx512_band::magnitudes_in(vals, range, out) };
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { band::avx512(vals, range, out) },
+        // SAFETY: as above, AVX2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { band::avx2(vals, range, out) },
+        _ => magnitudes_in_body(vals, range, out),
     }
-    dispatch!(
-        magnitudes_in(vals, range, out),
-        magnitudes_in_body(vals, range, out)
-    )
 }
 
 /// [`entries_in_body`] from the widest build: the entries of `idx`/`val` with magnitude
@@ -904,7 +906,7 @@ pub(crate) fn entries_in(idx: &[u32], val: &[f32], band: (i32, i32), out: &mut V
 }
 
 /// [`histogram_body`] from the widest build: `hist[j]` gains the count of `vals` whose
-/// magnitude bits `m` have `min((m - t).max(0) >> shift, hist.len() - 1) == j`.
+/// magnitude bits are in bucket `j` ([`bucket_of`]).
 #[inline]
 pub(crate) fn histogram(vals: &[f32], (t, shift): (i32, u32), hist: &mut [u32]) {
     dispatch!(
@@ -1485,8 +1487,8 @@ fn sample_runs(
     for s in starts {
         if let Some(a) = ahead.next() {
             for l in 0..lines {
-                hint_read(r[a + l * RUN..].as_ptr());
-                hint_read(g[a + l * RUN..].as_ptr());
+                hint::<READ>(r[a + l * RUN..].as_ptr());
+                hint::<READ>(g[a + l * RUN..].as_ptr());
             }
         }
         for p in (s..s + lines * RUN).step_by(RUN) {
@@ -1501,26 +1503,18 @@ fn sample_runs(
 /// How many runs ahead [`sample_runs`] requests its lines.
 const SAMPLE_AHEAD: usize = 16;
 
-/// A prefetch of the line at `p` into every cache level: a hint, never a fault.
+/// [`hint`] for reading, into every cache level (`_MM_HINT_T0`).
+const READ: i32 = 3;
+/// [`hint`] for writing (`_MM_HINT_ET0`: `prefetchw`, a no-op on CPUs without it).
+const WRITE: i32 = 7;
+
+/// A prefetch of the line at `p` ([`READ`] or [`WRITE`]): a hint, never a fault.
 #[inline(always)]
-fn hint_read(p: *const f32) {
+fn hint<const HINT: i32>(p: *const f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch only hints; SSE is in every x86-64 CPU.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Asks for the line of `p` in a state to write it (`prefetchw`; a no-op where the CPU
-/// lacks it).
-#[inline(always)]
-fn hint_write(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints; the instruction is a no-op on CPUs without it.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
+        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast())
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
@@ -1535,7 +1529,7 @@ pub(crate) fn write_at(x: &mut [f32], writes: &[(u32, f32)]) {
     const AHEAD: usize = 16;
     for (j, &(i, v)) in writes.iter().enumerate() {
         if let Some(&(a, _)) = writes.get(j + AHEAD) {
-            hint_write(x.as_ptr().wrapping_add(a as usize));
+            hint::<WRITE>(x.as_ptr().wrapping_add(a as usize));
         }
         x[i as usize] = v;
     }
@@ -1900,17 +1894,27 @@ mod avx512_keep {
 /// a member only pays where members are rare (one histogram bucket's); a guessed band
 /// ([`crate::split::prepare_near`]) holds one candidate in ten or more, which put a member
 /// in most blocks: a piece of 11 500 candidates took 20 µs that way against 1 µs this way.
+/// AVX2 has no compress instruction: its build is the portable body's.
 #[cfg(target_arch = "x86_64")]
-mod avx512_band {
+mod band {
     use super::BLOCK;
     use std::arch::x86_64::*;
+
+    /// [`super::magnitudes_in_body`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[target_feature(enable = "avx2,popcnt,bmi1,bmi2,lzcnt")]
+    pub(super) unsafe fn avx2(vals: &[f32], band: (i32, i32), out: &mut Vec<i32>) {
+        super::magnitudes_in_body(vals, band, out)
+    }
 
     /// Appends to `out` the magnitude bits of `vals` in `lo..=hi`, in order.
     ///
     /// # Safety
     /// AVX-512F.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt")]
-    pub(super) unsafe fn magnitudes_in(vals: &[f32], (lo, hi): (i32, i32), out: &mut Vec<i32>) {
+    pub(super) unsafe fn avx512(vals: &[f32], (lo, hi): (i32, i32), out: &mut Vec<i32>) {
         let n = vals.len();
         let whole = n / BLOCK * BLOCK;
         // A whole block's store past the last member needs room for `BLOCK` more.
@@ -2432,8 +2436,8 @@ mod tests {
                 let (mut got, mut want) = (vec![1u32; buckets], vec![1u32; buckets]);
                 histogram(&vals, (t, shift), &mut got);
                 for m in &bits {
-                    let j = ((m.wrapping_sub(t).max(0) as u32) >> shift) as usize;
-                    want[j.min(buckets - 1)] += 1;
+                    let above = (m.wrapping_sub(t).max(0) as u32 >> shift) as usize;
+                    want[above.min(buckets - 1)] += 1;
                 }
                 assert_eq!(got, want, "n {n} shift {shift}");
             }

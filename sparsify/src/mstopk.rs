@@ -165,10 +165,11 @@ impl MsTopK {
     /// [`Self::search`] answering each count from the candidates. The band of magnitudes
     /// where the count crosses `k` ([`split::ms_boundary`]: the warm call's guess, or one
     /// bucket of a histogram) decides every round whose threshold falls outside it; only
-    /// rounds inside it count the band's few magnitudes. The round thresholds only narrow (they are monotone in
-    /// `ratio`), so each such round partitions just the magnitudes still between the
-    /// bounds: those above the upper bound are counted once and dropped, those below the
-    /// lower one never count again. The decisions are exactly those of Algorithm 1's counts.
+    /// rounds inside it count the band's few magnitudes. The round thresholds only narrow
+    /// (they are monotone in `ratio`), so each such round partitions just the magnitudes
+    /// still between the bounds: those above the upper bound are counted once and dropped,
+    /// those below the lower one never count again. The decisions are exactly those of
+    /// Algorithm 1's counts.
     fn search_by_counts(
         &mut self,
         t_low: i32,
@@ -184,7 +185,7 @@ impl MsTopK {
         let ((lo, hi), mut above) = bound.unwrap_or(((1, 0), 0));
         let mut live = self.work.members_mut();
         // The thresholds grow with `ratio` unless rounding put the mean above the maximum
-        // (all magnitudes nearly equal); then every round counts all the bucket.
+        // (all magnitudes nearly equal); then every round counts all the band.
         let narrows = u >= mean;
         // Once few are live, the later rounds test a mask over them instead.
         let mut few: Option<Few> = None;

@@ -135,7 +135,7 @@ impl Piece {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Work {
     pub(crate) pieces: Vec<Piece>,
-    /// Magnitudes of the boundary bucket of every piece, in piece order.
+    /// Magnitudes of the boundary band of every piece, in piece order.
     members: Vec<i32>,
 }
 
@@ -163,10 +163,10 @@ impl Buckets {
         }
     }
 
-    /// Bucket of magnitude bits `m` (those below `t` count as `t`).
+    /// Bucket of magnitude bits `m` ([`kernel::bucket_of`], as [`prepare`] counts them).
     #[cfg(test)]
     pub(crate) fn of(&self, m: i32) -> usize {
-        ((m.wrapping_sub(self.t).max(0) as u32 >> self.shift) as usize).min(self.n - 1)
+        kernel::bucket_of(m, (self.t, self.shift), self.n - 1)
     }
 
     /// The magnitude bits (never negative) `lo..=hi` that fall in bucket `j`
@@ -248,7 +248,6 @@ fn boundary(
             for p in &w.pieces[..np] {
                 w.members.extend_from_slice(&p.members);
             }
-
             return (band, above);
         }
     }
@@ -789,8 +788,9 @@ pub(crate) struct MsPick {
 
 /// MSTopK's boundary band over the [`prepare`]d or [`prepare_near`]d candidates of a split
 /// pass: one with at most `k` candidates above it and more than `k` from it on. Returns
-/// it (magnitude bits `lo..=hi`) and the count above it, and [`Work::members_mut`] holds its magnitudes; for the one list of a
-/// serial pass, `None`, and the members are all its magnitudes.
+/// it (magnitude bits `lo..=hi`) and the count above it, and [`Work::members_mut`] holds
+/// its magnitudes; for the one list of a serial pass, `None`, and the members are all its
+/// magnitudes.
 pub(crate) fn ms_boundary(
     cand: &Cand,
     b: &Buckets,

@@ -337,58 +337,60 @@ impl DgcSampling {
         // A serial pass reads its sample first: the data is in the core's caches, and the
         // candidates from below the last threshold cost more than the sample there (2^16,
         // ρ = 0.01: 2.26–2.28× the floor sampling first, 3.27–3.40× in the pass).
+        let fused = acc.fused();
         let warm = match self.last {
-            Some((key, last)) if key == (d, k) && acc.fused() && last > 0 => Some(last),
+            Some((key, last)) if key == (d, k) && fused && last > 0 => Some(last),
             _ => None,
         }
         .filter(|_| kernel::pieces(d) > 1);
-        let (mut zeroed, mut t) = (false, None);
-        if let Some(last) = warm {
-            let (at_k, hit) = self.sampled_pass(acc, at, last, ks)?;
-            self.last = Some(((d, k), at_k));
-            if !hit {
-                // The pass's candidates do not reach down to the sample's threshold: pass
-                // over the summed vector from it, as the cold path does.
+        let (mut t, mut zeroed) = match (warm, &mut *acc) {
+            (Some(last), Acc::Fused(x, g)) => {
+                let sampled = self.sampled_pass(x, g, at, last, ks);
+                // The pass added the gradient, whatever came of it.
+                acc.summed();
+                let (at_k, hit) = sampled?;
+                if !hit {
+                    // The pass's candidates do not reach down to the sample's threshold:
+                    // pass over the summed vector from it, as the cold path does.
+                    pass(
+                        acc,
+                        0,
+                        usize::MAX,
+                        at_k.min(INF_BITS),
+                        &mut self.cand,
+                        false,
+                    )?;
+                }
+                (at_k, hit)
+            }
+            _ => {
+                match acc {
+                    Acc::Fused(x, g) => kernel::sample_strided(x, Some(g), at, &mut self.sample),
+                    _ => kernel::sample_strided(acc.values(), None, at, &mut self.sample),
+                }
+                let ns = self.sample.len();
+                let at_k = if ns == 0 {
+                    0
+                } else {
+                    crate::order::kth_largest(&mut self.sample, ks(ns))
+                };
+                // A fused pass zeroes its candidates as it goes (a scattered write per
+                // selected entry afterwards took 60 µs of a step at 2^20, ρ = 0.01, and 190
+                // µs at 2^22); those the steps below drop get their values back.
                 pass(
                     acc,
                     0,
                     usize::MAX,
                     at_k.min(INF_BITS),
                     &mut self.cand,
-                    false,
+                    fused,
                 )?;
+                (at_k, fused)
             }
-            (zeroed, t) = (hit, Some(at_k));
+        };
+        if fused {
+            self.last = Some(((d, k), t));
         }
-        if t.is_none() {
-            match acc {
-                Acc::Fused(x, g) => kernel::sample_strided(x, Some(g), at, &mut self.sample),
-                _ => kernel::sample_strided(acc.values(), None, at, &mut self.sample),
-            }
-            let ns = self.sample.len();
-            let at_k = if ns == 0 {
-                0
-            } else {
-                crate::order::kth_largest(&mut self.sample, ks(ns))
-            };
-            // A fused pass zeroes its candidates as it goes (a scattered write per selected
-            // entry afterwards took 60 µs of a step at 2^20, ρ = 0.01, and 190 µs at
-            // 2^22); those the steps below drop get their values back.
-            zeroed = acc.fused();
-            if zeroed {
-                self.last = Some(((d, k), at_k));
-            }
-            pass(
-                acc,
-                0,
-                usize::MAX,
-                at_k.min(INF_BITS),
-                &mut self.cand,
-                zeroed,
-            )?;
-            t = Some(at_k);
-        }
-        let mut t = t.unwrap_or(0);
         let mut result: Option<(Vec<u32>, Vec<f32>)> = None;
         for _ in 0..DGC_MAX_ADAPT {
             let n = self.cand.len();
@@ -424,8 +426,9 @@ impl DgcSampling {
         Ok((idx, val, f32::from_bits(t.min(INF_BITS) as u32), zeroed))
     }
 
-    /// DGC's sample and first pass in one pass over memory, for a fused step (`acc`, left
-    /// summed) after one on the same shape, whose sampled threshold was `last`. The pass
+    /// DGC's sample and first pass in one pass over memory, for a fused step (the residual
+    /// `x` and the gradient `g`; the pass adds `g` into `x`) after one on the same shape,
+    /// whose sampled threshold was `last`. The pass
     /// emits the candidates from `DGC_WARM · last` up (zeroing those from `last` up), and
     /// each piece then reads its part of the strided sample `at` out of its accumulated
     /// range while it is in cache; a sampled position the pass zeroed takes its value from
@@ -437,23 +440,6 @@ impl DgcSampling {
     /// one of `g` every 96 elements, took 110–120 µs of a step at 2^20 on the 2-core VM,
     /// against 155–220 µs for the whole streaming pass.
     fn sampled_pass(
-        &mut self,
-        acc: &mut Acc<'_>,
-        at: (usize, usize),
-        last: i32,
-        ks: impl Fn(usize) -> usize,
-    ) -> Result<(i32, bool)> {
-        let res = match acc {
-            Acc::Fused(x, g) => self.sampled_pass_on(x, g, at, last, ks),
-            _ => unreachable!("a sampled pass runs on a fused step"),
-        };
-        // The pass added the gradient, whatever came of it.
-        acc.summed();
-        res
-    }
-
-    /// [`Self::sampled_pass`] on the residual `x` and the gradient `g`.
-    fn sampled_pass_on(
         &mut self,
         x: &mut [f32],
         g: &[f32],
@@ -1107,6 +1093,20 @@ pub(crate) mod tests {
                         assert!(same, "residual, d {d} k {k} step {step}");
                         fused.recycle(got);
                     }
+                    // A non-finite gradient on a step that samples in its pass: the typed
+                    // error, and the residual a cold step leaves, bit for bit.
+                    let mut g = gen_vec(400, d, 0);
+                    g[d / 2] = f32::NAN;
+                    let mut cold_r = r.clone();
+                    let cold = DgcSampling::new(9).select_fused(&mut cold_r, &g, k);
+                    let got = fused.select_fused(&mut r, &g, k);
+                    assert!(matches!(got, Err(Error::NonFinite { .. })), "d {d} k {k}");
+                    assert!(matches!(cold, Err(Error::NonFinite { .. })), "d {d} k {k}");
+                    let same = r
+                        .iter()
+                        .zip(&cold_r)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "residual after the error, d {d} k {k}");
                 }
                 DGC_WARM.with(|c| c.get())
             });
