@@ -272,9 +272,9 @@ pub struct DgcSampling {
     scratch: Vec<i32>,
     /// Each piece's part of the sample, in a pass that takes it ([`Self::sampled_pass`]).
     piece_samples: Vec<Vec<i32>>,
-    /// The residual's writes after such a pass, and the buffers its kept candidates are
-    /// filtered into.
-    fixes: Vec<(u32, f32)>,
+    /// The residual's writes after such a pass (indices, values), and the buffers its kept
+    /// candidates are filtered into.
+    fixes: (Vec<u32>, Vec<f32>),
     kept: (Vec<u32>, Vec<f32>),
     /// `(d, k)` of the last fused step and its sampled threshold (bits).
     last: Option<((usize, usize), i32)>,
@@ -305,7 +305,7 @@ impl DgcSampling {
             sample: Vec::new(),
             scratch: Vec::new(),
             piece_samples: Vec::new(),
-            fixes: Vec::new(),
+            fixes: (Vec::new(), Vec::new()),
             kept: (Vec::new(), Vec::new()),
             last: None,
         }
@@ -476,7 +476,6 @@ impl DgcSampling {
         } else {
             crate::order::kth_largest(&mut self.sample, ks(ns))
         };
-        self.cand.join_if_fewer(usize::MAX);
         #[cfg(test)]
         tests::dgc_warm(t >= floor);
         if t < floor {
@@ -485,27 +484,20 @@ impl DgcSampling {
             return Ok((t, false));
         }
         // Keep the candidates from `t` up, all zeroed: zero those below `last` the pass
-        // left, put back those below `t` it zeroed (both vectorised scans of the list).
-        let c = &mut self.cand;
-        self.fixes.clear();
-        if t != last {
-            let band = (t.min(last), t.max(last) - 1);
-            kernel::entries_in(&c.idx, &c.val, band, &mut self.fixes);
-            let restore = t > last;
-            for f in &mut self.fixes {
-                f.1 = if restore { f.1 } else { 0.0 };
-            }
-        }
-        let kept = (
-            std::mem::take(&mut self.kept.0),
-            std::mem::take(&mut self.kept.1),
-        );
-        let (ki, kv) = kernel::keep_top(&c.idx, &c.val, t, usize::MAX, kept);
-        self.kept = (
-            std::mem::replace(&mut c.idx, ki),
-            std::mem::replace(&mut c.val, kv),
-        );
-        kernel::write_at(x, &self.fixes);
+        // left, put back those below `t` it zeroed (one vectorised scan of each piece's
+        // list, which joins them too).
+        self.fixes.0.clear();
+        self.fixes.1.clear();
+        let band = if t == last {
+            (1, 0)
+        } else {
+            (t.min(last), t.max(last) - 1)
+        };
+        let into = std::mem::take(&mut self.kept);
+        self.kept = self
+            .cand
+            .keep_from(t, (band, t > last), into, &mut self.fixes);
+        kernel::write_at(x, (&self.fixes.0, &self.fixes.1));
         Ok((t, true))
     }
 }
