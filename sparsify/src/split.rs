@@ -70,14 +70,11 @@ pub(crate) fn fused_pass<const STATS: bool>(
 ) -> (crate::kernel::PassOut, bool) {
     let zero = crate::kernel::pieces(residual.len()) > 1 && k >= ZERO_K;
     let b = Buckets::new(t, k);
-    let post = (
-        pieces,
-        move |l: &Cand, p: &mut Piece, _: kernel::Piece<'_>| match (zero, near) {
-            (false, _) => {}
-            (true, Some(band)) => prepare_near(l, p, band),
-            (true, None) => prepare(l, p, b),
-        },
-    );
+    let post = (pieces, move |l: &Cand, p: &mut Piece| match (zero, near) {
+        (false, _) => {}
+        (true, Some(band)) => prepare_near(l, p, band),
+        (true, None) => prepare(l, p, b),
+    });
     let out = if zero {
         crate::kernel::fused_split::<STATS, true, _>(
             residual,

@@ -233,10 +233,7 @@ impl HardThreshold {
         let (x, g): (&mut [f32], &[f32]) = (x, g);
         // Fused: the pass zeroes its candidates (the selection) and keeps them per piece;
         // the pieces then copy their lists into the result in parallel.
-        let post = (
-            &mut Vec::new(),
-            |_: &Cand, _: &mut (), _: kernel::Piece<'_>| {},
-        );
+        let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
         let (tb, all) = (ge_bits(t), usize::MAX);
         let out = kernel::fused_split::<false, true, ()>(x, g, (tb, tb), all, &mut self.cand, post);
         if out.non_finite.is_some() {
@@ -270,8 +267,6 @@ pub struct DgcSampling {
     cand: Cand,
     sample: Vec<i32>,
     scratch: Vec<i32>,
-    /// Each piece's part of the sample, in a pass that takes it ([`Self::sampled_pass`]).
-    piece_samples: Vec<Vec<i32>>,
     /// The residual's writes after such a pass (indices, values), and the buffers its kept
     /// candidates are filtered into.
     fixes: (Vec<u32>, Vec<f32>),
@@ -304,7 +299,6 @@ impl DgcSampling {
             cand: Cand::default(),
             sample: Vec::new(),
             scratch: Vec::new(),
-            piece_samples: Vec::new(),
             fixes: (Vec::new(), Vec::new()),
             kept: (Vec::new(), Vec::new()),
             last: None,
@@ -428,17 +422,16 @@ impl DgcSampling {
 
     /// DGC's sample and first pass in one pass over memory, for a fused step (the residual
     /// `x` and the gradient `g`; the pass adds `g` into `x`) after one on the same shape,
-    /// whose sampled threshold was `last`. The pass
-    /// emits the candidates from `DGC_WARM · last` up (zeroing those from `last` up), and
-    /// each piece then reads its part of the strided sample `at` out of its accumulated
-    /// range while it is in cache; a sampled position the pass zeroed takes its value from
-    /// the piece's candidates. The sample is the one the cold path reads before its pass,
-    /// bit for bit. Returns its threshold (the `ks(n)`-th largest of `n`) and whether the
-    /// candidates reach down to it: then they are cut to it and left as a pass from it
-    /// leaves them (those from it up, all zeroed); else the residual gets them back (the
-    /// caller then passes over the summed vector). Why: the sample read before the pass, one line of `r` and
-    /// one of `g` every 96 elements, took 110–120 µs of a step at 2^20 on the 2-core VM,
-    /// against 155–220 µs for the whole streaming pass.
+    /// whose sampled threshold was `last`. The pass emits the candidates from
+    /// `DGC_WARM · last` up (zeroing those from `last` up) and takes the strided sample `at`
+    /// of the accumulated vector as it goes ([`Cand::sample_next_pass`]). The sample is the
+    /// one the cold path reads before its pass, bit for bit. Returns its threshold (the
+    /// `ks(n)`-th largest of `n`) and whether the candidates reach down to it: then they
+    /// are cut to it and left as a pass from it leaves them (those from it up, all zeroed);
+    /// else the residual gets them back (the caller then passes over the summed vector).
+    /// Why: the sample read before the pass, one line of `r` and one of `g` every 96
+    /// elements, took 110–120 µs of a step at 2^20 on the 2-core VM, against 155–220 µs for
+    /// the whole streaming pass.
     fn sampled_pass(
         &mut self,
         x: &mut [f32],
@@ -448,27 +441,17 @@ impl DgcSampling {
         ks: impl Fn(usize) -> usize,
     ) -> Result<(i32, bool)> {
         let floor = ge_bits(f32::from_bits(last as u32) * DGC_WARM);
-        let post = (
-            &mut self.piece_samples,
-            |l: &Cand, out: &mut Vec<i32>, piece: kernel::Piece<'_>| {
-                sample_piece(l, piece, at, out)
-            },
-        );
+        self.cand.sample_next_pass(at);
+        let post = (&mut Vec::new(), |_: &Cand, _: &mut ()| {});
         let tz = (floor, last);
         let out = kernel::fused_split::<false, true, _>(x, g, tz, usize::MAX, &mut self.cand, post);
         if out.non_finite.is_some() {
             split::restore(x, &self.cand);
             out.check()?;
         }
-        let np = self.cand.lists().0.len();
         self.sample.clear();
-        if np == 1 {
-            // One serial pass: `post` did not run.
-            sample_piece(&self.cand, (x, 0), at, &mut self.sample);
-        } else {
-            for p in &self.piece_samples[..np] {
-                self.sample.extend_from_slice(p);
-            }
+        for part in self.cand.sample_lists() {
+            self.sample.extend_from_slice(part);
         }
         let ns = self.sample.len();
         let t = if ns == 0 {
@@ -502,41 +485,6 @@ impl DgcSampling {
     }
 }
 selector_impl!(DgcSampling, "dgc");
-
-/// The strided sample `(start, stride)` of one piece of a pass, `(x, base)`: the magnitude
-/// bits of `x[i - base]` at the positions `i` of the sample in the piece, into `out`. A
-/// position that holds zero takes the value of the candidate of `l` there, if any (a pass
-/// that zeroes its candidates zeroed it).
-fn sample_piece(
-    l: &Cand,
-    (x, base): kernel::Piece<'_>,
-    (start, stride): (usize, usize),
-    out: &mut Vec<i32>,
-) {
-    out.clear();
-    let first = if base <= start {
-        start
-    } else {
-        start + (base - start).div_ceil(stride) * stride
-    };
-    let end = base + x.len();
-    if first >= end {
-        return;
-    }
-    out.reserve((end - first).div_ceil(stride));
-    for i in (first..end).step_by(stride) {
-        let m = abs_bits(x[i - base]);
-        let m = if m == 0 {
-            match l.idx.binary_search(&(i as u32)) {
-                Ok(j) => abs_bits(l.val[j]),
-                Err(_) => 0,
-            }
-        } else {
-            m
-        };
-        out.push(m);
-    }
-}
 
 /// ExDyna (Yoon & Oh, CCGrid 2024): Algorithm 4 selects `|g| ≥ δ_t` inside the contiguous partition
 /// assigned to this worker, Algorithm 5 scales δ for the next step.

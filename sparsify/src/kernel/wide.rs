@@ -824,6 +824,7 @@ macro_rules! wide_passes {
                                     zero_at_from(src, j as usize - base, v, zero_from);
                                 }
                             }
+                            cand.sample_upto(src, base, end, len);
                             continue;
                         }
                         let end = i + left.min(MAX_BATCH).min(fit) * BLOCK;
@@ -869,6 +870,7 @@ macro_rules! wide_passes {
                             st.top = st.top.max(top);
                             cand.idx.set_len(w.len);
                             cand.val.set_len(w.len);
+                            cand.sample_upto(src, base, i, len);
                             continue;
                         }
                         let hits = if free {
@@ -932,6 +934,8 @@ macro_rules! wide_passes {
                         st.top = st.top.max(top);
                         cand.idx.set_len(w.len);
                         cand.val.set_len(w.len);
+                        // The batch's sample, its lines still in the first-level cache.
+                        cand.sample_upto(src, base, i, len);
                         if decide_dense {
                             dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
                         }
@@ -1093,6 +1097,8 @@ macro_rules! wide_passes {
                     let (idx, val) = (&cand.idx[before..], &cand.val[before..]);
                     zero_candidates(&mut r[..n], base, idx, val, zero_from);
                 }
+                // SAFETY: `r` holds the range's `n` elements.
+                unsafe { cand.sample_upto(r.as_ptr(), base, n, before) };
                 let (idx, val) = (&cand.idx[first..], &cand.val[first..]);
                 let r = &r[..n];
                 // SAFETY: this module's features are enabled here.
