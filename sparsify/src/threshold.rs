@@ -454,10 +454,13 @@ impl DgcSampling {
             self.sample.extend_from_slice(part);
         }
         let ns = self.sample.len();
+        // The sampled threshold moves little from step to step: select from around the
+        // last one (checked; the whole sample otherwise).
+        let near = (floor, ge_bits(f32::from_bits(last as u32) / DGC_WARM));
         let t = if ns == 0 {
             0
         } else {
-            crate::order::kth_largest(&mut self.sample, ks(ns))
+            crate::order::kth_largest_near(&mut self.sample, ks(ns), near)
         };
         #[cfg(test)]
         tests::dgc_warm(t >= floor);
