@@ -70,6 +70,11 @@ pub struct IterationValidation {
     pub predicted_parts: Parts,
     /// The measured parts (medians).
     pub measured_parts: Parts,
+    /// The plan's exchanges timed alone ([`exchanges_alone`]), seconds: what the
+    /// prediction's communication part describes. Inside an iteration a group's exchange
+    /// also waits for the slowest rank to hand its group over, and shares the cores with
+    /// backward.
+    pub comm_alone_s: f64,
 }
 
 impl IterationValidation {
@@ -179,7 +184,8 @@ pub fn calibrated_iteration<C: Communicator + ?Sized>(
     let profile = crate::train::profile_for(&model, &times)?;
     let plan = crate::train::shared_plan(&*ctrl, &Planner::default().plan(&profile, &costs)?)?;
     let predicted = predict(&profile, &plan, &costs)?;
-    let (tl, _) = iterate(red, &model, (&x, &y), &plan, &scheme, (1, cfg.iterations))?;
+    let (tl, red) = iterate(red, &model, (&x, &y), &plan, &scheme, (1, cfg.iterations))?;
+    let comm_alone_s = exchanges_alone(&*red, &*ctrl, (&plan, &sizes), &scheme, cfg.iterations)?;
     let median =
         |f: &dyn Fn(&Timeline) -> f64| cost_model::median(&tl.iter().map(f).collect::<Vec<_>>());
     Ok(IterationValidation {
@@ -192,7 +198,57 @@ pub fn calibrated_iteration<C: Communicator + ?Sized>(
         measured_non_overlapped_s: median(&|t| t.non_overlapped_comm_s),
         predicted_parts: Parts::of(&predicted),
         measured_parts: Parts::median_of(tl.iter()),
+        comm_alone_s,
     })
+}
+
+/// The exchanges of `plan` (layer sizes `sizes`) timed alone on `comm`, as the calibration
+/// times a collective: per group, its compressor's payload of a gradient, exchanged right
+/// after a barrier with no compute running, `reps` times after one warm-up; the median per
+/// group, summed over the groups; the slowest rank's sum, on every rank (agreed over
+/// `ctrl`).
+fn exchanges_alone(
+    comm: &dyn Communicator,
+    ctrl: &dyn Communicator,
+    (plan, sizes): (&MergePlan, &[usize]),
+    scheme: &TopkAllgather,
+    reps: usize,
+) -> Result<f64> {
+    use crate::schemes::{ExchangeCtx, Scheme};
+    let rank = comm.rank();
+    let mut total = 0.0;
+    for (g, layers) in plan.groups().iter().enumerate() {
+        let numel: usize = layers.iter().map(|&l| sizes[l]).sum();
+        let (mut compress, mut exchange) = scheme.group(g, numel, comm.size())?;
+        let grad: Vec<f32> = (0..numel)
+            .map(|i| ((i * 7919 + rank * 13) % 1009) as f32 / 1009.0 - 0.5)
+            .collect();
+        let mut times = Vec::with_capacity(reps);
+        for rep in 0..=reps.max(1) {
+            let payload = compress.compress(grad.clone())?;
+            comm.barrier()?;
+            let start = std::time::Instant::now();
+            let ctx = ExchangeCtx {
+                iteration: rep as u64,
+                group: g as u32,
+                numel,
+            };
+            std::hint::black_box(exchange.exchange(comm, ctx, payload)?);
+            if rep > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        total += cost_model::median(&times);
+    }
+    let mut all = vec![0.0f64; ctrl.size()];
+    collectives::dense::allgather(
+        ctrl,
+        &[total],
+        &mut all,
+        collectives::dense::AllgatherAlgo::Ring,
+        &collectives::dense::DenseOptions::default(),
+    )?;
+    Ok(all.into_iter().fold(0.0, f64::max))
 }
 
 #[cfg(test)]
@@ -249,6 +305,7 @@ mod tests {
             (2, 64 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 10 + 10)
         );
         assert!(v.groups >= 1 && v.predicted_s > 0.0 && v.measured_s > 0.0);
+        assert!(v.comm_alone_s > 0.0 && v.comm_alone_s == out[1].comm_alone_s);
         assert_eq!(out[0].groups, out[1].groups);
     }
 }
