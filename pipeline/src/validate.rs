@@ -70,10 +70,11 @@ pub struct IterationValidation {
     pub predicted_parts: Parts,
     /// The measured parts (medians).
     pub measured_parts: Parts,
-    /// The plan's exchanges timed alone ([`exchanges_alone`]), seconds: what the
-    /// prediction's communication part describes. Inside an iteration a group's exchange
-    /// also waits for the slowest rank to hand its group over, and shares the cores with
-    /// backward.
+    /// The plan's exchanges timed alone, seconds: per group a barrier, then the exchange
+    /// (median over as many repetitions as timed iterations), summed, the slowest rank's.
+    /// What the prediction's communication part describes: inside an iteration a group's
+    /// exchange also waits for the slowest rank to hand its group over, and shares the
+    /// cores with backward.
     pub comm_alone_s: f64,
 }
 
