@@ -206,23 +206,23 @@ impl CalibratedCosts {
             .cloned();
         let link = cal.pingpong.model;
         let rounds = cal.ranks.saturating_sub(1).max(1) as f64;
-        let line = cal.reduction.map(|r| {
-            let model =
-                cost_model::LinearModel::new(r.model.alpha_s, r.model.beta_s + r.model.gamma_s);
-            cost_model::fit::PiecewiseLinear {
-                segments: vec![cost_model::fit::Segment {
-                    start: 0.0,
-                    fitted_min: 0.0,
-                    fitted_max: f64::INFINITY,
-                    model,
-                }],
-            }
-        });
+        // The reduction fit per size regime, else (an older calibration) its single line
+        // as one segment over every size.
         let dense_output = cal
             .reduction_piecewise
             .as_ref()
             .map(|f| f.model.clone())
-            .or(line);
+            .or_else(|| {
+                let r = cal.reduction?.model;
+                Some(cost_model::fit::PiecewiseLinear {
+                    segments: vec![cost_model::fit::Segment {
+                        start: 0.0,
+                        fitted_min: 0.0,
+                        fitted_max: f64::MAX,
+                        model: cost_model::LinearModel::new(r.alpha_s, r.beta_s + r.gamma_s),
+                    }],
+                })
+            });
         Ok(CalibratedCosts {
             topk,
             allgather,
@@ -507,6 +507,10 @@ mod tests {
                 (got - gather - output).abs() < 1e-9 * output,
                 "{got} {piecewise}"
             );
+            // Every term is finite, so the costs survive JSON.
+            let text = serde_json::to_string(&costs).unwrap();
+            let back: CalibratedCosts = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, costs, "{piecewise}");
         }
         cal.reduction = None;
         cal.reduction_piecewise = None;

@@ -2765,60 +2765,75 @@ mod tests {
                         .filter(|&i| i >= base)
                         .map(|i| (acc[i - base] & 0x7fff_ffff) as i32)
                         .collect();
+                    // The pass with and without zeroing, from the widest build and (where
+                    // this CPU dispatches to AVX-512) the AVX2 build.
+                    type Pass = fn(EmitForm, &mut [f32], &[f32], usize, (i32, i32), &mut Cand);
+                    let mut passes: Vec<(&str, bool, Pass)> = vec![
+                        ("widest", false, |e, r, g, b, tz, c| {
+                            fused_any::<false, false>(
+                                e,
+                                false,
+                                r,
+                                g,
+                                b,
+                                tz,
+                                usize::MAX,
+                                c,
+                                (None, None),
+                            );
+                        }),
+                        ("widest", true, |e, r, g, b, tz, c| {
+                            fused_any::<false, true>(
+                                e,
+                                true,
+                                r,
+                                g,
+                                b,
+                                tz,
+                                usize::MAX,
+                                c,
+                                (None, None),
+                            );
+                        }),
+                    ];
+                    #[cfg(target_arch = "x86_64")]
+                    if isa() == Isa::Avx512 {
+                        // SAFETY (both): an AVX-512 CPU has every feature of the AVX2 build.
+                        passes.push(("AVX2", false, |e, r, g, b, tz, c| unsafe {
+                            wide::avx2::fused::<false, true, false>(
+                                e,
+                                r,
+                                g,
+                                b,
+                                tz,
+                                usize::MAX,
+                                c,
+                                (None, None),
+                            );
+                        }));
+                        passes.push(("AVX2", true, |e, r, g, b, tz, c| unsafe {
+                            wide::avx2::fused::<false, true, true>(
+                                e,
+                                r,
+                                g,
+                                b,
+                                tz,
+                                usize::MAX,
+                                c,
+                                (None, None),
+                            );
+                        }));
+                    }
                     let mut forms = vec![];
                     for emit in [EmitForm::Branchy, EmitForm::BranchFree, EmitForm::Dense] {
-                        for zero in [false, true] {
+                        for &(build, zero, pass) in &passes {
                             let (mut r, mut c) = (r0.clone(), Cand::default());
                             c.sample.begin(base, Some((start, stride)));
-                            let tz = (t, t);
-                            let cap = usize::MAX;
+                            pass(emit, &mut r, &g, base, (t, t), &mut c);
                             if zero {
-                                fused_any::<false, true>(
-                                    emit,
-                                    true,
-                                    &mut r,
-                                    &g,
-                                    base,
-                                    tz,
-                                    cap,
-                                    &mut c,
-                                    (None, None),
-                                );
                                 zeroed += r.iter().filter(|v| **v == 0.0).count();
-                            } else {
-                                fused_any::<false, false>(
-                                    emit,
-                                    false,
-                                    &mut r,
-                                    &g,
-                                    base,
-                                    tz,
-                                    cap,
-                                    &mut c,
-                                    (None, None),
-                                );
                             }
-                            forms.push((format!("{emit:?} zero {zero}"), c.sample.out));
-                            // The AVX2 build too, where this CPU dispatches to AVX-512.
-                            #[cfg(target_arch = "x86_64")]
-                            if isa() == Isa::Avx512 {
-                                let (mut r, mut c) = (r0.clone(), Cand::default());
-                                c.sample.begin(base, Some((start, stride)));
-                                // SAFETY: an AVX-512 CPU has every feature of the AVX2 build.
-                                unsafe {
-                                    wide::avx2::fused::<false, true, true>(
-                                        emit,
-                                        &mut r,
-                                        &g,
-                                        base,
-                                        tz,
-                                        cap,
-                                        &mut c,
-                                        (None, None),
-                                    )
-                                };
-                                forms.push((format!("AVX2 {emit:?}"), c.sample.out));
-                            }
+                            forms.push((format!("{build} {emit:?} zero {zero}"), c.sample.out));
                         }
                     }
                     for (form, got) in forms {
