@@ -453,6 +453,19 @@ macro_rules! wide_passes {
             /// at 2^20 level up to 3 %, 1.20× / 1.06× at 5 %.
             const DENSE_ABOVE: usize = 25;
 
+            /// [`DENSE_ABOVE`] for a pass over data from beyond a core's cache (one that
+            /// prefetches, [`PREFETCH_AHEAD`]): one hit per 128 elements (0.8 %), so that
+            /// ρ = 0.01 emits dense and ρ = 0.001 does not. There, waiting on memory, the
+            /// dense form's fixed work per block costs less than the branch-free form's
+            /// mispredicted loops. On the 2-core AVX-512 Xeon (fresh gradients, ρ = 0.01,
+            /// the timing program of `examples/emit_forms.rs`'s kind, six alternations of
+            /// 400 rounds, ratio to the floor; adaptive against dense throughout) MSTopK
+            /// at 2^20 1.27–1.31× / 1.22–1.24× (one pair level), exact 1.25–1.30× /
+            /// 1.23–1.26×, DGC 1.32–1.43× / 1.36–1.41×; at ρ = 0.001 adaptive was ahead
+            /// (MSTopK 1.17–1.19× / 1.20–1.29×), and in the cache (2^16) far ahead (2.02–2.04×
+            /// / 2.82–2.84×).
+            const DENSE_ABOVE_STREAMED: usize = 128;
+
             /// Per-lane moments of a one-chunk pass: [`moments_body`]'s 32 lanes, two
             /// registers a sum (the block at element `j` of the chunk goes to the first or
             /// the second by `j / 16`'s parity).
@@ -662,20 +675,22 @@ macro_rules! wide_passes {
             }
 
             /// The groups of one batch, `i` up to `end`, in one form ([`group`]); returns how
-            /// many held a hit. A function of its own per form, so that each keeps the pass's
+            /// many held a hit. With `MOM` each block also goes into `mom`'s lanes from the
+            /// register (Gaussian-k's pass: reading the batch back from the first-level cache
+            /// for them took its pass at 2^16, ρ = 0.001, from 10.6 to 12.6 µs). A function of its own per form, so that each keeps the pass's
             /// state in registers: a run-time test of the form inside one loop made the branchy
             /// form spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
             /// 2.14×), and both loops inlined into one function cost the branch-free form 10–25 %.
             #[inline(never)]
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool>(
+            unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool, const MOM: bool>(
                 i: &mut usize,
                 end: usize,
                 base: usize,
                 tv: W,
                 w: &mut Batch,
-                st: &mut State,
+                (st, mom): (&mut State, &mut MomLanes),
                 load: &mut impl FnMut(usize) -> W,
             ) -> u32 {
                 let mut hits = 0u32;
@@ -691,6 +706,11 @@ macro_rules! wide_passes {
                             load(j + 2 * BLOCK),
                             load(j + 3 * BLOCK),
                         ];
+                        if MOM {
+                            for (b, &v) in a.iter().enumerate() {
+                                mom.add(j + b * BLOCK, v);
+                            }
+                        }
                         hits += u32::from(group::<STATS, BRANCH_FREE>(a, base + j, tv, w, st));
                         j += 4 * BLOCK;
                     }
@@ -768,7 +788,7 @@ macro_rules! wide_passes {
                 cand: &mut Cand,
                 st: &mut State,
                 src: *mut f32,
-                emit: EmitForm,
+                (emit, dense_above): (EmitForm, usize),
                 mut chunk_sums: Option<&mut [f64]>,
                 mut mom: Option<&mut MomLanes>,
                 mut load: impl FnMut(usize) -> W,
@@ -863,7 +883,7 @@ macro_rules! wide_passes {
                                 ),
                             };
                             if emit == EmitForm::Adaptive {
-                                dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
+                                dense_now = (w.len - len) * dense_above >= i - at;
                                 free = true;
                             }
                             st.nf |= u64::from(top >= INF_BITS);
@@ -873,10 +893,22 @@ macro_rules! wide_passes {
                             cand.sample_upto(src, base, i, len);
                             continue;
                         }
-                        let hits = if free {
-                            groups::<STATS, true>(&mut i, end, base, tv, &mut w, st, &mut load)
-                        } else {
-                            groups::<STATS, false>(&mut i, end, base, tv, &mut w, st, &mut load)
+                        let (n0, l) = (&mut i, &mut load);
+                        let hits = match (free, mom.as_deref_mut()) {
+                            (true, Some(m)) => {
+                                groups::<STATS, true, true>(n0, end, base, tv, &mut w, (st, m), l)
+                            }
+                            (false, Some(m)) => {
+                                groups::<STATS, false, true>(n0, end, base, tv, &mut w, (st, m), l)
+                            }
+                            (true, None) => {
+                                let m = &mut MomLanes::zero();
+                                groups::<STATS, true, false>(n0, end, base, tv, &mut w, (st, m), l)
+                            }
+                            (false, None) => {
+                                let m = &mut MomLanes::zero();
+                                groups::<STATS, false, false>(n0, end, base, tv, &mut w, (st, m), l)
+                            }
                         };
                         if emit == EmitForm::Adaptive {
                             free = 4 * hits as usize * 4 * BLOCK > i - at;
@@ -884,11 +916,6 @@ macro_rules! wide_passes {
                         // Whether the next batch is dense: decided once this batch's hits
                         // are all in the list, below.
                         let decide_dense = emit == EmitForm::Adaptive && W::COMPRESSES;
-                        // The moments of the groups' blocks, before the loop below zeroes
-                        // any of them.
-                        if let Some(m) = mom.as_deref_mut() {
-                            m.add_range(src, at, i);
-                        }
                         // The groups wrote indices only: their values are read here, once
                         // the batch's stores have left the store queue. A value read right
                         // after its block's vector store waited for it: on an AVX-512 Zen 4
@@ -937,7 +964,7 @@ macro_rules! wide_passes {
                         // The batch's sample, its lines still in the first-level cache.
                         cand.sample_upto(src, base, i, len);
                         if decide_dense {
-                            dense_now = (w.len - len) * DENSE_ABOVE >= i - at;
+                            dense_now = (w.len - len) * dense_above >= i - at;
                         }
                     }
                     if emit == EmitForm::Adaptive {
@@ -1066,7 +1093,15 @@ macro_rules! wide_passes {
                 unsafe {
                     let sums = chunk_sums.as_deref_mut();
                     let m = lanes.as_mut();
-                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, emit, sums, m, load);
+                    let form = (
+                        emit,
+                        if PREFETCH {
+                            DENSE_ABOVE_STREAMED
+                        } else {
+                            DENSE_ABOVE
+                        },
+                    );
+                    blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, form, sums, m, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
                     *rv += *gv;
@@ -1205,7 +1240,7 @@ macro_rules! wide_passes {
                         cand,
                         &mut st,
                         src,
-                        emit_form(),
+                        (emit_form(), DENSE_ABOVE),
                         None,
                         None,
                         |i| W::load(px.add(i)),
