@@ -138,7 +138,7 @@ impl ExactTopK {
             residual,
             grad,
             (t, zero_from, cap, k),
-            near,
+            (near, false),
             &mut self.cand,
             &mut self.work.pieces,
         );

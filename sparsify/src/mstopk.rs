@@ -650,7 +650,7 @@ impl Selector for MsTopK {
             residual,
             grad,
             (t, zero_from, cap, k),
-            near,
+            (near, true),
             &mut self.cand,
             &mut self.work.pieces,
         );
@@ -913,6 +913,41 @@ mod tests {
             seeded * 2 > cases,
             "the tie band mattered in {seeded} of {cases}"
         );
+    }
+
+    /// Error-feedback steps on a tensor under the parallel cut-off, warm after the first:
+    /// the serial pass zeroes its candidates and the selection puts back the ones it does
+    /// not take ([`split::fused_pass`]'s `serial_zeroes`). Each step equals Algorithm 1 on
+    /// the accumulated vector, and the selection plus the new residual give it back bit
+    /// for bit; ties (kind 1) and both densities, with most steps warm.
+    #[test]
+    fn warm_serial_steps_match_algorithm_1_and_conserve() {
+        let mut warm = 0;
+        for kind in 0..4u8 {
+            for (d, k) in [(1usize << 16, 655), (50_000, 50), (1 << 13, 82)] {
+                let mut sel = MsTopK::with_seed(7);
+                let mut rng = ChaCha8Rng::seed_from_u64(7);
+                let mut ef = ErrorFeedback::new(d);
+                for step in 0..6u64 {
+                    let g = gen_vec(100 * u64::from(kind) + step, d, kind);
+                    let acc: Vec<f32> = ef.residual().iter().zip(&g).map(|(a, b)| a + b).collect();
+                    let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
+                    let want = reference_mstopk(&acc, k, DEFAULT_ROUNDS, &mut rng);
+                    assert_eq!(sg.indices(), &want[..], "kind {kind} d {d} step {step}");
+                    let mut back = ef.residual().to_vec();
+                    sg.scatter_add_into(&mut back).unwrap();
+                    let same = back
+                        .iter()
+                        .zip(&acc)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "kind {kind} d {d} step {step}: not conserved");
+                    sel.recycle(sg);
+                }
+                warm += sel.warm_starts().unwrap().0;
+            }
+        }
+        // Five steps of each of the twelve runs could start warm.
+        assert!(warm >= 40, "{warm} warm calls of 60");
     }
 
     #[test]
