@@ -247,6 +247,16 @@ pub(crate) mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    /// Whether the selection `sg` added back into `residual` gives `acc` bit for bit (error
+    /// feedback loses nothing).
+    pub(crate) fn gives_back(sg: &crate::SparseGrad<f32>, residual: &[f32], acc: &[f32]) -> bool {
+        let mut back = residual.to_vec();
+        sg.scatter_add_into(&mut back).unwrap();
+        back.iter()
+            .zip(acc)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+
     /// Test vectors: `kind` 0 = normal-ish, 1 = few distinct values (ties), 2 = sorted ramp
     /// (adversarial for strided samples), 3 = mostly zeros.
     pub(crate) fn gen_vec(seed: u64, d: usize, kind: u8) -> Vec<f32> {

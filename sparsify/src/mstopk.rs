@@ -721,7 +721,7 @@ pub fn reference_mstopk(x: &[f32], k: usize, rounds: usize, rng: &mut ChaCha8Rng
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exact::tests::{gen_vec, vec_strategy};
+    use crate::exact::tests::{gen_vec, gives_back, vec_strategy};
     use crate::{Error, ErrorFeedback};
     use proptest::prelude::*;
     use rand::Rng;
@@ -934,12 +934,7 @@ mod tests {
                     let (sg, _) = ef.step(&mut sel, &g, k).unwrap();
                     let want = reference_mstopk(&acc, k, DEFAULT_ROUNDS, &mut rng);
                     assert_eq!(sg.indices(), &want[..], "kind {kind} d {d} step {step}");
-                    let mut back = ef.residual().to_vec();
-                    sg.scatter_add_into(&mut back).unwrap();
-                    let same = back
-                        .iter()
-                        .zip(&acc)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    let same = gives_back(&sg, ef.residual(), &acc);
                     assert!(same, "kind {kind} d {d} step {step}: not conserved");
                     sel.recycle(sg);
                 }
