@@ -823,14 +823,11 @@ pub(crate) fn ms_counts(cand: &Cand, b: &Buckets, p: &MsPick, w: &mut Work) -> (
     let (mut a, mut c) = (0, 0);
     for (q, l) in w.pieces[..np].iter_mut().zip(cand.lists().0) {
         let (ge1, ge2) = if np == 1 {
-            // Not prepared: count the one list, both thresholds in one pass.
-            let (mut ge1, mut ge2) = (0u32, 0u32);
-            for v in &cand.val {
-                let m = abs_bits(*v);
-                ge1 += u32::from(m >= p.t1);
-                ge2 += u32::from(m >= p.t2);
-            }
-            (ge1 as usize, ge2 as usize)
+            // One list: count it at both thresholds in the widest build (the loop here,
+            // compiled for the baseline's four lanes, took 0.2 µs of MSTopK's step at
+            // 2^16, ρ = 0.01, for 800 candidates).
+            let count = |t| crate::kernel::count_vals_ge(&cand.val, t);
+            (count(p.t1), count(p.t2))
         } else {
             (q.count_ge(l, b, p.t1), q.count_ge(l, b, p.t2))
         };
