@@ -2765,64 +2765,53 @@ mod tests {
                         .filter(|&i| i >= base)
                         .map(|i| (acc[i - base] & 0x7fff_ffff) as i32)
                         .collect();
-                    // The pass with and without zeroing, from the widest build and (where
-                    // this CPU dispatches to AVX-512) the AVX2 build.
+                    // The pass with and without zeroing (the zeroing one prefetching), from
+                    // the widest build and (where this CPU dispatches to AVX-512) the AVX2
+                    // build.
                     type Pass = fn(EmitForm, &mut [f32], &[f32], usize, (i32, i32), &mut Cand);
+                    fn widest<const ZERO: bool>(
+                        e: EmitForm,
+                        r: &mut [f32],
+                        g: &[f32],
+                        b: usize,
+                        tz: (i32, i32),
+                        c: &mut Cand,
+                    ) {
+                        let sums = (None, None);
+                        fused_any::<false, ZERO>(e, ZERO, r, g, b, tz, usize::MAX, c, sums);
+                    }
                     let mut passes: Vec<(&str, bool, Pass)> = vec![
-                        ("widest", false, |e, r, g, b, tz, c| {
-                            fused_any::<false, false>(
-                                e,
-                                false,
-                                r,
-                                g,
-                                b,
-                                tz,
-                                usize::MAX,
-                                c,
-                                (None, None),
-                            );
-                        }),
-                        ("widest", true, |e, r, g, b, tz, c| {
-                            fused_any::<false, true>(
-                                e,
-                                true,
-                                r,
-                                g,
-                                b,
-                                tz,
-                                usize::MAX,
-                                c,
-                                (None, None),
-                            );
-                        }),
+                        ("widest", false, widest::<false>),
+                        ("widest", true, widest::<true>),
                     ];
                     #[cfg(target_arch = "x86_64")]
                     if isa() == Isa::Avx512 {
-                        // SAFETY (both): an AVX-512 CPU has every feature of the AVX2 build.
-                        passes.push(("AVX2", false, |e, r, g, b, tz, c| unsafe {
-                            wide::avx2::fused::<false, true, false>(
-                                e,
-                                r,
-                                g,
-                                b,
-                                tz,
-                                usize::MAX,
-                                c,
-                                (None, None),
-                            );
-                        }));
-                        passes.push(("AVX2", true, |e, r, g, b, tz, c| unsafe {
-                            wide::avx2::fused::<false, true, true>(
-                                e,
-                                r,
-                                g,
-                                b,
-                                tz,
-                                usize::MAX,
-                                c,
-                                (None, None),
-                            );
-                        }));
+                        fn avx2<const ZERO: bool>(
+                            e: EmitForm,
+                            r: &mut [f32],
+                            g: &[f32],
+                            b: usize,
+                            tz: (i32, i32),
+                            c: &mut Cand,
+                        ) {
+                            let sums = (None, None);
+                            // SAFETY: only pushed below where the CPU has AVX-512, which has
+                            // every feature of the AVX2 build.
+                            unsafe {
+                                wide::avx2::fused::<false, true, ZERO>(
+                                    e,
+                                    r,
+                                    g,
+                                    b,
+                                    tz,
+                                    usize::MAX,
+                                    c,
+                                    sums,
+                                );
+                            }
+                        }
+                        passes.push(("AVX2", false, avx2::<false>));
+                        passes.push(("AVX2", true, avx2::<true>));
                     }
                     let mut forms = vec![];
                     for emit in [EmitForm::Branchy, EmitForm::BranchFree, EmitForm::Dense] {

@@ -923,6 +923,7 @@ mod tests {
     #[test]
     fn warm_serial_steps_match_algorithm_1_and_conserve() {
         let mut warm = 0;
+        let zeroed_before = split::tests::SERIAL_ZEROED.with(|c| c.get());
         for kind in 0..4u8 {
             for (d, k) in [(1usize << 16, 655), (50_000, 50), (1 << 13, 82)] {
                 let mut sel = MsTopK::with_seed(7);
@@ -943,6 +944,8 @@ mod tests {
         }
         // Five steps of each of the twelve runs could start warm.
         assert!(warm >= 40, "{warm} warm calls of 60");
+        let zeroed = split::tests::SERIAL_ZEROED.with(|c| c.get()) - zeroed_before;
+        assert!(zeroed >= 40, "{zeroed} serial passes zeroed");
     }
 
     #[test]

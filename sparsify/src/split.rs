@@ -63,13 +63,13 @@ const MAX_BUCKETS_LOG: u32 = 11;
 ///
 /// `serial_zeroes`: a serial pass zeroes too, for a selection that settles the residual
 /// per candidate from the lists ([`select_ms`], MSTopK's) rather than after selecting
-/// ([`crate::kernel::select_k_near`], exact top-k's serial path, which would put every candidate
-/// back first). On the 2-core AVX-512 Xeon (fresh gradients, ρ = 0.01, five alternations
-/// of 1500 rounds, median ratio to the floor) MSTopK at 2^16 went from 2.02–2.11× to
-/// 1.94–2.01× (again: 1.97–2.02× to 1.95–1.99×), level at 2^14 and 2^18 and at ρ = 0.001:
-/// the `k` scattered writes into a residual in the
-/// second-level cache after the pass cost more than zeroing in the pass and putting back
-/// the few not taken. Exact top-k with it: 1.83–1.90× → 1.99–2.05× at 2^16.
+/// ([`crate::kernel::select_k_near`], exact top-k's serial path, which would put every
+/// candidate back first). The `k` scattered writes into a residual in the second-level
+/// cache after the pass cost more than zeroing in the pass and putting back the few not
+/// taken: on the 2-core AVX-512 Xeon (fresh gradients, ρ = 0.01, five alternations of
+/// 1500 rounds, median ratio to the floor) MSTopK at 2^16 went from 2.02–2.11× to
+/// 1.94–2.01× (again: 1.97–2.02× to 1.95–1.99×), level at 2^14, 2^18 and ρ = 0.001. Exact
+/// top-k with it: 1.83–1.90× → 1.99–2.05× at 2^16.
 pub(crate) fn fused_pass<const STATS: bool>(
     residual: &mut [f32],
     grad: &[f32],
@@ -80,6 +80,10 @@ pub(crate) fn fused_pass<const STATS: bool>(
 ) -> (crate::kernel::PassOut, bool) {
     let np = crate::kernel::pieces(residual.len());
     let zero = if np > 1 { k >= ZERO_K } else { serial_zeroes };
+    #[cfg(test)]
+    if zero && np == 1 {
+        tests::SERIAL_ZEROED.with(|c| c.set(c.get() + 1));
+    }
     let b = Buckets::new(t, k);
     let post = (pieces, move |l: &Cand, p: &mut Piece| match (zero, near) {
         (false, _) => {}
@@ -952,8 +956,13 @@ impl Work {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Serial passes of [`fused_pass`] that zeroed their candidates on this thread.
+        pub(crate) static SERIAL_ZEROED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
 
     /// Two lists of 3000 candidates each, magnitudes in [1, 3) (one binade and a bit more),
     /// both signs, and all their magnitudes.

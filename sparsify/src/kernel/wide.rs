@@ -676,11 +676,14 @@ macro_rules! wide_passes {
 
             /// The groups of one batch, `i` up to `end`, in one form ([`group`]); returns how
             /// many held a hit. With `MOM` each block also goes into `mom`'s lanes from the
-            /// register (Gaussian-k's pass: reading the batch back from the first-level cache
-            /// for them took its pass at 2^16, ρ = 0.001, from 10.6 to 12.6 µs). A function of its own per form, so that each keeps the pass's
-            /// state in registers: a run-time test of the form inside one loop made the branchy
-            /// form spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
-            /// 2.14×), and both loops inlined into one function cost the branch-free form 10–25 %.
+            /// register (Gaussian-k's pass: reading the batch back from the first-level
+            /// cache for them took its pass at 2^16, ρ = 0.001, from 10.6 to 12.6 µs).
+            ///
+            /// A function of its own per form, so that each keeps the pass's state in
+            /// registers: a run-time test of the form inside one loop made the branchy form
+            /// spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
+            /// 2.14×), and both loops inlined into one function cost the branch-free form
+            /// 10–25 %.
             #[inline(never)]
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
