@@ -91,6 +91,9 @@ pub(super) trait Wide: Copy {
     unsafe fn max_i32_masked(self, m: u16, o: Self) -> Self;
     /// Writes zero to the lanes of the block at `p` set in `m`.
     unsafe fn zero_masked(p: *mut f32, m: u16);
+    /// Stores `self` to `p` with the lanes of `m` zeroed: one store where
+    /// [`Wide::store`] then [`Wide::zero_masked`] would make two.
+    unsafe fn store_zeroing(self, p: *mut f32, m: u16);
 }
 
 /// An AVX-512 register.
@@ -197,6 +200,11 @@ impl Wide for Zmm {
     unsafe fn zero_masked(p: *mut f32, m: u16) {
         // SAFETY: AVX-512F enabled by the caller; `p` has 16 writable values.
         unsafe { _mm512_mask_storeu_ps(p, m, _mm512_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn store_zeroing(self, p: *mut f32, m: u16) {
+        // SAFETY: AVX-512F enabled by the caller; `p` has 16 writable values.
+        unsafe { _mm512_storeu_ps(p, _mm512_maskz_mov_ps(!m, self.0)) }
     }
 }
 
@@ -401,6 +409,14 @@ impl Wide for Ymm2 {
         for j in (0..16).filter(|j| m >> j & 1 == 1) {
             // SAFETY: the caller's block at `p` has 16 writable values.
             unsafe { p.add(j).write(0.0) };
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_zeroing(self, p: *mut f32, m: u16) {
+        // SAFETY: as in `zero_masked`.
+        unsafe {
+            self.store(p);
+            Self::zero_masked(p, m);
         }
     }
 }
@@ -694,7 +710,7 @@ macro_rules! wide_passes {
                 tv: W,
                 w: &mut Batch,
                 (st, mom): (&mut State, &mut MomLanes),
-                load: &mut impl FnMut(usize) -> W,
+                load: &mut impl FnMut(usize, bool) -> W,
             ) -> u32 {
                 let mut hits = 0u32;
                 // A local copy: through the reference, the index went to the stack and back
@@ -704,10 +720,10 @@ macro_rules! wide_passes {
                 unsafe {
                     while j + 4 * BLOCK <= end {
                         let a = [
-                            load(j),
-                            load(j + BLOCK),
-                            load(j + 2 * BLOCK),
-                            load(j + 3 * BLOCK),
+                            load(j, true),
+                            load(j + BLOCK, true),
+                            load(j + 2 * BLOCK, true),
+                            load(j + 3 * BLOCK, true),
                         ];
                         if MOM {
                             for (b, &v) in a.iter().enumerate() {
@@ -725,8 +741,17 @@ macro_rules! wide_passes {
             /// The blocks of one batch, `i` up to `end`, in the dense form
             /// ([`EmitForm::Dense`]): each block's hits are compressed into both lists in
             /// the register, with no branch on how many there are, and with `ZERO` those
-            /// from `tzv`'s bits up ([`Wide::bound`]) are zeroed in `src` by a masked store.
+            /// from `tzv`'s bits up ([`Wide::bound`]) are zeroed in `src`.
             /// Returns the largest magnitude bits among the hits (0 if none).
+            ///
+            /// Without `STATS` the block goes to `src` once, its hits already zeroed
+            /// ([`Wide::store_zeroing`]), instead of stored by `load` and then zeroed by a
+            /// masked store. On the 2-core AVX-512 Xeon at ρ = 0.01 (timing program, fresh
+            /// gradients, pool woken before each run, old and new builds alternating, median
+            /// ratio to the floor per launch) exact top-k at 2^20 went from 1.21–1.27× to
+            /// 1.11–1.24× (ten pairs; medians 1.23× / 1.20×) and at 2^24 from 1.08–1.09× to
+            /// 1.05–1.08×; MSTopK, which also sums the magnitudes, ran slower with it (2^24:
+            /// 1.07–1.08× / 1.08–1.13×), so it keeps the two stores.
             #[inline(never)]
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
@@ -738,16 +763,18 @@ macro_rules! wide_passes {
                 w: &mut Batch,
                 (st, mom): (&mut State, &mut MomLanes),
                 src: *mut f32,
-                load: &mut impl FnMut(usize) -> W,
+                load: &mut impl FnMut(usize, bool) -> W,
             ) -> i32 {
                 let (mut j, mut len) = (*i, w.len);
+                // Whether the block is stored here, zeroed, rather than by `load`.
+                let one_store = ZERO && !STATS;
                 // SAFETY: as in `blocks`, whose batch reserved room for all of these blocks
                 // and one more (each compression stores 16 lanes); `src` holds every block
                 // below `end`.
                 unsafe {
                     let mut top = W::zero();
                     while j < end {
-                        let a = load(j);
+                        let a = load(j, !one_store);
                         if MOM {
                             mom.add(j, a);
                         }
@@ -759,7 +786,9 @@ macro_rules! wide_passes {
                         W::compress(m, a, base + j, w.pi.add(len), w.pv.add(len));
                         len += m.count_ones() as usize;
                         top = top.max_i32_masked(m, bits);
-                        if ZERO {
+                        if one_store {
+                            a.store_zeroing(src.add(j), m & bits.ge_mask(tzv));
+                        } else if ZERO {
                             W::zero_masked(src.add(j), m & bits.ge_mask(tzv));
                         }
                         j += BLOCK;
@@ -770,8 +799,9 @@ macro_rules! wide_passes {
                 }
             }
 
-            /// Runs the whole blocks of a pass over `n` elements: `load(i)` gives the values of
-            /// the block at `i` (and writes the accumulated ones back in a fused pass), emitting
+            /// Runs the whole blocks of a pass over `n` elements: `load(i, store)` gives the
+            /// values of the block at `i` (and, with `store`, writes the accumulated ones back
+            /// in a fused pass), emitting
             /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
             /// share of the last batch's groups that held a hit, starting from the form the
             /// list's last pass ended in.
@@ -794,7 +824,7 @@ macro_rules! wide_passes {
                 (emit, dense_above): (EmitForm, usize),
                 mut chunk_sums: Option<&mut [f64]>,
                 mut mom: Option<&mut MomLanes>,
-                mut load: impl FnMut(usize) -> W,
+                mut load: impl FnMut(usize, bool) -> W,
             ) {
                 let whole = n / BLOCK * BLOCK;
                 let mut free = match emit {
@@ -836,7 +866,7 @@ macro_rules! wide_passes {
                             let end = i + left.min(BATCH) * BLOCK;
                             let from = i;
                             while i < end {
-                                capped_block::<STATS>(load(i), base + i, t, cap, cand, st);
+                                capped_block::<STATS>(load(i, true), base + i, t, cap, cand, st);
                                 i += BLOCK;
                             }
                             if let Some(m) = mom.as_deref_mut() {
@@ -946,7 +976,7 @@ macro_rules! wide_passes {
                         }
                         let grouped = w.len;
                         while i < end {
-                            let a = load(i);
+                            let a = load(i, true);
                             if let Some(m) = mom.as_deref_mut() {
                                 m.add(i, a);
                             }
@@ -1072,7 +1102,7 @@ macro_rules! wide_passes {
                 let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
                 // One block at `i`, accumulated and stored (`blocks` passes whole blocks below
                 // `whole <= n`, within both slices).
-                let load = |i: usize| {
+                let load = |i: usize, store: bool| {
                     // SAFETY: as just said; this module's features are enabled here.
                     unsafe {
                         if PREFETCH {
@@ -1085,7 +1115,9 @@ macro_rules! wide_passes {
                             _mm_prefetch::<_MM_HINT_T0>(gp.cast());
                         }
                         let a = W::load(pr.add(i)).add_f32(W::load(pg.add(i)));
-                        a.store(pr.add(i));
+                        if store {
+                            a.store(pr.add(i));
+                        }
                         a
                     }
                 };
@@ -1246,7 +1278,7 @@ macro_rules! wide_passes {
                         (emit_form(), DENSE_ABOVE),
                         None,
                         None,
-                        |i| W::load(px.add(i)),
+                        |i, _| W::load(px.add(i)),
                     );
                 }
                 let mx = tail::<STATS>(&x[whole..], base + whole, t, cap, cand, &mut st);
