@@ -2835,7 +2835,8 @@ mod tests {
                     // the widest build and (where this CPU dispatches to AVX-512) the AVX2
                     // build.
                     type Pass = fn(EmitForm, &mut [f32], &[f32], usize, (i32, i32), &mut Cand);
-                    fn widest<const ZERO: bool>(
+                    /// The pass of the widest build, or with `AVX2` of the AVX2 build.
+                    fn pass<const ZERO: bool, const AVX2: bool>(
                         e: EmitForm,
                         r: &mut [f32],
                         g: &[f32],
@@ -2844,40 +2845,26 @@ mod tests {
                         c: &mut Cand,
                     ) {
                         let sums = (None, None);
+                        #[cfg(target_arch = "x86_64")]
+                        if AVX2 {
+                            let m = usize::MAX;
+                            // SAFETY: only listed below where the CPU has AVX-512, which has
+                            // every feature of the AVX2 build.
+                            unsafe {
+                                wide::avx2::fused::<false, true, ZERO>(e, r, g, b, tz, m, c, sums)
+                            };
+                            return;
+                        }
                         fused_any::<false, ZERO>(e, ZERO, r, g, b, tz, usize::MAX, c, sums);
                     }
                     let mut passes: Vec<(&str, bool, Pass)> = vec![
-                        ("widest", false, widest::<false>),
-                        ("widest", true, widest::<true>),
+                        ("widest", false, pass::<false, false>),
+                        ("widest", true, pass::<true, false>),
                     ];
                     #[cfg(target_arch = "x86_64")]
                     if isa() == Isa::Avx512 {
-                        fn avx2<const ZERO: bool>(
-                            e: EmitForm,
-                            r: &mut [f32],
-                            g: &[f32],
-                            b: usize,
-                            tz: (i32, i32),
-                            c: &mut Cand,
-                        ) {
-                            let sums = (None, None);
-                            // SAFETY: only pushed below where the CPU has AVX-512, which has
-                            // every feature of the AVX2 build.
-                            unsafe {
-                                wide::avx2::fused::<false, true, ZERO>(
-                                    e,
-                                    r,
-                                    g,
-                                    b,
-                                    tz,
-                                    usize::MAX,
-                                    c,
-                                    sums,
-                                );
-                            }
-                        }
-                        passes.push(("AVX2", false, avx2::<false>));
-                        passes.push(("AVX2", true, avx2::<true>));
+                        passes.push(("AVX2", false, pass::<false, true>));
+                        passes.push(("AVX2", true, pass::<true, true>));
                     }
                     let mut forms = vec![];
                     for emit in [EmitForm::Branchy, EmitForm::BranchFree, EmitForm::Dense] {

@@ -801,10 +801,9 @@ macro_rules! wide_passes {
 
             /// Runs the whole blocks of a pass over `n` elements: `load(i, store)` gives the
             /// values of the block at `i` (and, with `store`, writes the accumulated ones back
-            /// in a fused pass), emitting
-            /// in the form `emit` asks for. An adaptive pass picks the form per batch from the
-            /// share of the last batch's groups that held a hit, starting from the form the
-            /// list's last pass ended in.
+            /// in a fused pass), emitting in the form `emit` asks for. An adaptive pass picks
+            /// the form per batch from the share of the last batch's groups that held a hit,
+            /// starting from the form the list's last pass ended in.
             ///
             /// With `STATS` and `chunk_sums`, the pass spans whole [`CHUNK`]s from its start
             /// and writes the `|x|` sum of each chunk that its whole blocks complete to
