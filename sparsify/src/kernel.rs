@@ -90,16 +90,17 @@ impl Sampler {
 /// same list; they differ in the branch taken per 64-element group.
 ///
 /// The branch ("does the group hold a hit?") costs nothing when it is predicted and about
-/// 15 cycles when it is not. At ρ = 0.001 about 1 group in 12 holds a hit and the branch is
-/// predicted; at ρ = 0.01 about half do and it is a coin toss on fresh data. On the same
+/// 15 cycles when it is not. At ρ = 0.001 about 1 group in 12 holds a hit and the branch
+/// mostly predicts "no hit"; at ρ = 0.01 about half do and it is a coin toss on fresh data. On the same
 /// input timed again and again the predictor learns the outcomes: a bench that reused
 /// two gradients hid this cost at 2^14–2^18, which a fresh gradient per call shows (exact
 /// top-k at 2^16, ρ = 0.01: 20.5 µs with the branch, 13.2 µs without, the floor 5.8 µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EmitForm {
-    /// Per batch of blocks (up to 128), the branch-free form when more than a quarter of
-    /// the last batch's groups held a hit, else the branch; a candidate list starts from
-    /// the form its last pass ended in. The default.
+    /// Per batch of blocks (up to 128), the branch-free form when more than one in 64 of
+    /// the last batch's groups held a hit (one in 4 for data from beyond a core's cache),
+    /// else the branch; a candidate list starts from the form its last pass ended in. The
+    /// default.
     #[default]
     Adaptive,
     /// Test each group and skip those without a hit.
@@ -816,7 +817,7 @@ macro_rules! dispatch {
 #[allow(clippy::too_many_arguments)]
 fn fused_one<const STATS: bool, const ZERO: bool>(
     emit: EmitForm,
-    prefetch: bool,
+    (prefetch, far): (bool, bool),
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -833,7 +834,17 @@ fn fused_one<const STATS: bool, const ZERO: bool>(
     // groups' blocks, before their values are read back and zeroed. Taking them after the
     // pass, with the candidates zeroed after that one scattered write each, cost 8 % of
     // a Gaussian-k step's samples at 2^20, ρ = 0.01.
-    fused_any::<STATS, ZERO>(emit, prefetch, r, g, base, tz, cap, cand, (sums, mom))
+    fused_any::<STATS, ZERO>(
+        emit,
+        (prefetch, far),
+        r,
+        g,
+        base,
+        tz,
+        cap,
+        cand,
+        (sums, mom),
+    )
 }
 
 /// Zeroes in `r` (which starts at index `base`) the candidates `idx`/`val` from magnitude
@@ -863,7 +874,7 @@ fn zeroed_from(v: f32, zero_from: i32) -> f32 {
 #[allow(clippy::too_many_arguments)]
 fn fused_any<const STATS: bool, const ZERO: bool>(
     emit: EmitForm,
-    prefetch: bool,
+    (prefetch, far): (bool, bool),
     r: &mut [f32],
     g: &[f32],
     base: usize,
@@ -877,22 +888,22 @@ fn fused_any<const STATS: bool, const ZERO: bool>(
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if prefetch => unsafe {
-            wide::avx512::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand, sums)
+            wide::avx512::fused::<STATS, true, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
-            wide::avx512::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand, sums)
+            wide::avx512::fused::<STATS, false, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: `isa()` checked at run time that the CPU has AVX2.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if prefetch => unsafe {
-            wide::avx2::fused::<STATS, true, ZERO>(emit, r, g, base, tz, cap, cand, sums)
+            wide::avx2::fused::<STATS, true, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
         },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe {
-            wide::avx2::fused::<STATS, false, ZERO>(emit, r, g, base, tz, cap, cand, sums)
+            wide::avx2::fused::<STATS, false, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
         },
         _ => {
             debug_assert!(sums.0.is_none(), "the portable body sums one chunk a call");
@@ -1382,7 +1393,8 @@ fn fused_impl<const STATS: bool, const ZERO: bool, const MOM: bool, P: Send + De
     let n = r.len().min(g.len());
     let (r, g) = (&mut r[..n], &g[..n]);
     let emit = emit_form();
-    let far = prefetches(n, MOM);
+    // Whether to prefetch, and whether the data comes from beyond a core's cache.
+    let far = (prefetches(n, MOM), n >= PREFETCH_MIN);
     let mut sums = std::mem::take(&mut cand.sums);
     sums.clear();
     sums.resize(n.div_ceil(CHUNK), 0.0);
@@ -2775,11 +2787,27 @@ mod tests {
                         let sums = (None, Some(&mut m));
                         if zero {
                             fused_any::<false, true>(
-                                emit, true, &mut r, &g, 3, tz, cap, &mut c, sums,
+                                emit,
+                                (true, true),
+                                &mut r,
+                                &g,
+                                3,
+                                tz,
+                                cap,
+                                &mut c,
+                                sums,
                             );
                         } else {
                             fused_any::<false, false>(
-                                emit, false, &mut r, &g, 3, tz, cap, &mut c, sums,
+                                emit,
+                                (false, false),
+                                &mut r,
+                                &g,
+                                3,
+                                tz,
+                                cap,
+                                &mut c,
+                                sums,
                             );
                         }
                         assert_eq!(
@@ -2796,7 +2824,14 @@ mod tests {
                             // SAFETY: an AVX-512 CPU has every feature of the AVX2 build.
                             unsafe {
                                 wide::avx2::fused::<false, false, true>(
-                                    emit, &mut r, &g, 3, tz, cap, &mut c, sums,
+                                    (emit, false),
+                                    &mut r,
+                                    &g,
+                                    3,
+                                    tz,
+                                    cap,
+                                    &mut c,
+                                    sums,
                                 )
                             };
                             assert_eq!(
@@ -2851,11 +2886,20 @@ mod tests {
                             // SAFETY: only listed below where the CPU has AVX-512, which has
                             // every feature of the AVX2 build.
                             unsafe {
-                                wide::avx2::fused::<false, true, ZERO>(e, r, g, b, tz, m, c, sums)
+                                wide::avx2::fused::<false, true, ZERO>(
+                                    (e, true),
+                                    r,
+                                    g,
+                                    b,
+                                    tz,
+                                    m,
+                                    c,
+                                    sums,
+                                )
                             };
                             return;
                         }
-                        fused_any::<false, ZERO>(e, ZERO, r, g, b, tz, usize::MAX, c, sums);
+                        fused_any::<false, ZERO>(e, (ZERO, ZERO), r, g, b, tz, usize::MAX, c, sums);
                     }
                     let mut passes: Vec<(&str, bool, Pass)> = vec![
                         ("widest", false, pass::<false, false>),
@@ -2924,7 +2968,7 @@ mod tests {
                             };
                             let o = fused_any::<true, false>(
                                 emit,
-                                prefetch,
+                                (prefetch, prefetch),
                                 &mut r,
                                 &g,
                                 5,
@@ -2993,7 +3037,7 @@ mod tests {
         unsafe {
             match (name == "avx2", prefetch) {
                 (true, false) => wide::avx2::fused::<true, false, ZERO>(
-                    emit,
+                    (emit, prefetch),
                     r,
                     g,
                     base,
@@ -3003,7 +3047,7 @@ mod tests {
                     (sums, None),
                 ),
                 (true, true) => wide::avx2::fused::<true, true, ZERO>(
-                    emit,
+                    (emit, prefetch),
                     r,
                     g,
                     base,
@@ -3013,7 +3057,7 @@ mod tests {
                     (sums, None),
                 ),
                 (false, false) => wide::avx512::fused::<true, false, ZERO>(
-                    emit,
+                    (emit, prefetch),
                     r,
                     g,
                     base,
@@ -3023,7 +3067,7 @@ mod tests {
                     (sums, None),
                 ),
                 (false, true) => wide::avx512::fused::<true, true, ZERO>(
-                    emit,
+                    (emit, prefetch),
                     r,
                     g,
                     base,
@@ -3272,7 +3316,7 @@ mod tests {
                 };
                 fused_any::<false, false>(
                     EmitForm::Adaptive,
-                    false,
+                    (false, false),
                     &mut r,
                     &g,
                     0,

@@ -482,6 +482,54 @@ macro_rules! wide_passes {
             /// / 2.82–2.84×).
             const DENSE_ABOVE_STREAMED: usize = 128;
 
+            /// An adaptive pass emits the next batch branch-free
+            /// ([`EmitForm::BranchFree`]) where more than one group in this many held a hit
+            /// in this batch, and with a branch per group ([`EmitForm::Branchy`]) otherwise.
+            /// At ρ = 0.001 about one group in 12 holds a hit: its branch mispredicts on
+            /// fresh data often enough to cost more than the branch-free group's fixed work
+            /// in the cache. On the 2-core AVX-512 Zen 5 (timing program: the suite's step on
+            /// a fresh gradient, the floor on the same residual, three alternations of 2001
+            /// rounds, median ratio to the floor) one in 64 against one in 4 before: exact
+            /// top-k at 2^14, ρ = 0.001 2.20–2.28× / 1.90–1.93×, MSTopK 2.75–2.86× /
+            /// 2.33–2.41×; at 2^16 exact 1.69–1.76× / 1.64–1.69×, MSTopK 2.12–2.21× /
+            /// 1.88–1.97×; at 2^18 MSTopK 1.46–1.48× / 1.31–1.33×; ρ = 0.01 level.
+            const FREE_ABOVE: usize = 64;
+
+            /// [`FREE_ABOVE`] for a pass over data from beyond a core's cache (from
+            /// `PREFETCH_MIN` elements, whether or not it
+            /// prefetches): one group in 4. Waiting on memory, the branch's misses cost less
+            /// than the branch-free group's work: on the Zen 5 at 2^22, ρ = 0.001, one in 64
+            /// took MSTopK from 0.87–0.89× to 0.98–1.01× the floor and exact top-k from
+            /// 0.84–0.87× to 0.89–0.92× (same program, 201 rounds).
+            const FREE_ABOVE_FAR: usize = 4;
+
+            /// Where an adaptive pass switches forms ([`DENSE_ABOVE`], [`FREE_ABOVE`] or
+            /// their values for data beyond the cache).
+            #[derive(Clone, Copy)]
+            struct Switches {
+                dense_above: usize,
+                free_above: usize,
+            }
+
+            impl Switches {
+                /// The switches of a pass that prefetches (`prefetch`) over data from
+                /// beyond a core's cache (`far`) or not. The dense form's switch moves with
+                /// the hints, not with `far`: where a far pass does not prefetch (AMD with
+                /// AVX-512, see `prefetches`), the dense form lost to the branch-free one at
+                /// ρ = 0.01 (Zen 5, exact top-k at 2^20: 1.24–1.27× the floor with the
+                /// in-cache switch, 1.56–1.64× with [`DENSE_ABOVE_STREAMED`]).
+                const fn new(prefetch: bool, far: bool) -> Self {
+                    Switches {
+                        dense_above: if prefetch {
+                            DENSE_ABOVE_STREAMED
+                        } else {
+                            DENSE_ABOVE
+                        },
+                        free_above: if far { FREE_ABOVE_FAR } else { FREE_ABOVE },
+                    }
+                }
+            }
+
             /// Per-lane moments of a one-chunk pass: [`moments_body`]'s 32 lanes, two
             /// registers a sum (the block at element `j` of the chunk goes to the first or
             /// the second by `j / 16`'s parity).
@@ -820,7 +868,7 @@ macro_rules! wide_passes {
                 cand: &mut Cand,
                 st: &mut State,
                 src: *mut f32,
-                (emit, dense_above): (EmitForm, usize),
+                (emit, switch): (EmitForm, Switches),
                 mut chunk_sums: Option<&mut [f64]>,
                 mut mom: Option<&mut MomLanes>,
                 mut load: impl FnMut(usize, bool) -> W,
@@ -915,7 +963,7 @@ macro_rules! wide_passes {
                                 ),
                             };
                             if emit == EmitForm::Adaptive {
-                                dense_now = (w.len - len) * dense_above >= i - at;
+                                dense_now = (w.len - len) * switch.dense_above >= i - at;
                                 free = true;
                             }
                             st.nf |= u64::from(top >= INF_BITS);
@@ -943,7 +991,7 @@ macro_rules! wide_passes {
                             }
                         };
                         if emit == EmitForm::Adaptive {
-                            free = 4 * hits as usize * 4 * BLOCK > i - at;
+                            free = switch.free_above * hits as usize * 4 * BLOCK > i - at;
                         }
                         // Whether the next batch is dense: decided once this batch's hits
                         // are all in the list, below.
@@ -996,7 +1044,7 @@ macro_rules! wide_passes {
                         // The batch's sample, its lines still in the first-level cache.
                         cand.sample_upto(src, base, i, len);
                         if decide_dense {
-                            dense_now = (w.len - len) * dense_above >= i - at;
+                            dense_now = (w.len - len) * switch.dense_above >= i - at;
                         }
                     }
                     if emit == EmitForm::Adaptive {
@@ -1084,7 +1132,7 @@ macro_rules! wide_passes {
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             pub(crate) fn fused<const STATS: bool, const PREFETCH: bool, const ZERO: bool>(
-                emit: EmitForm,
+                (emit, far): (EmitForm, bool),
                 r: &mut [f32],
                 g: &[f32],
                 base: usize,
@@ -1127,14 +1175,7 @@ macro_rules! wide_passes {
                 unsafe {
                     let sums = chunk_sums.as_deref_mut();
                     let m = lanes.as_mut();
-                    let form = (
-                        emit,
-                        if PREFETCH {
-                            DENSE_ABOVE_STREAMED
-                        } else {
-                            DENSE_ABOVE
-                        },
-                    );
+                    let form = (emit, Switches::new(PREFETCH, far));
                     blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, form, sums, m, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
@@ -1274,7 +1315,7 @@ macro_rules! wide_passes {
                         cand,
                         &mut st,
                         src,
-                        (emit_form(), DENSE_ABOVE),
+                        (emit_form(), Switches::new(false, false)),
                         None,
                         None,
                         |i, _| W::load(px.add(i)),
