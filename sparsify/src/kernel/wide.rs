@@ -469,8 +469,9 @@ macro_rules! wide_passes {
             /// at 2^20 level up to 3 %, 1.20× / 1.06× at 5 %.
             const DENSE_ABOVE: usize = 25;
 
-            /// [`DENSE_ABOVE`] for a pass over data from beyond a core's cache (one that
-            /// prefetches, [`PREFETCH_AHEAD`]): one hit per 128 elements (0.8 %), so that
+            /// [`DENSE_ABOVE`] for a pass over data from beyond a core's cache (from
+            /// `PREFETCH_MIN` elements) on a CPU other than AMD's
+            /// ([`dense_when_far`](crate::kernel::dense_when_far)): one hit per 128 elements (0.8 %), so that
             /// ρ = 0.01 emits dense and ρ = 0.001 does not. There, waiting on memory, the
             /// dense form's fixed work per block costs less than the branch-free form's
             /// mispredicted loops. On the 2-core AVX-512 Xeon (fresh gradients, ρ = 0.01,
@@ -512,15 +513,12 @@ macro_rules! wide_passes {
             }
 
             impl Switches {
-                /// The switches of a pass that prefetches (`prefetch`) over data from
-                /// beyond a core's cache (`far`) or not. The dense form's switch moves with
-                /// the hints, not with `far`: where a far pass does not prefetch (AMD with
-                /// AVX-512, see `prefetches`), the dense form lost to the branch-free one at
-                /// ρ = 0.01 (Zen 5, exact top-k at 2^20: 1.24–1.27× the floor with the
-                /// in-cache switch, 1.56–1.64× with [`DENSE_ABOVE_STREAMED`]).
-                const fn new(prefetch: bool, far: bool) -> Self {
+                /// The switches of a pass over data from beyond a core's cache (`far`) or
+                /// not. The dense form's switch moves with `far` only where
+                /// [`dense_when_far`](crate::kernel::dense_when_far) says so.
+                fn new(far: bool) -> Self {
                     Switches {
-                        dense_above: if prefetch {
+                        dense_above: if far && crate::kernel::dense_when_far() {
                             DENSE_ABOVE_STREAMED
                         } else {
                             DENSE_ABOVE
@@ -1175,7 +1173,7 @@ macro_rules! wide_passes {
                 unsafe {
                     let sums = chunk_sums.as_deref_mut();
                     let m = lanes.as_mut();
-                    let form = (emit, Switches::new(PREFETCH, far));
+                    let form = (emit, Switches::new(far));
                     blocks::<STATS, ZERO>(n, base, tz, cap, cand, &mut st, pr, form, sums, m, load);
                 }
                 for (rv, gv) in r[whole..n].iter_mut().zip(&g[whole..n]) {
@@ -1315,7 +1313,7 @@ macro_rules! wide_passes {
                         cand,
                         &mut st,
                         src,
-                        (emit_form(), Switches::new(false, false)),
+                        (emit_form(), Switches::new(false)),
                         None,
                         None,
                         |i, _| W::load(px.add(i)),
