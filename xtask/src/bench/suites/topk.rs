@@ -608,7 +608,8 @@ fn fastest(times: &[f64]) -> f64 {
 /// writes just zeroed. Without the floor's reset its vector was the one left longest
 /// untouched, and at 2^20 (a residual that fits the last-level cache only when just
 /// written) exact top-k came out at 0.78–0.93× `stream` at ρ = 0.01 against
-/// 1.47–1.79× with it, on a 2-core Zen 4 (same binary, alternating launches). Every run
+/// 1.47–1.79× with it, on a 2-core Zen 4 (same binary, alternating launches). A case's
+/// timed runs in a round follow an untimed pass over its own data ([`warm_case`]). Every run
 /// sees a zero residual plus a gradient: `first` in the warm-up round, then a fresh draw of
 /// the same distribution every round (untimed), as training brings a new gradient every
 /// step. Fresh draws matter twice: a warm-started selector never starts from the input it
@@ -654,7 +655,10 @@ fn time_cases(
                 flush(grad);
             }
             let t = match (case, &mut sels[ci]) {
-                ("stream", _) => time_floor(&mut stream, grad, flushed)?,
+                ("stream", _) => {
+                    warm_case(&mut stream, grad)?;
+                    time_floor(&mut stream, grad, flushed)?
+                }
                 ("naive", _) => {
                     let s = Instant::now();
                     let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
@@ -666,6 +670,7 @@ fn time_cases(
                     // The floor on this case's own residual, right before its step in odd
                     // rounds and right after it in even ones.
                     let floor_first = round % 2 == 1;
+                    warm_case(ef.residual_mut(), grad)?;
                     let mut floor = Duration::ZERO;
                     if floor_first {
                         floor = time_floor(ef.residual_mut(), grad, flushed)?;
@@ -699,6 +704,24 @@ fn time_cases(
         }
     }
     Ok((rounds, selected, floors))
+}
+
+/// An untimed pass over a case's data (`v += grad` into a zeroed `v`, on the pool) before
+/// its first timed run of a round, so that its two timed runs, the floor's and the step's,
+/// each follow a pass over the same data, whichever runs first.
+///
+/// Without it the first of the two ran on data that the other cases had last touched and
+/// the second on data the first had just touched, so each round's ratio depended on which
+/// came first, and the floor's turn alternates between rounds: on the 2-core Zen 5 VM at
+/// 2^20, ρ = 0.01 (five cases, 201 rounds) exact top-k read 1.23× in the rounds with the
+/// floor first and 2.03× in the others (floor 63 µs first, 49 µs second; the step 81 µs
+/// second, 95 µs first), and the suite's median fell wherever the two halves met (1.59–1.78×
+/// in three runs). With the pass both halves read 1.58× and 1.58×.
+fn warm_case(v: &mut [f32], grad: &[f32]) -> Result<(), BoxErr> {
+    v.fill(0.0);
+    wake_pool(v.len());
+    sparsify::accumulate(v, grad)?;
+    Ok(())
 }
 
 /// One timed run of the floor (`sparsify::accumulate`) into `v` on `grad`: `v` is zeroed
