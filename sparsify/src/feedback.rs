@@ -5,61 +5,99 @@
 
 use crate::{Error, Result, SelectInfo, Selection, Selector, SparseGrad, Value};
 
-/// Residual memory for one gradient vector of fixed length.
-#[derive(Debug, Clone, PartialEq)]
+/// Residual memory for one gradient vector of fixed length, kept 64-byte aligned
+/// ([`Line`]).
+#[derive(Clone)]
 pub struct ErrorFeedback {
-    residual: Vec<f32>,
+    /// The residual in its first `len` values; the rest of the last line stays zero.
+    lines: Vec<Line>,
+    len: usize,
+}
+
+/// Sixteen `f32`, 64-byte aligned: the residual's unit of storage, so that the passes'
+/// 64-byte vector loads and stores never straddle two cache lines. A `Vec<f32>` of
+/// 2^18 values or more is mapped by the allocator 16 bytes past a page boundary, and one
+/// under that lands wherever the heap has room. With the residual aligned (the gradient
+/// not), a step at 2^14, ρ = 0.01 on the 2-core Zen 5 (timing program, 4001 rounds, two
+/// launches) took 1.69 µs instead of 1.86–1.88 µs for exact top-k, 2.11–2.13 µs instead of
+/// 2.21–2.24 µs for MSTopK and 1.26–1.27 µs instead of 1.36–1.38 µs for the hard threshold.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+// SAFETY: `Line` is `repr(C)` around sixteen `f32` (64 bytes, its alignment): no padding,
+// and every bit pattern, zero included, is a valid value.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above; `Copy` and `'static`.
+unsafe impl bytemuck::Pod for Line {}
+
+impl std::fmt::Debug for ErrorFeedback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ErrorFeedback")
+            .field("residual", &self.residual())
+            .finish()
+    }
+}
+
+impl PartialEq for ErrorFeedback {
+    fn eq(&self, other: &Self) -> bool {
+        self.residual() == other.residual()
+    }
 }
 
 impl ErrorFeedback {
     /// A zero residual of length `len`.
     pub fn new(len: usize) -> Self {
         ErrorFeedback {
-            residual: vec![0.0; len],
+            lines: vec![Line::default(); len.div_ceil(16)],
+            len,
         }
     }
 
-    /// Starts from a given residual (e.g. restored from a checkpoint).
+    /// Starts from a given residual (e.g. restored from a checkpoint), copied into aligned
+    /// storage.
     pub fn from_residual(residual: Vec<f32>) -> Self {
-        ErrorFeedback { residual }
+        let mut ef = Self::new(residual.len());
+        ef.residual_mut().copy_from_slice(&residual);
+        ef
     }
 
     /// Continues from a saved residual (a checkpoint): it must have this memory's length
     /// and be finite ([`check_residual`]); on error the residual is unchanged.
     pub fn restore(&mut self, residual: &[f32]) -> Result<()> {
-        check_residual(residual, self.residual.len())?;
-        self.residual.copy_from_slice(residual);
+        check_residual(residual, self.len)?;
+        self.residual_mut().copy_from_slice(residual);
         Ok(())
     }
 
     /// The current residual.
     pub fn residual(&self) -> &[f32] {
-        &self.residual
+        &bytemuck::cast_slice(&self.lines)[..self.len]
     }
 
     /// Mutable access to the residual (e.g. to add back values that a collective dropped).
     pub fn residual_mut(&mut self) -> &mut [f32] {
-        &mut self.residual
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
     }
 
     /// Dense length.
     pub fn len(&self) -> usize {
-        self.residual.len()
+        self.len
     }
 
     /// True for a zero-length residual.
     pub fn is_empty(&self) -> bool {
-        self.residual.is_empty()
+        self.len == 0
     }
 
     /// Zeroes the residual (e.g. after a [`Error::NonFinite`] left it poisoned).
     pub fn reset(&mut self) {
-        self.residual.fill(0.0);
+        self.residual_mut().fill(0.0);
     }
 
-    /// Takes the residual out.
+    /// Takes the residual out (a copy: the memory keeps it aligned).
     pub fn into_residual(self) -> Vec<f32> {
-        self.residual
+        self.residual().to_vec()
     }
 
     /// One step in `f32`: `acc = residual + grad`, select about or exactly `k` entries of
@@ -71,14 +109,14 @@ impl ErrorFeedback {
     /// untouched. A NaN or infinity is [`Error::NonFinite`] naming its index; the residual
     /// then holds the accumulated (poisoned) values: call [`reset`](Self::reset).
     pub fn step(&mut self, selector: &mut dyn Selector, grad: &[f32], k: usize) -> Selection {
-        if grad.len() != self.residual.len() {
+        if grad.len() != self.len {
             return Err(Error::LengthMismatch {
                 what: "gradient",
                 got: grad.len(),
-                expected: self.residual.len(),
+                expected: self.len,
             });
         }
-        selector.select_fused(&mut self.residual, grad, k)
+        selector.select_fused(self.residual_mut(), grad, k)
     }
 
     /// Like [`step`](Self::step) but the values go out as `V` (f32, f16, bf16): each is
@@ -95,7 +133,7 @@ impl ErrorFeedback {
         let mut out = Vec::with_capacity(val.len());
         for (&i, &v) in idx.iter().zip(&val) {
             let q = round_saturating::<V>(v);
-            if let Some(r) = self.residual.get_mut(i as usize) {
+            if let Some(r) = self.residual_mut().get_mut(i as usize) {
                 *r += v - q.to_f32();
             }
             out.push(q);
@@ -162,6 +200,29 @@ pub fn round_saturating<V: Value>(x: f32) -> V {
 mod tests {
     use super::*;
     use half::{bf16, f16};
+
+    #[test]
+    fn the_residual_is_aligned_and_round_trips() {
+        for len in [0, 1, 15, 16, 17, 1000, 1 << 18] {
+            let r: Vec<f32> = (0..len).map(|i| i as f32 - 7.5).collect();
+            let ef = ErrorFeedback::from_residual(r.clone());
+            let copy = ef.clone();
+            for e in [&ef, &copy] {
+                assert_eq!(e.residual().as_ptr() as usize % 64, 0, "len {len}");
+                assert_eq!(e.len(), len);
+                assert_eq!(e.residual(), &r[..]);
+            }
+            assert_eq!(ef, copy);
+            assert_eq!(ef.into_residual(), r);
+        }
+        let mut ef = ErrorFeedback::new(3);
+        ef.residual_mut().copy_from_slice(&[1.0, 2.0, 3.0]);
+        assert_ne!(ef, ErrorFeedback::new(3));
+        assert_eq!(
+            format!("{ef:?}"),
+            "ErrorFeedback { residual: [1.0, 2.0, 3.0] }"
+        );
+    }
 
     #[test]
     fn saturates_instead_of_overflowing() {
