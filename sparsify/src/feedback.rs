@@ -17,10 +17,14 @@ pub struct ErrorFeedback {
 /// Sixteen `f32`, 64-byte aligned: the residual's unit of storage, so that the passes'
 /// 64-byte vector loads and stores never straddle two cache lines. A `Vec<f32>` of
 /// 2^18 values or more is mapped by the allocator 16 bytes past a page boundary, and one
-/// under that lands wherever the heap has room. With the residual aligned (the gradient
-/// not), a step at 2^14, ρ = 0.01 on the 2-core Zen 5 (timing program, 4001 rounds, two
-/// launches) took 1.69 µs instead of 1.86–1.88 µs for exact top-k, 2.11–2.13 µs instead of
-/// 2.21–2.24 µs for MSTopK and 1.26–1.27 µs instead of 1.36–1.38 µs for the hard threshold.
+/// under that lands wherever the heap has room, so that the same step ran at a different
+/// speed from one allocation to the next (the floor at 2^14: 0.64–0.80 µs by case). With
+/// the residual aligned (the gradient not) on the 2-core Zen 5 (timing program, three
+/// alternations of 2001 rounds) a step at 2^14, ρ = 0.01 took 1.68–1.72 µs instead of
+/// 1.85–1.87 µs for exact top-k and 1.22–1.26 µs instead of 1.34–1.35 µs for the hard
+/// threshold; at 2^16 and 2^20 the steps were level, while `accumulate` on the aligned
+/// residual ran faster (the selectors' ratio to it rose: exact at 2^16, ρ = 0.001,
+/// 1.76–1.78× → 2.08–2.12×).
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 struct Line([f32; 16]);
