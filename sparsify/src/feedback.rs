@@ -5,8 +5,8 @@
 
 use crate::{Error, Result, SelectInfo, Selection, Selector, SparseGrad, Value};
 
-/// Residual memory for one gradient vector of fixed length, kept 64-byte aligned
-/// ([`Line`]).
+/// Residual memory for one gradient vector of fixed length, kept 64-byte aligned so that
+/// no 64-byte vector access straddles two cache lines.
 #[derive(Clone)]
 pub struct ErrorFeedback {
     /// The residual in its first `len` values; the rest of the last line stays zero.
