@@ -145,10 +145,10 @@ impl Wide for Zmm {
     /// 1.88–1.94×, ρ = 0.01 2.64–2.67× → 2.47–2.50×; the threshold selector 1.94–1.96× →
     /// 1.72–1.77× and 2.11–2.28× → 2.06–2.11×; at 2^14 exact 1.75–1.77× → 1.64–1.73×
     /// (ρ = 0.001) and 2.46–2.51× → 2.35–2.40× (ρ = 0.01). MSTopK level, except at 2^18,
-    /// ρ = 0.001: 1.27–1.28× → 1.33–1.34×. Beyond the cache it may cost a little: the
-    /// `topk` suite at 2^22 alone, three alternations, ρ = 0.01, exact 1.08–1.13× →
-    /// 1.20–1.23× and threshold 1.05–1.08× → 1.14–1.23× (ρ = 0.001 level), within a
-    /// spread of about 0.1 between launches of one build there.
+    /// ρ = 0.001: 1.27–1.28× → 1.33–1.34×. Beyond the cache, level: the `topk` suite at
+    /// 2^22 alone, ρ = 0.01, read exact 1.08–1.13× (old) / 1.20–1.23× (new) with the old
+    /// build launched first in three pairs, and 1.10–1.12× / 1.08–1.18× with the new one
+    /// first in three more: the launch's turn, not the build.
     #[inline(always)]
     unsafe fn group_mask(b: &[Self; 4], bound: Self) -> u64 {
         // SAFETY: AVX-512F/BW enabled by the caller.
