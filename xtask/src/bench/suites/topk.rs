@@ -609,7 +609,8 @@ fn fastest(times: &[f64]) -> f64 {
 /// untouched, and at 2^20 (a residual that fits the last-level cache only when just
 /// written) exact top-k came out at 0.78–0.93× `stream` at ρ = 0.01 against
 /// 1.47–1.79× with it, on a 2-core Zen 4 (same binary, alternating launches). A case's
-/// timed runs in a round follow an untimed pass over its own data ([`warm_case`]). Every run
+/// timed runs in a round follow an untimed pass over its own data ([`warm_case`], before
+/// the flush with `flushed`). Every run
 /// sees a zero residual plus a gradient: `first` in the warm-up round, then a fresh draw of
 /// the same distribution every round (untimed), as training brings a new gradient every
 /// step. Fresh draws matter twice: a warm-started selector never starts from the input it
@@ -651,14 +652,18 @@ fn time_cases(
         let grad = &grad[..];
         for ci in collectives::calibrate::turn_order(cases.len(), round) {
             let case = cases[ci];
+            // Before the flush, so that the flushed table still starts from data out of
+            // every cache.
+            match (case, &mut sels[ci]) {
+                ("stream", _) => warm_case(&mut stream, grad)?,
+                (_, Some((_, ef))) => warm_case(ef.residual_mut(), grad)?,
+                _ => {}
+            }
             if flushed {
                 flush(grad);
             }
             let t = match (case, &mut sels[ci]) {
-                ("stream", _) => {
-                    warm_case(&mut stream, grad)?;
-                    time_floor(&mut stream, grad, flushed)?
-                }
+                ("stream", _) => time_floor(&mut stream, grad, flushed)?,
                 ("naive", _) => {
                     let s = Instant::now();
                     let mut a: Vec<f32> = grad.iter().map(|x| x.abs()).collect();
@@ -670,7 +675,6 @@ fn time_cases(
                     // The floor on this case's own residual, right before its step in odd
                     // rounds and right after it in even ones.
                     let floor_first = round % 2 == 1;
-                    warm_case(ef.residual_mut(), grad)?;
                     let mut floor = Duration::ZERO;
                     if floor_first {
                         floor = time_floor(ef.residual_mut(), grad, flushed)?;
