@@ -135,9 +135,10 @@ impl ErrorFeedback {
         let (sg, info) = self.step(selector, grad, k)?;
         let (idx, val, len) = sg.into_parts();
         let mut out = Vec::with_capacity(val.len());
+        let residual = self.residual_mut();
         for (&i, &v) in idx.iter().zip(&val) {
             let q = round_saturating::<V>(v);
-            if let Some(r) = self.residual_mut().get_mut(i as usize) {
+            if let Some(r) = residual.get_mut(i as usize) {
                 *r += v - q.to_f32();
             }
             out.push(q);

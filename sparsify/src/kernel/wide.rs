@@ -494,8 +494,8 @@ macro_rules! wide_passes {
 
             /// [`DENSE_ABOVE`] for a pass over data from beyond a core's cache (from
             /// `PREFETCH_MIN` elements) on a CPU other than AMD's
-            /// ([`dense_when_far`](crate::kernel::dense_when_far)): one hit per 128 elements (0.8 %), so that
-            /// ρ = 0.01 emits dense and ρ = 0.001 does not. There, waiting on memory, the
+            /// ([`dense_when_far`](crate::kernel::dense_when_far)): one hit per 128
+            /// elements (0.8 %), so that ρ = 0.01 emits dense and ρ = 0.001 does not. There, waiting on memory, the
             /// dense form's fixed work per block costs less than the branch-free form's
             /// mispredicted loops. On the 2-core AVX-512 Xeon (fresh gradients, ρ = 0.01,
             /// the timing program of `examples/emit_forms.rs`'s kind, six alternations of
@@ -520,8 +520,7 @@ macro_rules! wide_passes {
             const FREE_ABOVE: usize = 64;
 
             /// [`FREE_ABOVE`] for a pass over data from beyond a core's cache (from
-            /// `PREFETCH_MIN` elements, whether or not it
-            /// prefetches): one group in 4. Waiting on memory, the branch's misses cost less
+            /// `PREFETCH_MIN` elements, whether or not it prefetches): one group in 4. Waiting on memory, the branch's misses cost less
             /// than the branch-free group's work: on the Zen 5 at 2^22, ρ = 0.001, one in 64
             /// took MSTopK from 0.87–0.89× to 0.98–1.01× the floor and exact top-k from
             /// 0.84–0.87× to 0.89–0.92× (same program, 201 rounds).
