@@ -48,6 +48,9 @@ pub(crate) struct Cand {
     /// Whether the last batch of an [`EmitForm::Adaptive`] pass into this list chose the
     /// dense form for the next: the next pass starts from it.
     dense: bool,
+    /// Whether the last branch-free batch of a pass into this list was dense enough in
+    /// candidates to write four indices per group unconditionally: the next starts from it.
+    quads: bool,
     /// After a pass that zeroes its candidates (`ZERO`): the smallest magnitude bits it
     /// zeroed; the candidates below it kept their value in the residual (see
     /// [`fused_split`]).
@@ -773,6 +776,14 @@ pub(crate) fn isa() -> Isa {
     *ISA.get_or_init(detect_isa)
 }
 
+/// Whether the CPU has AVX-512 VBMI2 (with [`Isa::Avx512`]): the fused pass then writes
+/// dense groups' indices by byte compression ([`wide`]'s `emit_quads`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn vbmi2() -> bool {
+    static VBMI2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VBMI2.get_or_init(|| std::is_x86_feature_detected!("avx512vbmi2"))
+}
+
 fn detect_isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
@@ -885,6 +896,17 @@ fn fused_any<const STATS: bool, const ZERO: bool>(
 ) -> PassOut {
     let sums = (chunk_sums, mom);
     match isa() {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL, and
+        // `vbmi2()` that it has VBMI2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if prefetch && vbmi2() => unsafe {
+            wide::avx512v::fused::<STATS, true, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
+        },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if vbmi2() => unsafe {
+            wide::avx512v::fused::<STATS, false, ZERO>((emit, far), r, g, base, tz, cap, cand, sums)
+        },
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if prefetch => unsafe {
@@ -939,6 +961,10 @@ pub(crate) fn scan_one<const STATS: bool>(
     cand: &mut Cand,
 ) -> PassOut {
     match isa() {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL, and
+        // `vbmi2()` that it has VBMI2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if vbmi2() => unsafe { wide::avx512v::scan::<STATS>(x, base, t, cap, cand) },
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { wide::avx512::scan::<STATS>(x, base, t, cap, cand) },
@@ -957,6 +983,10 @@ pub(crate) fn add_max_one<const STATS: bool>(
     maxes: &mut [i32],
 ) -> (i32, f64) {
     match isa() {
+        // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL, and
+        // `vbmi2()` that it has VBMI2.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if vbmi2() => unsafe { wide::avx512v::add_max::<STATS>(r, g, maxes) },
         // SAFETY: `isa()` checked at run time that the CPU has AVX-512 F/BW/VL.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { wide::avx512::add_max::<STATS>(r, g, maxes) },
@@ -2980,11 +3010,12 @@ mod tests {
                         if let Some(b) = bad {
                             r0[b] = f32::NAN;
                         }
-                        let run = |emit: EmitForm, start: (bool, bool), prefetch: bool| {
+                        let run = |emit: EmitForm, start: (bool, bool, bool), prefetch: bool| {
                             let mut r = r0.clone();
                             let mut c = Cand {
                                 branch_free: start.0,
                                 dense: start.1,
+                                quads: start.2,
                                 ..Cand::default()
                             };
                             let o = fused_any::<true, false>(
@@ -3009,18 +3040,22 @@ mod tests {
                             let nf = o.non_finite.map(|(i, v)| (i, v.to_bits()));
                             (bits_of(&r), c.idx, bits_of(&c.val), stats, nf)
                         };
-                        let a = run(EmitForm::Branchy, (false, false), false);
+                        let a = run(EmitForm::Branchy, (false, false, false), false);
                         // The prefetching pass (data beyond the cache) switches to the dense
                         // form at a lower hit rate: at about 1 % here, where the other does
-                        // not.
+                        // not. A branch-free pass that starts writing four indices a group
+                        // (`quads`, with VBMI2) meets groups of more than four and sixteen
+                        // hits at 10 % and 100 %.
                         for (emit, start, prefetch) in [
-                            (EmitForm::BranchFree, (false, false), false),
-                            (EmitForm::Dense, (false, false), false),
-                            (EmitForm::Adaptive, (false, false), false),
-                            (EmitForm::Adaptive, (true, false), false),
-                            (EmitForm::Adaptive, (true, true), false),
-                            (EmitForm::Adaptive, (false, false), true),
-                            (EmitForm::Adaptive, (true, false), true),
+                            (EmitForm::BranchFree, (false, false, false), false),
+                            (EmitForm::BranchFree, (false, false, true), false),
+                            (EmitForm::Dense, (false, false, false), false),
+                            (EmitForm::Adaptive, (false, false, false), false),
+                            (EmitForm::Adaptive, (true, false, false), false),
+                            (EmitForm::Adaptive, (true, false, true), false),
+                            (EmitForm::Adaptive, (true, true, false), false),
+                            (EmitForm::Adaptive, (false, false, false), true),
+                            (EmitForm::Adaptive, (true, false, false), true),
                         ] {
                             let b = run(emit, start, prefetch);
                             assert_eq!(
@@ -3036,9 +3071,9 @@ mod tests {
         assert!(compared > 20, "most cases emit candidates: {compared}");
     }
 
-    /// The statistics pass of the vector build `name` ("avx2" or "avx512", with or
+    /// The statistics pass of the vector build `name` ("avx2", "avx512" or "avx512v", with or
     /// without prefetching) over `r` and `g` from index `base`, with threshold and zeroing
-    /// bound `tz`: one call for the four instantiations the tests compare.
+    /// bound `tz`: one call for the six instantiations the tests compare.
     ///
     /// # Safety
     /// The CPU has that instruction set.
@@ -3056,46 +3091,67 @@ mod tests {
     ) -> PassOut {
         // SAFETY: as the caller ensures.
         unsafe {
-            match (name == "avx2", prefetch) {
-                (true, false) => wide::avx2::fused::<true, false, ZERO>(
-                    (emit, prefetch),
+            let sums = (sums, None);
+            match (name, prefetch) {
+                ("avx2", false) => wide::avx2::fused::<true, false, ZERO>(
+                    (emit, false),
                     r,
                     g,
                     base,
                     tz,
                     cap,
                     c,
-                    (sums, None),
+                    sums,
                 ),
-                (true, true) => wide::avx2::fused::<true, true, ZERO>(
-                    (emit, prefetch),
+                ("avx2", true) => wide::avx2::fused::<true, true, ZERO>(
+                    (emit, true),
                     r,
                     g,
                     base,
                     tz,
                     cap,
                     c,
-                    (sums, None),
+                    sums,
                 ),
-                (false, false) => wide::avx512::fused::<true, false, ZERO>(
-                    (emit, prefetch),
+                ("avx512", false) => wide::avx512::fused::<true, false, ZERO>(
+                    (emit, false),
                     r,
                     g,
                     base,
                     tz,
                     cap,
                     c,
-                    (sums, None),
+                    sums,
                 ),
-                (false, true) => wide::avx512::fused::<true, true, ZERO>(
-                    (emit, prefetch),
+                ("avx512", true) => wide::avx512::fused::<true, true, ZERO>(
+                    (emit, true),
                     r,
                     g,
                     base,
                     tz,
                     cap,
                     c,
-                    (sums, None),
+                    sums,
+                ),
+                (_, false) => wide::avx512v::fused::<true, false, ZERO>(
+                    (emit, false),
+                    r,
+                    g,
+                    base,
+                    tz,
+                    cap,
+                    c,
+                    sums,
+                ),
+                (_, true) => wide::avx512v::fused::<true, true, ZERO>(
+                    (emit, true),
+                    r,
+                    g,
+                    base,
+                    tz,
+                    cap,
+                    c,
+                    sums,
                 ),
             }
         }
@@ -3112,6 +3168,7 @@ mod tests {
         let isas = [
             ("avx2", isa() != Isa::Base),
             ("avx512", isa() == Isa::Avx512),
+            ("avx512v", isa() == Isa::Avx512 && vbmi2()),
         ];
         let mut checked = 0;
         for (name, has) in isas {
@@ -3202,6 +3259,7 @@ mod tests {
         let isas: Vec<(&str, bool)> = vec![
             ("avx2", isa() != Isa::Base),
             ("avx512", isa() == Isa::Avx512),
+            ("avx512v", isa() == Isa::Avx512 && vbmi2()),
         ];
         let (mut compared, mut emitted, mut zeroed) = (0, 0, 0);
         for n in [15usize, 63, 64 * 64 + 17, 3 * CHUNK + 5] {
@@ -3260,10 +3318,12 @@ mod tests {
                                         cc,
                                         None,
                                     );
-                                    let o2 = if name == "avx2" {
-                                        wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2)
-                                    } else {
-                                        wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                    let o2 = match name {
+                                        "avx2" => wide::avx2::scan::<true>(&r0, 5, t, cap, &mut c2),
+                                        "avx512" => {
+                                            wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                        }
+                                        _ => wide::avx512v::scan::<true>(&r0, 5, t, cap, &mut c2),
                                     };
                                     (o, o2)
                                 };

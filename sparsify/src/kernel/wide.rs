@@ -447,12 +447,15 @@ impl Wide for Ymm2 {
 /// The passes of one instruction set: module `$m`, its functions compiled with `$feat`
 /// enabled, its blocks in registers of type `$w` ([`Wide`]).
 macro_rules! wide_passes {
-    ($m:ident, $feat:literal, $w:ty) => {
+    ($m:ident, $feat:literal, $w:ty, $vbmi2:literal) => {
         pub(super) mod $m {
             use super::*;
 
             /// This instruction set's 16-lane register.
             type W = $w;
+
+            /// Whether this build has AVX-512 VBMI2 ([`emit_quads`]).
+            const VBMI2: bool = $vbmi2;
 
             /// Running state of one pass.
             struct State {
@@ -468,6 +471,9 @@ macro_rules! wide_passes {
                 /// Largest magnitude bits among the candidates the batches read back.
                 top: i32,
             }
+
+            /// Elements per group: the four blocks that one hit mask covers ([`group`]).
+            const GROUP: usize = 4 * BLOCK;
 
             /// Blocks per batch near `cap`: the lists get room for a whole batch at once, so
             /// the loop keeps their length and pointers in registers (a length stored and
@@ -518,6 +524,16 @@ macro_rules! wide_passes {
             /// 2.33–2.41×; at 2^16 exact 1.69–1.76× / 1.64–1.69×, MSTopK 2.12–2.21× /
             /// 1.88–1.97×; at 2^18 MSTopK 1.46–1.48× / 1.31–1.33×; ρ = 0.01 level.
             const FREE_ABOVE: usize = 64;
+
+            /// A branch-free batch of a build with [`VBMI2`] writes up to four indices per
+            /// group with no branch ([`emit_quads`]), not two, where the last batch had at
+            /// least one candidate per this many elements (0.8 %: ρ = 0.01 writes four,
+            /// ρ = 0.001 two). On the Zen 5 (timing program as for the batched groups, two
+            /// against four): exact top-k at 2^14, ρ = 0.01 2.50–2.54× / 2.22–2.25×, MSTopK
+            /// 2.95–3.09× / 2.68–2.72×; at 2^16 exact 2.11–2.17× / 1.97–2.09×, MSTopK
+            /// 2.22–2.50× / 2.10–2.16×. Four written by scalar code (eight bit scans and
+            /// shifts) took ρ = 0.01 as far but cost ρ = 0.001 about 4 % at 2^14.
+            const QUADS_ABOVE: usize = 128;
 
             /// [`FREE_ABOVE`] for a pass over data from beyond a core's cache (from
             /// `PREFETCH_MIN` elements, whether or not it prefetches): one group in 4. Waiting on memory, the branch's misses cost less
@@ -673,7 +689,7 @@ macro_rules! wide_passes {
             ///   code (6 and 4 launches): 2^14 2.03× → 1.92×, 2.63× → 2.52×, 3.32× → 3.19×;
             ///   2^16 1.98× → 1.91×, 2.23× → 2.15×, 2.67× → 2.72×.
             #[inline(always)]
-            unsafe fn group<const STATS: bool, const BRANCH_FREE: bool>(
+            unsafe fn group<const STATS: bool, const UNCOND: usize>(
                 a: [W; 4],
                 off: usize,
                 tv: W,
@@ -683,6 +699,21 @@ macro_rules! wide_passes {
                 // SAFETY (whole body): the caller runs on a CPU with this module's
                 // features, and room for 64 more entries at `w.len` is reserved (every
                 // write lands below `w.len + 64`).
+                // SAFETY: the caller's features, and the room it reserved.
+                unsafe {
+                    let bits = magnitudes::<STATS>(a, st);
+                    if UNCOND == 0 && !W::any_ge(&bits, tv) {
+                        return false;
+                    }
+                    emit_mask::<UNCOND>(W::group_mask(&bits, tv), off, w)
+                }
+            }
+
+            /// The magnitudes of a group's four blocks, added to the pass's lanes with
+            /// `STATS`.
+            #[inline(always)]
+            unsafe fn magnitudes<const STATS: bool>(a: [W; 4], st: &mut State) -> [W; 4] {
+                // SAFETY: register-only; the caller's features.
                 unsafe {
                     // Not `a.map(..)`: its closure is not inlined into this instruction set's code.
                     let bits = [a[0].abs(), a[1].abs(), a[2].abs(), a[3].abs()];
@@ -695,13 +726,31 @@ macro_rules! wide_passes {
                             st.lanes = st.lanes.add_f32(*b);
                         }
                     }
-                    if !BRANCH_FREE && !W::any_ge(&bits, tv) {
-                        return false;
-                    }
-                    let mut mm = W::group_mask(&bits, tv);
+                    bits
+                }
+            }
+
+            /// Writes the indices of the set bits of a group's hit mask `mm` (the group's
+            /// first element at index `off`) to the batch's list; returns whether there was
+            /// one. `UNCOND` says how many are written with no branch: none (a loop over the
+            /// set bits), two (in one 8-byte store, [`group`]) or, with [`VBMI2`], up to four
+            /// ([`emit_quads`]).
+            #[inline(always)]
+            unsafe fn emit_mask<const UNCOND: usize>(
+                mut mm: u64,
+                off: usize,
+                w: &mut Batch,
+            ) -> bool {
+                // SAFETY (whole body): room for 64 more entries at `w.len` is reserved (every
+                // write lands below `w.len + 64`); `emit_quads` only with VBMI2.
+                unsafe {
                     let hit = mm != 0;
                     let mut len = w.len;
-                    if BRANCH_FREE {
+                    if UNCOND == 4 && VBMI2 {
+                        w.len = len + emit_quads(mm, off, w.pi.add(len));
+                        return hit;
+                    }
+                    if UNCOND > 0 {
                         // Little-endian: the first hit's index lands at `len`, the second's at
                         // `len + 1`. An empty mask's 64 makes an index that no one reads: its
                         // slot lies at or past the new length, and the next write overwrites it.
@@ -772,7 +821,7 @@ macro_rules! wide_passes {
             #[inline(never)]
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn groups<const STATS: bool, const BRANCH_FREE: bool, const MOM: bool>(
+            unsafe fn groups<const STATS: bool, const UNCOND: usize, const MOM: bool>(
                 i: &mut usize,
                 end: usize,
                 base: usize,
@@ -787,6 +836,40 @@ macro_rules! wide_passes {
                 let mut j = *i;
                 // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
                 unsafe {
+                    if UNCOND > 0 {
+                        // The hit masks of four groups first, then their indices: a
+                        // mispredicted loop over one group's hits then no longer throws
+                        // away the loads of the groups after it. On the 2-core AVX-512
+                        // Zen 5 (timing program: the suite's step on a fresh gradient,
+                        // three alternations of 2001 rounds, median ratio to the floor),
+                        // one group at a time against four: MSTopK at 2^14, ρ = 0.01
+                        // 3.17–3.18× / 2.89–3.02×, ρ = 0.001 2.33–2.67× / 2.10–2.15×; at
+                        // 2^16, ρ = 0.001 2.06–2.08× / 1.68–1.74×; at 2^18, ρ = 0.01
+                        // 1.55–1.61× / 1.44–1.48×; the threshold selector a little ahead,
+                        // exact top-k level. Eight at a time lost in a stand-alone loop.
+                        while j + 4 * GROUP <= end {
+                            let mut masks = [0u64; 4];
+                            for (q, m) in masks.iter_mut().enumerate() {
+                                let at = j + q * GROUP;
+                                let a = [
+                                    load(at, true),
+                                    load(at + BLOCK, true),
+                                    load(at + 2 * BLOCK, true),
+                                    load(at + 3 * BLOCK, true),
+                                ];
+                                if MOM {
+                                    for (b, &v) in a.iter().enumerate() {
+                                        mom.add(at + b * BLOCK, v);
+                                    }
+                                }
+                                *m = W::group_mask(&magnitudes::<STATS>(a, st), tv);
+                            }
+                            for (q, &m) in masks.iter().enumerate() {
+                                hits += u32::from(emit_mask::<UNCOND>(m, base + j + q * GROUP, w));
+                            }
+                            j += 4 * GROUP;
+                        }
+                    }
                     while j + 4 * BLOCK <= end {
                         let a = [
                             load(j, true),
@@ -799,7 +882,7 @@ macro_rules! wide_passes {
                                 mom.add(j + b * BLOCK, v);
                             }
                         }
-                        hits += u32::from(group::<STATS, BRANCH_FREE>(a, base + j, tv, w, st));
+                        hits += u32::from(group::<STATS, UNCOND>(a, base + j, tv, w, st));
                         j += 4 * BLOCK;
                     }
                 }
@@ -900,6 +983,7 @@ macro_rules! wide_passes {
                     EmitForm::BranchFree | EmitForm::Dense => true,
                     EmitForm::Adaptive => cand.branch_free,
                 };
+                let mut quads = cand.quads;
                 let mut dense_now = W::COMPRESSES
                     && match emit {
                         EmitForm::Dense => true,
@@ -995,25 +1079,47 @@ macro_rules! wide_passes {
                             continue;
                         }
                         let (n0, l) = (&mut i, &mut load);
-                        let hits = match (free, mom.as_deref_mut()) {
-                            (true, Some(m)) => {
-                                groups::<STATS, true, true>(n0, end, base, tv, &mut w, (st, m), l)
+                        // Gaussian-k's pass (with `mom`) keeps to two: fewer builds.
+                        let no_mom = &mut MomLanes::zero();
+                        let hits = match (free, quads && VBMI2, mom.as_deref_mut()) {
+                            (false, _, Some(m)) => {
+                                groups::<STATS, 0, true>(n0, end, base, tv, &mut w, (st, m), l)
                             }
-                            (false, Some(m)) => {
-                                groups::<STATS, false, true>(n0, end, base, tv, &mut w, (st, m), l)
+                            (true, _, Some(m)) => {
+                                groups::<STATS, 2, true>(n0, end, base, tv, &mut w, (st, m), l)
                             }
-                            (true, None) => {
-                                let m = &mut MomLanes::zero();
-                                groups::<STATS, true, false>(n0, end, base, tv, &mut w, (st, m), l)
-                            }
-                            (false, None) => {
-                                let m = &mut MomLanes::zero();
-                                groups::<STATS, false, false>(n0, end, base, tv, &mut w, (st, m), l)
-                            }
+                            (false, _, None) => groups::<STATS, 0, false>(
+                                n0,
+                                end,
+                                base,
+                                tv,
+                                &mut w,
+                                (st, no_mom),
+                                l,
+                            ),
+                            (true, false, None) => groups::<STATS, 2, false>(
+                                n0,
+                                end,
+                                base,
+                                tv,
+                                &mut w,
+                                (st, no_mom),
+                                l,
+                            ),
+                            (true, true, None) => groups::<STATS, 4, false>(
+                                n0,
+                                end,
+                                base,
+                                tv,
+                                &mut w,
+                                (st, no_mom),
+                                l,
+                            ),
                         };
                         if emit == EmitForm::Adaptive {
                             free = switch.free_above * hits as usize * 4 * BLOCK > i - at;
                         }
+                        quads = (w.len - len) * QUADS_ABOVE >= i - at;
                         // Whether the next batch is dense: decided once this batch's hits
                         // are all in the list, below.
                         let decide_dense = emit == EmitForm::Adaptive && W::COMPRESSES;
@@ -1072,6 +1178,7 @@ macro_rules! wide_passes {
                         cand.branch_free = free;
                         cand.dense = dense_now;
                     }
+                    cand.quads = quads;
                     if STATS {
                         // The lanes folded once per chunk, before the tail's elements (as
                         // [`abs_sum`]). A last chunk that the whole blocks complete goes to
@@ -1353,6 +1460,63 @@ macro_rules! wide_passes {
 wide_passes!(
     avx512,
     "avx512f,avx512bw,avx512vl,popcnt,bmi1,bmi2,lzcnt",
-    Zmm
+    Zmm,
+    false
 );
-wide_passes!(avx2, "avx2,popcnt,bmi1,bmi2,lzcnt", Ymm2);
+wide_passes!(
+    avx512v,
+    "avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt,bmi1,bmi2,lzcnt",
+    Zmm,
+    true
+);
+wide_passes!(avx2, "avx2,popcnt,bmi1,bmi2,lzcnt", Ymm2, false);
+
+/// The byte `j` at byte `j` of a register: what [`emit_quads`] compresses.
+const BYTE_IOTA: [u8; 64] = {
+    let mut a = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        a[j] = j as u8;
+        j += 1;
+    }
+    a
+};
+
+/// Writes the indices (`off` + bit position) of the set bits of a group's hit mask `mm`
+/// to `pi` in order, with no branch for up to four: one byte compression (VBMI2) puts the
+/// set bits' positions in its low bytes, whose first four are widened and stored at once
+/// (16 bytes), the first sixteen when there are more. Returns how many it wrote. `pi` has
+/// room for 64 entries.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI2, inlined into a function that enables them; room at `pi`.
+#[inline(always)]
+unsafe fn emit_quads(mm: u64, off: usize, pi: *mut u32) -> usize {
+    // SAFETY: the caller's features and room.
+    unsafe {
+        let iota = _mm512_loadu_si512(BYTE_IOTA.as_ptr().cast());
+        let low = _mm512_castsi512_si128(_mm512_maskz_compress_epi8(mm, iota));
+        let base = off as i32;
+        let four = _mm_add_epi32(_mm_cvtepu8_epi32(low), _mm_set1_epi32(base));
+        _mm_storeu_si128(pi.cast(), four);
+        let n = mm.count_ones() as usize;
+        if n > 4 {
+            let sixteen = _mm512_add_epi32(_mm512_cvtepu8_epi32(low), _mm512_set1_epi32(base));
+            _mm512_storeu_si512(pi.cast(), sixteen);
+            if n > 16 {
+                let mut rest = mm;
+                for _ in 0..16 {
+                    rest &= rest - 1;
+                }
+                let mut at = 16;
+                while rest != 0 {
+                    pi.add(at)
+                        .write((off + rest.trailing_zeros() as usize) as u32);
+                    at += 1;
+                    rest &= rest - 1;
+                }
+            }
+        }
+        n
+    }
+}
