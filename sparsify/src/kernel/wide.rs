@@ -1,10 +1,11 @@
 //! The fused and read-only passes written with vector intrinsics, once, for every
 //! instruction set that has a [`Wide`] register type: AVX-512 (one `zmm` per 16-element
-//! block) and AVX2 (two `ymm`). Each block's hit test is a mask compare; a group of four
-//! blocks shares one branch (or none, [`EmitForm`]), and its hits' indices are written by
-//! a loop over the set bits of the group's 64-bit mask, so a candidate costs no
-//! mispredicted branch of its own (which, for data in cache, cost more than the pass
-//! itself at ρ = 0.01); their values are read after each batch of blocks. Non-finite
+//! block) and AVX2 (two `ymm`), and AVX-512 again with VBMI2 (`avx512v`, whose dense
+//! groups' indices come from one byte compression). Each block's hit test is a mask
+//! compare; a group of four blocks shares one branch (or none, [`EmitForm`]), and its hits'
+//! indices are written by a loop over the set bits of the group's 64-bit mask, so a
+//! candidate costs no mispredicted branch of its own (which, for data in cache, cost more
+//! than the pass itself at ρ = 0.01); their values are read after each batch of blocks. Non-finite
 //! values (candidates at any threshold) are looked for among the candidates after the
 //! loop, and located after it. Same candidates, order, cap handling, statistics (the `|x|`
 //! sum in the order of [`abs_sum`]) and non-finite reporting as [`fused_body`] /
