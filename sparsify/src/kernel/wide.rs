@@ -668,11 +668,13 @@ macro_rules! wide_passes {
             /// Four blocks of a batch (room already ensured): `a` holds their values and `off`
             /// is the index of the first. One hit test covers all 64 elements, and the hits'
             /// indices are written by a loop over the set bits (their values are read after
-            /// the batch, in [`blocks`]). `BRANCH_FREE` ([`EmitForm`]) drops the test: the
-            /// first two hits' indices are written unconditionally, in one 8-byte store (a
-            /// slot without a hit is overwritten by the next write, the length advancing only
-            /// past real ones), and only a group with more loops (at ρ = 0.01, about 1 in 30).
-            /// Returns whether the group held a hit.
+            /// the batch, in [`blocks`]). A branch-free form (`UNCOND` two or four,
+            /// [`EmitForm`]) drops the test: with two, the first two hits' indices are
+            /// written unconditionally, in one 8-byte store (a slot without a hit is
+            /// overwritten by the next write, the length advancing only past real ones), and
+            /// only a group with more loops (at ρ = 0.01, about 1 in 30); with four
+            /// ([`emit_quads`]), a loop only past sixteen. Returns whether the group held a
+            /// hit.
             ///
             /// Why two, in one store: on an AVX-512 CPU (before the AVX2 build existed), and
             /// again on a Zen 4, three separate writes took the threshold selector at 2^14,
@@ -700,7 +702,6 @@ macro_rules! wide_passes {
                 // SAFETY (whole body): the caller runs on a CPU with this module's
                 // features, and room for 64 more entries at `w.len` is reserved (every
                 // write lands below `w.len + 64`).
-                // SAFETY: the caller's features, and the room it reserved.
                 unsafe {
                     let bits = magnitudes::<STATS>(a, st);
                     if UNCOND == 0 && !W::any_ge(&bits, tv) {
