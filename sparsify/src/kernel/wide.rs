@@ -852,18 +852,7 @@ macro_rules! wide_passes {
                         while j + 4 * GROUP <= end {
                             let mut masks = [0u64; 4];
                             for (q, m) in masks.iter_mut().enumerate() {
-                                let at = j + q * GROUP;
-                                let a = [
-                                    load(at, true),
-                                    load(at + BLOCK, true),
-                                    load(at + 2 * BLOCK, true),
-                                    load(at + 3 * BLOCK, true),
-                                ];
-                                if MOM {
-                                    for (b, &v) in a.iter().enumerate() {
-                                        mom.add(at + b * BLOCK, v);
-                                    }
-                                }
+                                let a = load_group::<MOM>(j + q * GROUP, mom, load);
                                 *m = W::group_mask(&magnitudes::<STATS>(a, st), tv);
                             }
                             for (q, &m) in masks.iter().enumerate() {
@@ -872,24 +861,40 @@ macro_rules! wide_passes {
                             j += 4 * GROUP;
                         }
                     }
-                    while j + 4 * BLOCK <= end {
-                        let a = [
-                            load(j, true),
-                            load(j + BLOCK, true),
-                            load(j + 2 * BLOCK, true),
-                            load(j + 3 * BLOCK, true),
-                        ];
-                        if MOM {
-                            for (b, &v) in a.iter().enumerate() {
-                                mom.add(j + b * BLOCK, v);
-                            }
-                        }
+                    while j + GROUP <= end {
+                        let a = load_group::<MOM>(j, mom, load);
                         hits += u32::from(group::<STATS, UNCOND>(a, base + j, tv, w, st));
-                        j += 4 * BLOCK;
+                        j += GROUP;
                     }
                 }
                 *i = j;
                 hits
+            }
+
+            /// The four blocks of the group at `at`, accumulated (and stored) by `load`;
+            /// with `MOM` each also goes into `mom`'s lanes from the register.
+            #[inline(always)]
+            unsafe fn load_group<const MOM: bool>(
+                at: usize,
+                mom: &mut MomLanes,
+                load: &mut impl FnMut(usize, bool) -> W,
+            ) -> [W; 4] {
+                // SAFETY: the caller's features; `load` reads whole blocks below the batch's
+                // end.
+                unsafe {
+                    let a = [
+                        load(at, true),
+                        load(at + BLOCK, true),
+                        load(at + 2 * BLOCK, true),
+                        load(at + 3 * BLOCK, true),
+                    ];
+                    if MOM {
+                        for (b, &v) in a.iter().enumerate() {
+                            mom.add(at + b * BLOCK, v);
+                        }
+                    }
+                    a
+                }
             }
 
             /// The blocks of one batch, `i` up to `end`, in the dense form

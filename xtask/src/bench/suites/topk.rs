@@ -600,24 +600,24 @@ fn fastest(times: &[f64]) -> f64 {
 /// `reps` timings (seconds) of every case on `grad` with `k` (after one untimed warm-up
 /// round), in case order. The cases are timed in turns, one run of each per round, so that
 /// the floor and every selector see the same interference from other jobs on a shared
-/// machine. Each round runs the cases in a fresh order ([`collectives::calibrate::turn_order`]): in a
-/// fixed order the case after the serial `naive` always found the pool's second thread
-/// asleep and paid its wake-up (exact at 2^18: 52–69 µs in the suite against 36 µs alone).
-/// Each selector's residual is reset (untimed) before each of its runs, and so is the
-/// floor's vector, so that every case starts from the same cache state: the vector it
-/// writes just zeroed. Without the floor's reset its vector was the one left longest
-/// untouched, and at 2^20 (a residual that fits the last-level cache only when just
-/// written) exact top-k came out at 0.78–0.93× `stream` at ρ = 0.01 against
-/// 1.47–1.79× with it, on a 2-core Zen 4 (same binary, alternating launches). A case's
-/// timed runs in a round follow an untimed pass over its own data ([`warm_case`], before
-/// the flush with `flushed`). Every run
-/// sees a zero residual plus a gradient: `first` in the warm-up round, then a fresh draw of
-/// the same distribution every round (untimed), as training brings a new gradient every
-/// step. Fresh draws matter twice: a warm-started selector never starts from the input it
-/// selects from, and the branch predictor never sees the same input twice. It learns the
-/// hit tests of an input timed over and over (two draws in alternate rounds, as this
-/// suite used): exact top-k at 2^16, ρ = 0.01, with a branch per 64 elements took
-/// 18.8–19.2 µs on fresh draws and 7.8–7.9 µs on two alternating ones (floor 5.5–6.0 µs).
+/// machine. Each round runs the cases in a fresh order
+/// ([`collectives::calibrate::turn_order`]): in a fixed order the case after the serial
+/// `naive` always found the pool's second thread asleep and paid its wake-up (exact at
+/// 2^18: 52–69 µs in the suite against 36 µs alone). Each selector's residual is reset
+/// (untimed) before each of its runs, and so is the floor's vector, so that every case
+/// starts from the same cache state: the vector it writes just zeroed. Without the floor's
+/// reset its vector was the one left longest untouched, and at 2^20 (a residual that fits
+/// the last-level cache only when just written) exact top-k came out at 0.78–0.93× `stream`
+/// at ρ = 0.01 against 1.47–1.79× with it, on a 2-core Zen 4 (same binary, alternating
+/// launches). A case's timed runs in a round follow an untimed pass over its own data
+/// ([`warm_case`], before the flush with `flushed`). Every run sees a zero residual plus a
+/// gradient: `first` in the warm-up round, then a fresh draw of the same distribution every
+/// round (untimed), as training brings a new gradient every step. Fresh draws matter twice:
+/// a warm-started selector never starts from the input it selects from, and the branch
+/// predictor never sees the same input twice. It learns the hit tests of an input timed
+/// over and over (two draws in alternate rounds, as this suite used): exact top-k at 2^16,
+/// ρ = 0.01, with a branch per 64 elements took 18.8–19.2 µs on fresh draws and 7.8–7.9 µs
+/// on two alternating ones (floor 5.5–6.0 µs).
 ///
 /// With `flushed`, the vector a case writes and the gradient are also flushed from every
 /// cache level (untimed) before each run, as in a training step, where a layer's
