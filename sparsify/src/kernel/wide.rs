@@ -1085,43 +1085,25 @@ macro_rules! wide_passes {
                             cand.sample_upto(src, base, i, len);
                             continue;
                         }
-                        let (n0, l) = (&mut i, &mut load);
+                        let (n0, l, wb) = (&mut i, &mut load, &mut w);
                         // Gaussian-k's pass (with `mom`) keeps to two: fewer builds.
-                        let no_mom = &mut MomLanes::zero();
+                        let nm = &mut MomLanes::zero();
                         let hits = match (free, quads && VBMI2, mom.as_deref_mut()) {
                             (false, _, Some(m)) => {
-                                groups::<STATS, 0, true>(n0, end, base, tv, &mut w, (st, m), l)
+                                groups::<STATS, 0, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (true, _, Some(m)) => {
-                                groups::<STATS, 2, true>(n0, end, base, tv, &mut w, (st, m), l)
+                                groups::<STATS, 2, true>(n0, end, base, tv, wb, (st, m), l)
                             }
-                            (false, _, None) => groups::<STATS, 0, false>(
-                                n0,
-                                end,
-                                base,
-                                tv,
-                                &mut w,
-                                (st, no_mom),
-                                l,
-                            ),
-                            (true, false, None) => groups::<STATS, 2, false>(
-                                n0,
-                                end,
-                                base,
-                                tv,
-                                &mut w,
-                                (st, no_mom),
-                                l,
-                            ),
-                            (true, true, None) => groups::<STATS, 4, false>(
-                                n0,
-                                end,
-                                base,
-                                tv,
-                                &mut w,
-                                (st, no_mom),
-                                l,
-                            ),
+                            (false, _, None) => {
+                                groups::<STATS, 0, false>(n0, end, base, tv, wb, (st, nm), l)
+                            }
+                            (true, false, None) => {
+                                groups::<STATS, 2, false>(n0, end, base, tv, wb, (st, nm), l)
+                            }
+                            (true, true, None) => {
+                                groups::<STATS, 4, false>(n0, end, base, tv, wb, (st, nm), l)
+                            }
                         };
                         if emit == EmitForm::Adaptive {
                             free = switch.free_above * hits as usize * 4 * BLOCK > i - at;
