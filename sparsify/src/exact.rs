@@ -109,15 +109,15 @@ impl ExactTopK {
             let (_, out) =
                 grouped::fused::<false>(residual, grad, k, &mut self.maxes, &mut self.cand);
             out.check()?;
-            let (idx, val) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
+            let (idx, val, min) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
             zero_selected(residual, &idx);
-            return Ok(finish(idx, val, d));
+            return Ok(finish_bits(idx, val, d, min));
         }
         if warm.is_none() && 0 < k && k < d && kernel::sample_size(d, k).is_none() {
-            let (idx, val) =
+            let (idx, val, min) =
                 kernel::exact_small(residual, grad, k, &mut self.cand, &mut self.scratch)?;
             zero_selected(residual, &idx);
-            return Ok(finish(idx, val, d));
+            return Ok(finish_bits(idx, val, d, min));
         }
         let (t, cap) = if let Some(t) = warm {
             (t, WarmStart::cap(d, k))
@@ -153,7 +153,7 @@ impl ExactTopK {
             return Ok(finish(Vec::new(), Vec::new(), d));
         }
         if out.overflow || self.cand.len() < k {
-            let (idx, val) = kernel::exact_readonly(
+            let (idx, val, min) = kernel::exact_readonly(
                 residual,
                 k,
                 &mut self.cand,
@@ -161,7 +161,7 @@ impl ExactTopK {
                 &mut self.scratch,
             )?;
             zero_selected(residual, &idx);
-            return Ok(finish(idx, val, d));
+            return Ok(finish_bits(idx, val, d, min));
         }
         // After a zeroing pass (`k >= ZERO_K >= SPLIT_CAND`) there are at least `k`
         // candidates, so they stay apart.
@@ -169,12 +169,12 @@ impl ExactTopK {
         if self.cand.lists().0.len() == 1 {
             // One list: select in serial, then zero what was taken (or, after a zeroing
             // pass, put back what was not).
-            let (idx, val) = kernel::select_k_near(&mut self.cand, k, &mut self.scratch, near);
+            let (idx, val, min) = kernel::select_k_near(&mut self.cand, k, &mut self.scratch, near);
             if zero {
                 split::restore(residual, &self.cand);
             }
             zero_selected(residual, &idx);
-            return Ok(finish(idx, val, d));
+            return Ok(finish_bits(idx, val, d, min));
         }
         let res = if zero {
             split::Residual::Restore(residual)
@@ -203,9 +203,9 @@ impl Selector for ExactTopK {
 
     fn select(&mut self, x: &[f32], k: usize) -> Selection {
         check_dense_len(x.len())?;
-        let (idx, val) =
+        let (idx, val, min) =
             kernel::exact_readonly(x, k, &mut self.cand, &mut self.sample, &mut self.scratch)?;
-        Ok(finish(idx, val, x.len()))
+        Ok(finish_bits(idx, val, x.len(), min))
     }
 
     fn select_fused(&mut self, residual: &mut [f32], grad: &[f32], k: usize) -> Selection {
@@ -317,6 +317,49 @@ pub(crate) mod tests {
             sg.scatter_add_into(&mut back).unwrap();
             for (a, b) in back.iter().zip(&acc) {
                 prop_assert_eq!(a.to_bits(), b.to_bits());
+            }
+        }
+    }
+
+    /// Every path reports the smallest selected magnitude as its threshold, which the warm
+    /// start learns the next call's threshold from: the group maxima, a short tensor, the
+    /// sampled pass, the warm pass with one list, a warm miss's fallback (the gradient
+    /// halved at the fourth call) and the read-only selection.
+    #[test]
+    fn reports_the_smallest_selected_magnitude() {
+        let check = |sg: &crate::SparseGrad<f32>, info: crate::SelectInfo, what: &str| {
+            let min = sg.values().iter().map(|v| abs_bits(*v)).min();
+            assert_eq!(info.threshold.to_bits() as i32, min.unwrap_or(0), "{what}");
+            assert_eq!(info.selected, sg.nnz(), "{what}");
+        };
+        for (d, k) in [
+            (300, 3),
+            (300, 20),
+            (5000, 50),
+            (1 << 14, 163),
+            (40_000, 400),
+        ] {
+            let mut sel = ExactTopK::new();
+            for step in 0..6u64 {
+                let scale = if step == 3 { 0.5 } else { 1.0 };
+                let g: Vec<f32> = gen_vec(step, d, 0).iter().map(|x| x * scale).collect();
+                let mut ef = ErrorFeedback::new(d);
+                let (sg, info) = ef.step(&mut sel, &g, k).unwrap();
+                assert_eq!(
+                    sg.indices(),
+                    &reference_topk(&g, k)[..],
+                    "d {d} step {step}"
+                );
+                check(&sg, info, &format!("fused, d {d} step {step}"));
+                let (sg, info) = sel.select(&g, k).unwrap();
+                check(&sg, info, &format!("read-only, d {d} step {step}"));
+            }
+            let (calls, missed) = sel.warm_starts().unwrap();
+            if d >= 4096 {
+                assert!(
+                    calls >= 3 && missed >= 1,
+                    "d {d}: {calls} warm, {missed} missed"
+                );
             }
         }
     }

@@ -391,7 +391,8 @@ impl DgcSampling {
             if n > k {
                 if n as f64 > k as f64 * DGC_UPPER {
                     unzero(acc, &self.cand, 0, &mut zeroed);
-                    result = Some(kernel::select_k_of(&mut self.cand, k, &mut self.scratch));
+                    let (idx, val, _) = kernel::select_k_of(&mut self.cand, k, &mut self.scratch);
+                    result = Some((idx, val));
                 }
                 #[cfg(test)]
                 tests::dgc_path(if result.is_some() { 2 } else { 1 });
