@@ -834,8 +834,7 @@ macro_rules! wide_passes {
             /// registers: a run-time test of the form inside one loop made the branchy form
             /// spill its accumulators (MSTopK at 2^14, ρ = 0.01: 1.67× the floor against
             /// 2.14×), and both loops inlined into one function cost the branch-free form
-            /// 10–25 %.
-            #[inline(never)]
+            /// 10–25 %. Called through [`groups_apart`], which keeps it so.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn groups<const STATS: bool, const UNCOND: usize, const MOM: bool>(
@@ -886,6 +885,32 @@ macro_rules! wide_passes {
                 hits
             }
 
+            /// [`groups`] as a call of its own, whatever the inliner would do: rustc (1.95)
+            /// drops `#[inline(never)]` from a function with `#[target_feature]` (its LLVM
+            /// function has no `noinline`), and LLVM took every form's loop into the pass,
+            /// where the threshold and the group's constants were reloaded from the stack. This
+            /// wrapper has no target feature, so it keeps its `noinline` and cannot take
+            /// `groups` inline either. On the 2-core Zen 5 (timing program: the suite's step on a
+            /// fresh gradient after the untimed warm pass, three alternations, median ratio to
+            /// the floor), inlined against apart: exact top-k at 2^14, ρ = 0.01 2.02–2.09× /
+            /// 1.94–2.03×, at 2^16 2.22× / 2.04–2.06×, at 2^18 1.37–1.39× / 1.31–1.32×;
+            /// MSTopK at 2^16 2.52–2.57× / 2.34–2.35×; the threshold selector at 2^16,
+            /// ρ = 0.001 1.84–1.85× / 1.73–1.77×; at 2^20 level.
+            #[inline(never)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn groups_apart<const STATS: bool, const UNCOND: usize, const MOM: bool>(
+                i: &mut usize,
+                end: usize,
+                base: usize,
+                tv: W,
+                w: &mut Batch,
+                (st, mom): (&mut State, &mut MomLanes),
+                load: &mut impl FnMut(usize, bool) -> W,
+            ) -> u32 {
+                // SAFETY: the caller's (this module's features, the batch's room).
+                unsafe { groups::<STATS, UNCOND, MOM>(i, end, base, tv, w, (st, mom), load) }
+            }
+
             /// The four blocks of the group at `at`, accumulated (and stored) by `load`;
             /// with `MOM` each also goes into `mom`'s lanes from the register.
             #[inline(always)]
@@ -926,7 +951,11 @@ macro_rules! wide_passes {
             /// 1.11–1.24× (ten pairs; medians 1.23× / 1.20×) and at 2^24 from 1.08–1.09× to
             /// 1.05–1.08×; MSTopK, which also sums the magnitudes, ran slower with it (2^24:
             /// 1.07–1.08× / 1.08–1.13×), so it keeps the two stores.
-            #[inline(never)]
+            ///
+            /// Left to the inliner (it takes it into the pass): called through a wrapper that
+            /// keeps it a call, as [`groups_apart`] does for the groups, Gaussian-k's step at
+            /// 2^16, ρ = 0.01 read 5.9–6.1× the floor against 5.6–6.1× (the other selectors
+            /// level), so it stays.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn dense<const STATS: bool, const ZERO: bool, const MOM: bool>(
@@ -1115,19 +1144,19 @@ macro_rules! wide_passes {
                         let nm = &mut MomLanes::zero();
                         let hits = match (free, quads && VBMI2, mom.as_deref_mut()) {
                             (false, _, Some(m)) => {
-                                groups::<STATS, 0, true>(n0, end, base, tv, wb, (st, m), l)
+                                groups_apart::<STATS, 0, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (true, _, Some(m)) => {
-                                groups::<STATS, 2, true>(n0, end, base, tv, wb, (st, m), l)
+                                groups_apart::<STATS, 2, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (false, _, None) => {
-                                groups::<STATS, 0, false>(n0, end, base, tv, wb, (st, nm), l)
+                                groups_apart::<STATS, 0, false>(n0, end, base, tv, wb, (st, nm), l)
                             }
                             (true, false, None) => {
-                                groups::<STATS, 2, false>(n0, end, base, tv, wb, (st, nm), l)
+                                groups_apart::<STATS, 2, false>(n0, end, base, tv, wb, (st, nm), l)
                             }
                             (true, true, None) => {
-                                groups::<STATS, 4, false>(n0, end, base, tv, wb, (st, nm), l)
+                                groups_apart::<STATS, 4, false>(n0, end, base, tv, wb, (st, nm), l)
                             }
                         };
                         if emit == EmitForm::Adaptive {
@@ -1290,8 +1319,10 @@ macro_rules! wide_passes {
                 let mut lanes = mom.is_some().then(|| unsafe { MomLanes::zero() });
                 let (pr, pg) = (r.as_mut_ptr(), g.as_ptr());
                 // One block at `i`, accumulated and stored (`blocks` passes whole blocks below
-                // `whole <= n`, within both slices).
-                let load = |i: usize, store: bool| {
+                // `whole <= n`, within both slices). It holds the two pointers themselves
+                // (`move`): holding references to them, the loop of [`groups_apart`] reloaded
+                // them after every store, which might have changed them for all it knew.
+                let load = move |i: usize, store: bool| {
                     // SAFETY: as just said; this module's features are enabled here.
                     unsafe {
                         if PREFETCH {
