@@ -3133,7 +3133,7 @@ mod tests {
                     c,
                     sums,
                 ),
-                (_, false) => wide::avx512v::fused::<true, false, ZERO>(
+                ("avx512v", false) => wide::avx512v::fused::<true, false, ZERO>(
                     (emit, false),
                     r,
                     g,
@@ -3143,7 +3143,7 @@ mod tests {
                     c,
                     sums,
                 ),
-                (_, true) => wide::avx512v::fused::<true, true, ZERO>(
+                ("avx512v", true) => wide::avx512v::fused::<true, true, ZERO>(
                     (emit, true),
                     r,
                     g,
@@ -3153,6 +3153,7 @@ mod tests {
                     c,
                     sums,
                 ),
+                (other, _) => panic!("no build named {other}"),
             }
         }
     }
@@ -3323,7 +3324,10 @@ mod tests {
                                         "avx512" => {
                                             wide::avx512::scan::<true>(&r0, 5, t, cap, &mut c2)
                                         }
-                                        _ => wide::avx512v::scan::<true>(&r0, 5, t, cap, &mut c2),
+                                        "avx512v" => {
+                                            wide::avx512v::scan::<true>(&r0, 5, t, cap, &mut c2)
+                                        }
+                                        other => panic!("no build named {other}"),
                                     };
                                     (o, o2)
                                 };

@@ -527,7 +527,8 @@ fn write(
     (idx, val)
 }
 
-/// Shares of [`write`] from this many entries prefetch their output four lines ahead:
+/// Shares of [`write`] from this many entries prefetch their output four lines ahead (the
+/// AVX-512 loop; the AVX2 one, unmeasured with it, does not):
 /// the result's lists, recycled from a call made before other work, are most likely out of
 /// the cache, and a store to a line that is not there waits for it. On the 2-core Zen 5 at
 /// 2^20, ρ = 0.01 (a share of about 2,600), eight cases in turn, alternating builds: exact

@@ -549,9 +549,10 @@ macro_rules! wide_passes {
             /// other work finds its lists out of the cache too, and a store to a line that
             /// is not there waits for it. On the 2-core Zen 5 at 2^20, ρ = 0.01, eight cases
             /// in turn (their residuals alone fill the 32 MiB third-level cache), the step
-            /// against the floor on its warmed data, alternating builds: exact top-k
-            /// 1.70–1.80× → 1.65–1.67×, MSTopK 1.70–1.84× → 1.64–1.69×, the threshold
-            /// selector 1.51–1.76× → 1.52–1.55×. In the cache (2^14) it cost 2–4 %.
+            /// against the floor on its warmed data, six alternations of the two builds:
+            /// exact top-k 1.70–1.87× → 1.50–1.70×, MSTopK 1.70–1.86× → 1.54–1.71×, the
+            /// threshold selector 1.51–1.76× → 1.41–1.60×. In the cache (2^14) it cost 2–4 %,
+            /// so only the passes over data from beyond the cache take it.
             const LIST_AHEAD: [usize; 2] = [BLOCK, 2 * BLOCK];
 
             /// Where an adaptive pass switches forms ([`DENSE_ABOVE`], [`FREE_ABOVE`] or
