@@ -362,14 +362,14 @@ fn rerun_in_release() -> CliResult {
         }
         Err(e) => return Err(e),
     };
-    // From the workspace root, as `cargo run` started it before: relative paths keep
-    // their meaning.
+    // From the caller's directory, as `cargo run` started it: relative paths keep their
+    // meaning.
     // The rebuilt binary runs as it is, whatever its profile: one with debug assertions
     // (`dev`, or a custom profile inheriting it) must not rebuild and rerun itself in turn.
     let status = std::process::Command::new(exe)
         .env("XTASK_BENCH_DEBUG", "1")
         .args(std::env::args_os().skip(1))
-        .current_dir(crate::ci::workspace_root())
+        .current_dir(std::env::current_dir()?)
         .status()?;
     if status.success() {
         Ok(())
@@ -457,6 +457,9 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
         child.push("--quick".into());
     }
     if let Some(c) = &args.calibration {
+        // Refused here, once, rather than by every rank after mpirun has started them.
+        std::fs::metadata(c)
+            .map_err(|e| format!("calibration {}: cannot read: {e}", c.display()))?;
         child.push("--calibration".into());
         child.push(c.into());
     }
@@ -490,7 +493,6 @@ pub fn mpirun_xtask(
             return Err(format!("hostfile {} does not exist", h.display()).into());
         }
     }
-    let root = crate::ci::workspace_root();
     let exe = build_release_xtask(true)?;
     let mut cmd = std::process::Command::new(mpirun);
     cmd.args(["-n", &np.to_string(), "--oversubscribe"]);
@@ -508,7 +510,10 @@ pub fn mpirun_xtask(
         cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
     }
     cmd.arg(exe).args(child_args);
-    let status = cmd.current_dir(&root).status()?;
+    // The ranks start in the caller's directory, so that the relative paths among
+    // `child_args` (and `calibration.json`, the default calibration) mean what they mean
+    // without `--mpi`.
+    let status = cmd.current_dir(std::env::current_dir()?).status()?;
     if status.success() {
         Ok(())
     } else {
