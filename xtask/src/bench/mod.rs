@@ -362,14 +362,13 @@ fn rerun_in_release() -> CliResult {
         }
         Err(e) => return Err(e),
     };
-    // From the caller's directory, as `cargo run` started it: relative paths keep their
-    // meaning.
+    // In the caller's directory (inherited), as `cargo run` started it: relative paths keep
+    // their meaning.
     // The rebuilt binary runs as it is, whatever its profile: one with debug assertions
     // (`dev`, or a custom profile inheriting it) must not rebuild and rerun itself in turn.
     let status = std::process::Command::new(exe)
         .env("XTASK_BENCH_DEBUG", "1")
         .args(std::env::args_os().skip(1))
-        .current_dir(std::env::current_dir()?)
         .status()?;
     if status.success() {
         Ok(())
@@ -458,8 +457,7 @@ fn relaunch_under_mpirun(args: &Args) -> CliResult {
     }
     if let Some(c) = &args.calibration {
         // Refused here, once, rather than by every rank after mpirun has started them.
-        std::fs::metadata(c)
-            .map_err(|e| format!("calibration {}: cannot read: {e}", c.display()))?;
+        suites::load_calibration(c, args.np, "mpi").map_err(|e| e.to_string())?;
         child.push("--calibration".into());
         child.push(c.into());
     }
@@ -510,10 +508,10 @@ pub fn mpirun_xtask(
         cmd.args(["--mca", "btl_vader_single_copy_mechanism", "none"]);
     }
     cmd.arg(exe).args(child_args);
-    // The ranks start in the caller's directory, so that the relative paths among
-    // `child_args` (and `calibration.json`, the default calibration) mean what they mean
-    // without `--mpi`.
-    let status = cmd.current_dir(std::env::current_dir()?).status()?;
+    // The ranks start in the caller's directory (inherited, not the workspace root), so
+    // that the relative paths among `child_args` (and `calibration.json`, the default
+    // calibration) mean what they mean without `--mpi`.
+    let status = cmd.status()?;
     if status.success() {
         Ok(())
     } else {

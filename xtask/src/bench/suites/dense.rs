@@ -80,25 +80,33 @@ const AUTO: &str = "auto";
 /// on this transport at this P), else `calibration.json` in the working directory when it
 /// matches, else none (the chooser's built-in rules).
 fn calibration(ctx: &Ctx, p: usize) -> Result<Option<cost_model::Calibration>, BoxErr> {
-    let matches = |c: &cost_model::Calibration| c.ranks == p && c.backend == ctx.backend();
     if let Some(path) = &ctx.calibration {
-        let c = cost_model::Calibration::load(path)?;
-        if !matches(&c) {
-            return Err(format!(
-                "--calibration {} was taken on {} ranks of `{}`, but this run has {p} ranks of \
-                 `{}`: calibrate at this P (`cargo xtask calibrate`, under mpirun for MPI)",
-                path.display(),
-                c.ranks,
-                c.backend,
-                ctx.backend()
-            )
-            .into());
-        }
-        return Ok(Some(c));
+        return Ok(Some(load_calibration(path, p, ctx.backend())?));
     }
     Ok(cost_model::Calibration::load("calibration.json")
         .ok()
-        .filter(matches))
+        .filter(|c| c.ranks == p && c.backend == ctx.backend()))
+}
+
+/// The calibration at `path`, or why it cannot rank this run's algorithms: unreadable, or
+/// taken at another P or on another transport than `p` ranks of `backend`.
+pub(crate) fn load_calibration(
+    path: &std::path::Path,
+    p: usize,
+    backend: &str,
+) -> Result<cost_model::Calibration, BoxErr> {
+    let c = cost_model::Calibration::load(path)?;
+    if c.ranks != p || c.backend != backend {
+        return Err(format!(
+            "--calibration {} was taken on {} ranks of `{}`, but this run has {p} ranks of \
+             `{backend}`: calibrate at this P (`cargo xtask calibrate`, under mpirun for MPI)",
+            path.display(),
+            c.ranks,
+            c.backend,
+        )
+        .into());
+    }
+    Ok(c)
 }
 
 /// One algorithm of the suite's collective.
@@ -677,4 +685,59 @@ fn report(
         table(&header, &rows)
     );
     Ok(out)
+}
+
+#[cfg(test)]
+mod calibration_tests {
+    use super::load_calibration;
+
+    /// A valid calibration taken on 4 ranks of `thread`, written to a file of its own.
+    fn written_calibration() -> std::path::PathBuf {
+        use cost_model::{fit_linear, Calibration, Link, Sample, Topology};
+        let s: Vec<Sample> = [1e3, 1e6]
+            .iter()
+            .map(|&n| Sample::new(n, 2e-6 + 1e-10 * n))
+            .collect();
+        let cal = Calibration {
+            schema: cost_model::calibration::SCHEMA,
+            backend: "thread".into(),
+            ranks: 4,
+            topology: Topology::flat(4, Link::new(2e-6, 1e-10)).unwrap(),
+            pingpong: fit_linear(&s).unwrap(),
+            pingpong_piecewise: None,
+            reduction: None,
+            reduction_piecewise: None,
+            collectives: vec![],
+            topk: vec![],
+        };
+        let path = std::env::temp_dir().join(format!("xtask-cal-{}.json", std::process::id()));
+        std::fs::write(&path, cal.to_json()).unwrap();
+        path
+    }
+
+    /// A calibration ranks a run's algorithms only at its own P and transport; anything
+    /// else, or a file that cannot be read, is a typed error that names the path.
+    #[test]
+    fn a_calibration_is_refused_at_another_p_transport_or_path() {
+        let seed = written_calibration();
+        let c = load_calibration(&seed, 4, "thread").expect("the calibration matches");
+        assert_eq!((c.ranks, c.backend.as_str()), (4, "thread"));
+        for (p, backend) in [(3, "thread"), (4, "mpi")] {
+            let e = load_calibration(&seed, p, backend).unwrap_err().to_string();
+            assert!(e.contains("was taken on 4 ranks of `thread`"), "{e}");
+            assert!(
+                e.contains(&format!("this run has {p} ranks of `{backend}`")),
+                "{e}"
+            );
+        }
+        let missing = seed.with_file_name("no-such-calibration.json");
+        std::fs::remove_file(&seed).unwrap();
+        let e = load_calibration(&missing, 4, "thread")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no-such-calibration.json") && e.contains("cannot read"),
+            "{e}"
+        );
+    }
 }

@@ -15,6 +15,8 @@ mod sparse;
 mod topk;
 mod train;
 
+pub(crate) use dense::load_calibration;
+
 /// Runs the suite called `name`.
 pub fn run(name: &str, ctx: &Ctx, pb: &ProgressBar) -> Result<Option<SuiteOutput>, BoxErr> {
     // Under MPI only the communicating suites need every rank.
