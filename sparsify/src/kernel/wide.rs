@@ -497,7 +497,14 @@ macro_rules! wide_passes {
             /// rounds, ratio to the floor), branch-free against dense: 1.08× / 1.78× at 1 %
             /// density, 1.73× / 1.85× at 2 %, 1.86× / 1.98× at 3 %, 3.36× / 1.99× at 5 %;
             /// at 2^20 level up to 3 %, 1.20× / 1.06× at 5 %.
-            const DENSE_ABOVE: usize = 25;
+            ///
+            /// With [`VBMI2`] one hit per 12 elements (8 %): its branch-free groups write
+            /// sixteen indices with no branch ([`emit_quads`]), and hold their own up to
+            /// there. On the 2-core Xeon (Granite Rapids) at 2^16, the threshold selector
+            /// at densities 2 / 5 / 10 / 20 %, branch-free against dense: 1.30× / 1.95×,
+            /// 1.56× / 1.89×, 1.94× / 1.78×, 2.79× / 1.75×; Gaussian-k at ρ = 0.01 (6 %
+            /// candidates) 2.17× / 2.59×.
+            const DENSE_ABOVE: usize = if VBMI2 { 12 } else { 25 };
 
             /// [`DENSE_ABOVE`] for a pass over data from beyond a core's cache (from
             /// `PREFETCH_MIN` elements) on a CPU other than AMD's
@@ -608,15 +615,24 @@ macro_rules! wide_passes {
                 /// multiply-add).
                 #[inline(always)]
                 unsafe fn add(&mut self, j: usize, a: W) {
+                    // SAFETY: the caller's features.
+                    unsafe { Self::add_to(j, a, (&mut self.s, &mut self.q)) }
+                }
+
+                /// [`Self::add`] into sums held apart from the struct, in locals of the loop
+                /// that adds them ([`groups`]), so that they need not live at the caller's
+                /// struct, whose address the pass hands on.
+                #[inline(always)]
+                unsafe fn add_to(j: usize, a: W, (s, q): (&mut [W; 2], &mut [W; 2])) {
                     // SAFETY: register-only; the caller's features.
                     unsafe {
                         let sq = a.mul_f32(a);
                         if j & BLOCK == 0 {
-                            self.s[0] = self.s[0].add_f32(a);
-                            self.q[0] = self.q[0].add_f32(sq);
+                            s[0] = s[0].add_f32(a);
+                            q[0] = q[0].add_f32(sq);
                         } else {
-                            self.s[1] = self.s[1].add_f32(a);
-                            self.q[1] = self.q[1].add_f32(sq);
+                            s[1] = s[1].add_f32(a);
+                            q[1] = q[1].add_f32(sq);
                         }
                     }
                 }
@@ -851,6 +867,8 @@ macro_rules! wide_passes {
                 // A local copy: through the reference, the index went to the stack and back
                 // every group, a store-forwarding round trip on the loop's only chain.
                 let mut j = *i;
+                // The moments' sums too ([`MomLanes::add_to`]).
+                let (mut s, mut q) = (mom.s, mom.q);
                 // SAFETY: as in `blocks`, whose batch reserved room for all of these groups.
                 unsafe {
                     if UNCOND > 0 {
@@ -866,23 +884,24 @@ macro_rules! wide_passes {
                         // exact top-k level. Eight at a time lost in a stand-alone loop.
                         while j + 4 * GROUP <= end {
                             let mut masks = [0u64; 4];
-                            for (q, m) in masks.iter_mut().enumerate() {
-                                let a = load_group::<MOM>(j + q * GROUP, mom, load);
+                            for (g, m) in masks.iter_mut().enumerate() {
+                                let a = load_group::<MOM>(j + g * GROUP, (&mut s, &mut q), load);
                                 *m = W::group_mask(&magnitudes::<STATS>(a, st), tv);
                             }
-                            for (q, &m) in masks.iter().enumerate() {
-                                hits += u32::from(emit_mask::<UNCOND>(m, base + j + q * GROUP, w));
+                            for (g, &m) in masks.iter().enumerate() {
+                                hits += u32::from(emit_mask::<UNCOND>(m, base + j + g * GROUP, w));
                             }
                             j += 4 * GROUP;
                         }
                     }
                     while j + GROUP <= end {
-                        let a = load_group::<MOM>(j, mom, load);
+                        let a = load_group::<MOM>(j, (&mut s, &mut q), load);
                         hits += u32::from(group::<STATS, UNCOND>(a, base + j, tv, w, st));
                         j += GROUP;
                     }
                 }
                 *i = j;
+                (mom.s, mom.q) = (s, q);
                 hits
             }
 
@@ -913,11 +932,12 @@ macro_rules! wide_passes {
             }
 
             /// The four blocks of the group at `at`, accumulated (and stored) by `load`;
-            /// with `MOM` each also goes into `mom`'s lanes from the register.
+            /// with `MOM` each also goes into the moments' sums `mom` from the register
+            /// ([`MomLanes::add_to`]).
             #[inline(always)]
             unsafe fn load_group<const MOM: bool>(
                 at: usize,
-                mom: &mut MomLanes,
+                mom: (&mut [W; 2], &mut [W; 2]),
                 load: &mut impl FnMut(usize, bool) -> W,
             ) -> [W; 4] {
                 // SAFETY: the caller's features; `load` reads whole blocks below the batch's
@@ -931,7 +951,7 @@ macro_rules! wide_passes {
                     ];
                     if MOM {
                         for (b, &v) in a.iter().enumerate() {
-                            mom.add(at + b * BLOCK, v);
+                            MomLanes::add_to(at + b * BLOCK, v, (&mut *mom.0, &mut *mom.1));
                         }
                     }
                     a
@@ -970,6 +990,17 @@ macro_rules! wide_passes {
                 load: &mut impl FnMut(usize, bool) -> W,
             ) -> i32 {
                 let (mut j, mut len) = (*i, w.len);
+                // Local copies of the running sums, and for the moments, the sums of the
+                // block at `j` (`cur`) and of the next one: each block adds to `cur` and the
+                // two swap, so the parity of `j` ([`MomLanes::add`]) costs no branch in the
+                // loop. With the branch (and with the sums behind the references, or in
+                // local copies alike) the four moment sums went to the stack and back
+                // every block, a store-forwarding round trip on the loop's chains:
+                // Gaussian-k's step at 2^16, ρ = 0.01, dense form, 3.41× the floor, against
+                // 2.87× with the swap (2-core Xeon, `--example emit_forms`).
+                let mut lanes = st.lanes;
+                let [s, q] = [mom.s, mom.q].map(|p| if j & BLOCK == 0 { p } else { [p[1], p[0]] });
+                let ([mut s_cur, mut s_next], [mut q_cur, mut q_next]) = (s, q);
                 // Whether the block is stored here, zeroed, rather than by `load`.
                 let one_store = ZERO && !STATS;
                 // SAFETY: as in `blocks`, whose batch reserved room for all of these blocks
@@ -980,11 +1011,13 @@ macro_rules! wide_passes {
                     while j < end {
                         let a = load(j, !one_store);
                         if MOM {
-                            mom.add(j, a);
+                            let sq = a.mul_f32(a);
+                            (s_cur, s_next) = (s_next, s_cur.add_f32(a));
+                            (q_cur, q_next) = (q_next, q_cur.add_f32(sq));
                         }
                         let bits = a.abs();
                         if STATS {
-                            st.lanes = st.lanes.add_f32(bits);
+                            lanes = lanes.add_f32(bits);
                         }
                         let m = bits.ge_mask(tv);
                         W::compress(m, a, base + j, w.pi.add(len), w.pv.add(len));
@@ -999,6 +1032,9 @@ macro_rules! wide_passes {
                     }
                     *i = j;
                     w.len = len;
+                    st.lanes = lanes;
+                    let [s, q] = [[s_cur, s_next], [q_cur, q_next]];
+                    [mom.s, mom.q] = [s, q].map(|p| if j & BLOCK == 0 { p } else { [p[1], p[0]] });
                     top.reduce_max_i32()
                 }
             }
@@ -1141,14 +1177,19 @@ macro_rules! wide_passes {
                             continue;
                         }
                         let (n0, l, wb) = (&mut i, &mut load, &mut w);
-                        // Gaussian-k's pass (with `mom`) keeps to two: fewer builds.
+                        // Gaussian-k's pass (with `mom`) has every form: at its 6 % of
+                        // candidates the groups of sixteen ([`emit_quads`]) beat the dense
+                        // form.
                         let nm = &mut MomLanes::zero();
                         let hits = match (free, quads && VBMI2, mom.as_deref_mut()) {
                             (false, _, Some(m)) => {
                                 groups_apart::<STATS, 0, true>(n0, end, base, tv, wb, (st, m), l)
                             }
-                            (true, _, Some(m)) => {
+                            (true, false, Some(m)) => {
                                 groups_apart::<STATS, 2, true>(n0, end, base, tv, wb, (st, m), l)
+                            }
+                            (true, true, Some(m)) => {
+                                groups_apart::<STATS, 4, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (false, _, None) => {
                                 groups_apart::<STATS, 0, false>(n0, end, base, tv, wb, (st, nm), l)
@@ -1529,10 +1570,16 @@ const BYTE_IOTA: [u8; 64] = {
 };
 
 /// Writes the indices (`off` + bit position) of the set bits of a group's hit mask `mm`
-/// to `pi` in order, with no branch for up to four: one byte compression (VBMI2) puts the
-/// set bits' positions in its low bytes, whose first four are widened and stored at once
-/// (16 bytes), the first sixteen when there are more. Returns how many it wrote. `pi` has
-/// room for 64 entries.
+/// to `pi` in order, with no branch for up to sixteen: one byte compression (VBMI2) puts
+/// the set bits' positions in its low bytes, whose first sixteen are widened and stored
+/// at once (64 bytes). Returns how many it wrote. `pi` has room for 64 entries.
+///
+/// Sixteen, not four with a branch to sixteen: at 6 % density (Gaussian-k's pass on the
+/// suite's gradient, about four hits a group) that branch went either way, and on the
+/// 2-core AVX-512 Xeon (Granite Rapids; `--example emit_forms -- 16 0.01 gaussiank 2000`,
+/// branch-free form) the step took 2.96× the floor against 2.17× (2^14: 3.44× / 2.70×).
+/// At ρ = 0.01 (about one hit a group) exact top-k, MSTopK and the threshold selector
+/// stayed level at 2^14–2^18 (two alternations, within 0.07×).
 ///
 /// # Safety
 /// AVX-512 F/BW/VBMI2, inlined into a function that enables them; room at `pi`.
@@ -1543,10 +1590,8 @@ unsafe fn emit_quads(mm: u64, off: usize, pi: *mut u32) -> usize {
         let iota = _mm512_loadu_si512(BYTE_IOTA.as_ptr().cast());
         let low = _mm512_castsi512_si128(_mm512_maskz_compress_epi8(mm, iota));
         let base = off as i32;
-        let four = _mm_add_epi32(_mm_cvtepu8_epi32(low), _mm_set1_epi32(base));
-        _mm_storeu_si128(pi.cast(), four);
         let n = mm.count_ones() as usize;
-        if n > 4 {
+        {
             let sixteen = _mm512_add_epi32(_mm512_cvtepu8_epi32(low), _mm512_set1_epi32(base));
             _mm512_storeu_si512(pi.cast(), sixteen);
             if n > 16 {
