@@ -996,8 +996,9 @@ macro_rules! wide_passes {
                 // loop. With the branch (and with the sums behind the references, or in
                 // local copies alike) the four moment sums went to the stack and back
                 // every block, a store-forwarding round trip on the loop's chains:
-                // Gaussian-k's step at 2^16, ρ = 0.01, dense form, 3.41× the floor, against
-                // 2.87× with the swap (2-core Xeon, `--example emit_forms`).
+                // Gaussian-k's step at ρ = 0.01, dense form, took 2.87× the floor at 2^16
+                // and 3.41× at 2^14, against 2.60× and 3.14× with the swap (2-core Xeon,
+                // Granite Rapids, `--example emit_forms`).
                 let mut lanes = st.lanes;
                 let [s, q] = [mom.s, mom.q].map(|p| if j & BLOCK == 0 { p } else { [p[1], p[0]] });
                 let ([mut s_cur, mut s_next], [mut q_cur, mut q_next]) = (s, q);
