@@ -49,8 +49,9 @@ pub(crate) struct Cand {
     /// dense form for the next: the next pass starts from it.
     dense: bool,
     /// Whether the last branch-free batch of a pass into this list was dense enough in
-    /// candidates to write four indices per group unconditionally: the next starts from it.
-    quads: bool,
+    /// candidates to write sixteen indices per group unconditionally: the next starts from
+    /// it.
+    sixteen: bool,
     /// After a pass that zeroes its candidates (`ZERO`): the smallest magnitude bits it
     /// zeroed; the candidates below it kept their value in the residual (see
     /// [`fused_split`]).
@@ -777,7 +778,7 @@ pub(crate) fn isa() -> Isa {
 }
 
 /// Whether the CPU has AVX-512 VBMI2 (with [`Isa::Avx512`]): the fused pass then writes
-/// dense groups' indices by byte compression ([`wide`]'s `emit_quads`).
+/// dense groups' indices by byte compression ([`wide`]'s `emit_sixteen`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn vbmi2() -> bool {
     static VBMI2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -3015,7 +3016,7 @@ mod tests {
                             let mut c = Cand {
                                 branch_free: start.0,
                                 dense: start.1,
-                                quads: start.2,
+                                sixteen: start.2,
                                 ..Cand::default()
                             };
                             let o = fused_any::<true, false>(
@@ -3043,8 +3044,8 @@ mod tests {
                         let a = run(EmitForm::Branchy, (false, false, false), false);
                         // The prefetching pass (data beyond the cache) switches to the dense
                         // form at a lower hit rate: at about 1 % here, where the other does
-                        // not. A branch-free pass that starts writing four indices a group
-                        // (`quads`, with VBMI2) meets groups of more than four and sixteen
+                        // not. A branch-free pass that starts writing sixteen indices a group
+                        // (`sixteen`, with VBMI2) meets groups of more than four and sixteen
                         // hits at 10 % and 100 %.
                         for (emit, start, prefetch) in [
                             (EmitForm::BranchFree, (false, false, false), false),

@@ -455,7 +455,7 @@ macro_rules! wide_passes {
             /// This instruction set's 16-lane register.
             type W = $w;
 
-            /// Whether this build has AVX-512 VBMI2 ([`emit_quads`]).
+            /// Whether this build has AVX-512 VBMI2 ([`emit_sixteen`]).
             const VBMI2: bool = $vbmi2;
 
             /// Running state of one pass.
@@ -499,7 +499,7 @@ macro_rules! wide_passes {
             /// at 2^20 level up to 3 %, 1.20× / 1.06× at 5 %.
             ///
             /// With [`VBMI2`] one hit per 12 elements (8 %): its branch-free groups write
-            /// sixteen indices with no branch ([`emit_quads`]), and hold their own up to
+            /// sixteen indices with no branch ([`emit_sixteen`]), and hold their own up to
             /// there. On the 2-core Xeon (Granite Rapids) at 2^16, the threshold selector
             /// at densities 2 / 5 / 10 / 20 %, branch-free against dense: 1.30× / 1.95×,
             /// 1.56× / 1.89×, 1.94× / 1.78×, 2.79× / 1.75×; Gaussian-k at ρ = 0.01 (6 %
@@ -533,15 +533,15 @@ macro_rules! wide_passes {
             /// 1.88–1.97×; at 2^18 MSTopK 1.46–1.48× / 1.31–1.33×; ρ = 0.01 level.
             const FREE_ABOVE: usize = 64;
 
-            /// A branch-free batch of a build with [`VBMI2`] writes up to four indices per
-            /// group with no branch ([`emit_quads`]), not two, where the last batch had at
-            /// least one candidate per this many elements (0.8 %: ρ = 0.01 writes four,
-            /// ρ = 0.001 two). On the Zen 5 (timing program as for the batched groups, two
-            /// against four): exact top-k at 2^14, ρ = 0.01 2.50–2.54× / 2.22–2.25×, MSTopK
+            /// A branch-free batch of a build with [`VBMI2`] writes up to sixteen indices
+            /// per group with no branch ([`emit_sixteen`]), not two, where the last batch had
+            /// at least one candidate per this many elements (0.8 %: ρ = 0.01 writes
+            /// sixteen, ρ = 0.001 two). On the Zen 5 (timing program as for the batched
+            /// groups, two against four, when this form wrote four with no branch): exact top-k at 2^14, ρ = 0.01 2.50–2.54× / 2.22–2.25×, MSTopK
             /// 2.95–3.09× / 2.68–2.72×; at 2^16 exact 2.11–2.17× / 1.97–2.09×, MSTopK
             /// 2.22–2.50× / 2.10–2.16×. Four written by scalar code (eight bit scans and
             /// shifts) took ρ = 0.01 as far but cost ρ = 0.001 about 4 % at 2^14.
-            const QUADS_ABOVE: usize = 128;
+            const SIXTEEN_ABOVE: usize = 128;
 
             /// [`FREE_ABOVE`] for a pass over data from beyond a core's cache (from
             /// `PREFETCH_MIN` elements, whether or not it prefetches): one group in 4. Waiting on memory, the branch's misses cost less
@@ -617,6 +617,17 @@ macro_rules! wide_passes {
                 unsafe fn add(&mut self, j: usize, a: W) {
                     // SAFETY: the caller's features.
                     unsafe { Self::add_to(j, a, (&mut self.s, &mut self.q)) }
+                }
+
+                /// A pair of sums reordered between (even, odd) block positions and (the
+                /// block at element `j`, the next): the swap is its own inverse.
+                #[inline(always)]
+                fn from_parity(j: usize, p: [W; 2]) -> [W; 2] {
+                    if j & BLOCK == 0 {
+                        p
+                    } else {
+                        [p[1], p[0]]
+                    }
                 }
 
                 /// [`Self::add`] into sums held apart from the struct, in locals of the loop
@@ -700,12 +711,12 @@ macro_rules! wide_passes {
             /// Four blocks of a batch (room already ensured): `a` holds their values and `off`
             /// is the index of the first. One hit test covers all 64 elements, and the hits'
             /// indices are written by a loop over the set bits (their values are read after
-            /// the batch, in [`blocks`]). A branch-free form (`UNCOND` two or four,
+            /// the batch, in [`blocks`]). A branch-free form (`UNCOND` two or sixteen,
             /// [`EmitForm`]) drops the test: with two, the first two hits' indices are
             /// written unconditionally, in one 8-byte store (a slot without a hit is
             /// overwritten by the next write, the length advancing only past real ones), and
-            /// only a group with more loops (at ρ = 0.01, about 1 in 30); with four
-            /// ([`emit_quads`]), a loop only past sixteen. Returns whether the group held a
+            /// only a group with more loops (at ρ = 0.01, about 1 in 30); with sixteen
+            /// ([`emit_sixteen`]), a loop only past sixteen. Returns whether the group held a
             /// hit.
             ///
             /// Why two, in one store: on an AVX-512 CPU (before the AVX2 build existed), and
@@ -767,8 +778,8 @@ macro_rules! wide_passes {
             /// Writes the indices of the set bits of a group's hit mask `mm` (the group's
             /// first element at index `off`) to the batch's list; returns whether there was
             /// one. `UNCOND` says how many are written with no branch: none (a loop over the
-            /// set bits), two (in one 8-byte store, [`group`]) or, with [`VBMI2`], up to four
-            /// ([`emit_quads`]).
+            /// set bits), two (in one 8-byte store, [`group`]) or, with [`VBMI2`], up to
+            /// sixteen ([`emit_sixteen`]).
             #[inline(always)]
             unsafe fn emit_mask<const UNCOND: usize>(
                 mut mm: u64,
@@ -776,12 +787,12 @@ macro_rules! wide_passes {
                 w: &mut Batch,
             ) -> bool {
                 // SAFETY (whole body): room for 64 more entries at `w.len` is reserved (every
-                // write lands below `w.len + 64`); `emit_quads` only with VBMI2.
+                // write lands below `w.len + 64`); `emit_sixteen` only with VBMI2.
                 unsafe {
                     let hit = mm != 0;
                     let mut len = w.len;
-                    if UNCOND == 4 && VBMI2 {
-                        w.len = len + emit_quads(mm, off, w.pi.add(len));
+                    if UNCOND == 16 && VBMI2 {
+                        w.len = len + emit_sixteen(mm, off, w.pi.add(len));
                         return hit;
                     }
                     if UNCOND > 0 {
@@ -1000,7 +1011,7 @@ macro_rules! wide_passes {
                 // and 3.41× at 2^14, against 2.60× and 3.14× with the swap (2-core Xeon,
                 // Granite Rapids, `--example emit_forms`).
                 let mut lanes = st.lanes;
-                let [s, q] = [mom.s, mom.q].map(|p| if j & BLOCK == 0 { p } else { [p[1], p[0]] });
+                let [s, q] = [mom.s, mom.q].map(|p| MomLanes::from_parity(j, p));
                 let ([mut s_cur, mut s_next], [mut q_cur, mut q_next]) = (s, q);
                 // Whether the block is stored here, zeroed, rather than by `load`.
                 let one_store = ZERO && !STATS;
@@ -1034,8 +1045,8 @@ macro_rules! wide_passes {
                     *i = j;
                     w.len = len;
                     st.lanes = lanes;
-                    let [s, q] = [[s_cur, s_next], [q_cur, q_next]];
-                    [mom.s, mom.q] = [s, q].map(|p| if j & BLOCK == 0 { p } else { [p[1], p[0]] });
+                    [mom.s, mom.q] =
+                        [[s_cur, s_next], [q_cur, q_next]].map(|p| MomLanes::from_parity(j, p));
                     top.reduce_max_i32()
                 }
             }
@@ -1072,7 +1083,7 @@ macro_rules! wide_passes {
                     EmitForm::BranchFree | EmitForm::Dense => true,
                     EmitForm::Adaptive => cand.branch_free,
                 };
-                let mut quads = cand.quads;
+                let mut sixteen = cand.sixteen;
                 let mut dense_now = W::COMPRESSES
                     && match emit {
                         EmitForm::Dense => true,
@@ -1179,10 +1190,10 @@ macro_rules! wide_passes {
                         }
                         let (n0, l, wb) = (&mut i, &mut load, &mut w);
                         // Gaussian-k's pass (with `mom`) has every form: at its 6 % of
-                        // candidates the groups of sixteen ([`emit_quads`]) beat the dense
+                        // candidates the groups of sixteen ([`emit_sixteen`]) beat the dense
                         // form.
                         let nm = &mut MomLanes::zero();
-                        let hits = match (free, quads && VBMI2, mom.as_deref_mut()) {
+                        let hits = match (free, sixteen && VBMI2, mom.as_deref_mut()) {
                             (false, _, Some(m)) => {
                                 groups_apart::<STATS, 0, true>(n0, end, base, tv, wb, (st, m), l)
                             }
@@ -1190,7 +1201,7 @@ macro_rules! wide_passes {
                                 groups_apart::<STATS, 2, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (true, true, Some(m)) => {
-                                groups_apart::<STATS, 4, true>(n0, end, base, tv, wb, (st, m), l)
+                                groups_apart::<STATS, 16, true>(n0, end, base, tv, wb, (st, m), l)
                             }
                             (false, _, None) => {
                                 groups_apart::<STATS, 0, false>(n0, end, base, tv, wb, (st, nm), l)
@@ -1199,13 +1210,13 @@ macro_rules! wide_passes {
                                 groups_apart::<STATS, 2, false>(n0, end, base, tv, wb, (st, nm), l)
                             }
                             (true, true, None) => {
-                                groups_apart::<STATS, 4, false>(n0, end, base, tv, wb, (st, nm), l)
+                                groups_apart::<STATS, 16, false>(n0, end, base, tv, wb, (st, nm), l)
                             }
                         };
                         if emit == EmitForm::Adaptive {
                             free = switch.free_above * hits as usize * 4 * BLOCK > i - at;
                         }
-                        quads = (w.len - len) * QUADS_ABOVE >= i - at;
+                        sixteen = (w.len - len) * SIXTEEN_ABOVE >= i - at;
                         // Whether the next batch is dense: decided once this batch's hits
                         // are all in the list, below.
                         let decide_dense = emit == EmitForm::Adaptive && W::COMPRESSES;
@@ -1264,7 +1275,7 @@ macro_rules! wide_passes {
                         cand.branch_free = free;
                         cand.dense = dense_now;
                     }
-                    cand.quads = quads;
+                    cand.sixteen = sixteen;
                     if STATS {
                         // The lanes folded once per chunk, before the tail's elements (as
                         // [`abs_sum`]). A last chunk that the whole blocks complete goes to
@@ -1559,7 +1570,7 @@ wide_passes!(
 );
 wide_passes!(avx2, "avx2,popcnt,bmi1,bmi2,lzcnt", Ymm2, false);
 
-/// The byte `j` at byte `j` of a register: what [`emit_quads`] compresses.
+/// The byte `j` at byte `j` of a register: what [`emit_sixteen`] compresses.
 const BYTE_IOTA: [u8; 64] = {
     let mut a = [0u8; 64];
     let mut j = 0;
@@ -1585,28 +1596,26 @@ const BYTE_IOTA: [u8; 64] = {
 /// # Safety
 /// AVX-512 F/BW/VBMI2, inlined into a function that enables them; room at `pi`.
 #[inline(always)]
-unsafe fn emit_quads(mm: u64, off: usize, pi: *mut u32) -> usize {
+unsafe fn emit_sixteen(mm: u64, off: usize, pi: *mut u32) -> usize {
     // SAFETY: the caller's features and room.
     unsafe {
         let iota = _mm512_loadu_si512(BYTE_IOTA.as_ptr().cast());
         let low = _mm512_castsi512_si128(_mm512_maskz_compress_epi8(mm, iota));
         let base = off as i32;
         let n = mm.count_ones() as usize;
-        {
-            let sixteen = _mm512_add_epi32(_mm512_cvtepu8_epi32(low), _mm512_set1_epi32(base));
-            _mm512_storeu_si512(pi.cast(), sixteen);
-            if n > 16 {
-                let mut rest = mm;
-                for _ in 0..16 {
-                    rest &= rest - 1;
-                }
-                let mut at = 16;
-                while rest != 0 {
-                    pi.add(at)
-                        .write((off + rest.trailing_zeros() as usize) as u32);
-                    at += 1;
-                    rest &= rest - 1;
-                }
+        let sixteen = _mm512_add_epi32(_mm512_cvtepu8_epi32(low), _mm512_set1_epi32(base));
+        _mm512_storeu_si512(pi.cast(), sixteen);
+        if n > 16 {
+            let mut rest = mm;
+            for _ in 0..16 {
+                rest &= rest - 1;
+            }
+            let mut at = 16;
+            while rest != 0 {
+                pi.add(at)
+                    .write((off + rest.trailing_zeros() as usize) as u32);
+                at += 1;
+                rest &= rest - 1;
             }
         }
         n
